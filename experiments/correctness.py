@@ -1,0 +1,36 @@
+"""Correctness against a float64 reference, the same check for every mode and kernel."""
+
+import math
+
+import torch
+
+# Relative-error budget ||out - ref|| / ||ref|| for each compute dtype, with the reason.
+# bf16 keeps 8 mantissa bits (2^-9 = 2e-3 per rounding); sums of many rounded products stay
+# well under 1e-2. fp16 keeps 11 bits. TF32 rounds fp32 operands to 10 bits. Plain fp32 only
+# accumulates in a different order than float64.
+TOLERANCES = {
+    "bf16": 1.6e-2,
+    "fp16": 2e-3,
+    "fp32": 1e-4,
+    "fp32-tf32": 5e-3,
+}
+
+
+def tolerance(dtype_name: str, tf32: bool) -> float:
+    if dtype_name == "fp32" and tf32:
+        return TOLERANCES["fp32-tf32"]
+    return TOLERANCES[dtype_name]
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref||_F / ||ref||_F in float64; NaN or inf anywhere gives inf, so it never passes."""
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(device=out64.device, dtype=torch.float64)
+    if out64.shape != ref64.shape:
+        raise ValueError(f"output shape {tuple(out64.shape)} != reference {tuple(ref64.shape)}")
+    if not torch.isfinite(out64).all():
+        return math.inf
+    ref_norm = torch.linalg.vector_norm(ref64).item()
+    if ref_norm == 0.0:
+        raise ValueError("the reference is all zeros: the check would prove nothing")
+    return torch.linalg.vector_norm(out64 - ref64).item() / ref_norm

@@ -1,0 +1,66 @@
+"""Input checks and small helpers shared by every kernel wrapper.
+
+Each wrapper validates its inputs here, so a bad call fails with one clear ValueError or
+TypeError before anything is launched.
+"""
+
+import os
+from collections.abc import Callable
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Activation names accepted by linear and conv2d; the id is the constexpr the kernels branch on.
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+# A launcher turns a @triton.jit function into the object that is indexed with a grid and called.
+# Direct calls use the kernel itself; the custom ops in kernels/ops.py pass torch.library.wrap_triton
+# so that torch.compile can trace the launch without a graph break.
+Launcher = Callable
+
+
+def direct(kernel):
+    return kernel
+
+
+def is_interpreter() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_tensor(name: str, t, *, ndim: int | None = None, min_ndim: int | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{name} has dtype {t.dtype}; supported dtypes are {names}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(t.shape)}")
+
+
+def check_same(tensors: dict) -> None:
+    """All named tensors share one dtype and one device."""
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {first_name} has {first.dtype}")
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}")
+
+
+def activation_id(activation: str | None) -> int:
+    key = "none" if activation is None else activation
+    if key not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[key]
+
+
+def dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+    """tl.dot input precision for fp32 operands, following torch's own TF32 switch."""
+    if dtype == torch.float32 and allow_tf32 and not is_interpreter():
+        return "tf32"
+    return "ieee"
