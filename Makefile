@@ -1,0 +1,67 @@
+# Run `make help` for the targets. Variables: kernel, mode, dtype, pass, ARGS (extra Hydra overrides).
+SHELL := /bin/bash
+VENV ?= .venv
+PY ?= $(VENV)/bin/python
+# With PY pointing elsewhere (an existing env with torch), nothing is installed.
+SETUP := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed,)
+PYTHON_VERSION ?= 3.12
+PLATFORM ?= manylinux2014_x86_64
+WHEELHOUSE ?= wheelhouse
+
+# kernel=..., mode=..., dtype=..., pass=... become Hydra overrides when given.
+OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
+            $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup experiment sweep test test-gpu sync wheelhouse install-offline lint clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.txt requirements-cpu.txt
+	python3 -m venv --system-site-packages $(VENV)
+	@# If python3 is itself a venv holding torch (as on many GPU images), let .venv see its packages.
+	python3 -c "import site; print('\n'.join(site.getsitepackages()))" \
+	  > "$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent-env.pth"
+	$(VENV)/bin/python -c "import torch, triton" 2>/dev/null || $(VENV)/bin/pip install -r requirements-cpu.txt
+	$(VENV)/bin/pip install -r requirements.txt
+	touch $@
+
+setup: $(SETUP) ## Create .venv and install requirements (reuses an installed torch/triton)
+
+experiment: $(SETUP) ## One run: make experiment kernel=matmul mode=max-autotune [dtype=fp16] [ARGS="shapes=llm"]
+	$(PY) -m experiments.run $(OVERRIDES)
+
+sweep: $(SETUP) ## Hydra multirun over comma lists: make sweep kernel=matmul,softmax mode=eager,triton
+	$(PY) -m experiments.run --multirun $(OVERRIDES)
+
+test: $(SETUP) ## CPU test suite (what CI runs): kernels in the Triton interpreter, Inductor on CPU
+	$(PY) -m pytest -m "not gpu" $(ARGS)
+
+test-gpu: $(SETUP) ## GPU-marked tests, on a CUDA machine
+	$(PY) -m pytest -m gpu $(ARGS)
+
+sync: $(SETUP) ## Upload offline W&B runs under outputs/ and multirun/ (needs WANDB_API_KEY)
+	@runs=$$(find outputs multirun -type d -name 'offline-run-*' 2>/dev/null); \
+	if [ -z "$$runs" ]; then echo "no offline W&B runs found"; else $(VENV)/bin/wandb sync $$runs; fi
+
+wheelhouse: ## Wheels of every dependency but torch/triton for PYTHON_VERSION/PLATFORM (offline clusters)
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
+	grep -vE '^(torch|triton)\b' requirements.txt > $(WHEELHOUSE)/requirements.txt
+	@# antlr4-python3-runtime (needed by omegaconf) ships no wheel: build one here first.
+	python3 -m pip wheel --no-deps -w $(WHEELHOUSE) antlr4-python3-runtime==4.9.3
+	python3 -m pip download --only-binary=:all: --python-version $(PYTHON_VERSION) \
+	  --implementation cp --platform $(PLATFORM) --platform manylinux_2_28_x86_64 \
+	  --platform manylinux_2_17_x86_64 -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt \
+	  --find-links $(WHEELHOUSE)
+	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs echo "wheels in $(WHEELHOUSE):"
+
+install-offline: ## Install the wheelhouse into the current python, with no index
+	$(PY) -m pip install --no-index --find-links $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
+
+lint: $(SETUP) ## ruff over the repo
+	$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q ruff
+	$(PY) -m ruff check .
+
+clean: ## Remove outputs/ and multirun/ (keeps .venv)
+	rm -rf outputs multirun .pytest_cache

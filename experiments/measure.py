@@ -1,0 +1,302 @@
+"""Measure one shape in one mode: the same method for every mode, eager included.
+
+Order, per shape: build the module and inputs outside any timed region; time the first call
+(compile and autotune) cold and, after a reset, warm; check correctness against float64 on fresh
+inputs; warm up; then time GPU time and call latency in interleaved (mode, eager) pairs on the
+same inputs. Anything that raises becomes a failed row; the caller moves on to the next shape.
+"""
+
+import copy
+import gc
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from experiments import modes, timing
+from experiments.correctness import relative_error, tolerance
+from experiments.records import Record
+from experiments.workloads import TORCH_OPS, Workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """Everything one Hydra job fixes: what runs, how it is timed, where code goes."""
+
+    cfg: object               # the resolved Hydra config
+    workload: Workload
+    device: torch.device
+    dtype: torch.dtype
+    peaks: dict | None
+    code_dir: object          # Path for Inductor's generated code, or None
+    shape_set: str
+    timer: timing.GpuTimer | None
+    job_id: str
+
+    @property
+    def bench(self):
+        return self.cfg.bench
+
+    @property
+    def fwd_bwd(self) -> bool:
+        return self.cfg["pass"].name == "fwd_bwd"
+
+
+def base_record(job: Job, shape: dict) -> Record:
+    cfg = job.cfg
+    static = [name for name, _ in job.workload.make_module(shape, TORCH_OPS).named_parameters()]
+    if cfg.bench.static_inputs:
+        static += list(job.workload.input_names)
+    return Record(
+        kernel=job.workload.name, mode=cfg.mode.name, shape=dict(shape),
+        shape_label=job.workload.label(shape), shape_set=job.shape_set, dtype=cfg.dtype.name,
+        pass_=cfg["pass"].name, tf32=bool(cfg.dtype.tf32), device=str(job.device),
+        static_inputs=static, run_name=cfg.name, job_id=job.job_id,
+    )
+
+
+def make_step(module, inputs, grad_out, grad_tensors, cudagraphs) -> Callable:
+    """The zero-argument closure that every timer calls: one forward (and backward)."""
+    def step():
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        if grad_out is None:
+            return module(*inputs)
+        for t in grad_tensors:  # like zero_grad(set_to_none=True): no accumulation kernel
+            t.grad = None
+        out = module(*inputs)
+        out.backward(grad_out)
+        return out
+
+    return step
+
+
+def outputs_of(step, inputs, params, fwd_bwd) -> list[torch.Tensor]:
+    """The tensors correctness compares: the output, and for fwd_bwd every gradient."""
+    out = step().detach().clone()
+    if not fwd_bwd:
+        return [out]
+    return [out] + [t.grad.detach().clone() for t in (*inputs, *params)]
+
+
+def reference_outputs(eager, inputs, grad_out, fwd_bwd) -> list[torch.Tensor]:
+    """The same computation in float64 on the same (already rounded) values."""
+    ref_module = copy.deepcopy(eager).to(torch.float64)
+    ref_inputs = [t.detach().to(torch.float64).requires_grad_(fwd_bwd) for t in inputs]
+    with torch.set_grad_enabled(fwd_bwd):
+        out = ref_module(*ref_inputs)
+        if not fwd_bwd:
+            return [out]
+        out.backward(grad_out.to(torch.float64))
+    return [out.detach()] + [t.grad for t in (*ref_inputs, *ref_module.parameters())]
+
+
+def refill(tensors, generator) -> None:
+    """New random values written in place, so compiled graphs and static buffers stay valid."""
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(torch.randn(t.shape, generator=generator, device=t.device))
+
+
+def counter_totals() -> tuple[int, int]:
+    counters = torch._dynamo.utils.counters
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def measure_shape(job: Job, shape: dict, progress: Callable[[str], None]) -> Record:
+    record = base_record(job, shape)
+    try:
+        _measure(job, shape, record, progress)
+    except Exception as exc:  # OOM, compile error, kernel error: one failed row, then move on
+        record.status = "failed"
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        record.reason = f"{type(exc).__name__}: {message}"[:500]
+        log.warning("%s %s failed at %s: %s", record.mode, record.shape_label, record.stage,
+                    record.reason)
+    finally:
+        torch.compiler.reset()
+        gc.collect()
+        if job.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return record
+
+
+def _measure(job: Job, shape, record: Record, progress) -> None:
+    cfg, workload, device, bench = job.cfg, job.workload, job.device, job.bench
+    fwd_bwd = job.fwd_bwd
+
+    # ---- build: module, inputs and the closures, all outside any timed region ----
+    record.stage = "build"
+    progress("build")
+    torch.compiler.reset()
+    torch._dynamo.utils.counters.clear()
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    eager = workload.make_module(shape, TORCH_OPS).to(device=device, dtype=job.dtype)
+    workload.init_parameters(eager, generator)
+    params = list(eager.parameters())
+    inputs = workload.make_inputs(shape, job.dtype, device, generator)
+    for t in (*params, *inputs):
+        t.requires_grad_(fwd_bwd)
+    if bench.static_inputs and device.type == "cuda":
+        for t in inputs:
+            torch._dynamo.mark_static_address(t)
+    grad_out = None
+    if fwd_bwd:
+        with torch.no_grad():
+            example = eager(*inputs)
+        grad_out = torch.randn(example.shape, generator=generator, device=device).to(job.dtype)
+    grad_tensors = [*inputs, *params]
+
+    def build_step():
+        impl = modes.build(cfg.mode, cfg.compile, eager, inputs)
+        return impl, make_step(impl.module, inputs, grad_out, grad_tensors, impl.cudagraphs)
+
+    impl, step = build_step()
+    eager_step = make_step(eager, inputs, grad_out, grad_tensors, cudagraphs=False)
+
+    # ---- compile: first call cold (and Inductor's code), then warm after a reset ----
+    if cfg.mode.kind != "eager":
+        record.stage = "compile"
+        progress("compile")
+        if impl.compiled and job.code_dir is not None:
+            from torch._inductor.utils import run_and_get_code
+
+            (_, record.compile_cold_s), codes = run_and_get_code(timing.first_call_s, step, device)
+            save_code(job.code_dir, record.shape_label, codes)
+        else:
+            _, record.compile_cold_s = timing.first_call_s(step, device)
+        record.graph_breaks = counter_totals()[1] if impl.compiled else None
+        if impl.compiled:
+            torch.compiler.reset()
+            impl, step = build_step()
+            _, record.compile_warm_s = timing.first_call_s(step, device)
+
+    # ---- correctness on fresh inputs, before any timing ----
+    record.stage = "correctness"
+    progress("correctness")
+    record.tolerance = tolerance(cfg.dtype.name, bool(cfg.dtype.tf32))
+    worst = 0.0
+    for i in range(bench.correctness_seeds):
+        seeded = torch.Generator(device=device).manual_seed(cfg.seed + 1 + i)
+        refill([*params, *inputs] + ([grad_out] if fwd_bwd else []), seeded)
+        got = outputs_of(step, inputs, params, fwd_bwd)
+        want = reference_outputs(eager, inputs, grad_out, fwd_bwd)
+        for out, ref in zip(got, want, strict=True):
+            if not torch.isfinite(out).all():
+                raise_correctness(record, "output has NaN or inf", worst)
+            if out.count_nonzero() == 0:
+                raise_correctness(record, "output is all zeros", worst)
+            worst = max(worst, relative_error(out, ref))
+        record.seeds_checked = i + 1
+    record.max_rel_err = worst
+    if worst > record.tolerance:
+        raise_correctness(record, f"relative error {worst:.3g} > tolerance {record.tolerance:.3g}",
+                          worst)
+    refill([*params, *inputs] + ([grad_out] if fwd_bwd else []),
+           torch.Generator(device=device).manual_seed(cfg.seed))
+
+    # ---- warm up, then time: latency first, since it sizes the GPU timer's lead ----
+    record.stage = "timing"
+    progress("warmup")
+    for _ in range(bench.min_warmup_calls):
+        step()
+        eager_step()
+    timing.synchronize(device)
+    graphs_before, breaks_before = counter_totals()
+
+    progress("call latency")
+    latency = timing.call_latency_us(step, device, bench.latency_calls)
+    eager_latency = timing.call_latency_us(eager_step, device, bench.latency_calls)
+    record.call_latency_us_p50 = latency["p50"]
+    record.call_latency_us_p20, record.call_latency_us_p80 = latency["p20"], latency["p80"]
+    record.eager_call_latency_us_p50 = eager_latency["p50"]
+    record.latency_speedup_vs_eager = eager_latency["p50"] / latency["p50"]
+
+    mode_runs, eager_runs = [], []
+    slowest_call_us = max(latency["p80"], eager_latency["p80"])
+    for r in range(bench.repeats):
+        progress(f"time pair {r + 1}/{bench.repeats}")
+        mode_runs.append(time_once(job, step, slowest_call_us, record))
+        eager_runs.append(time_once(job, eager_step, slowest_call_us, record))
+    middle = sorted(mode_runs, key=lambda run: run["p50"])[len(mode_runs) // 2]
+    record.time_ms_p50, record.time_ms_p20, record.time_ms_p80 = (
+        middle["p50"], middle["p20"], middle["p80"])
+    record.eager_time_ms_p50 = sorted(run["p50"] for run in eager_runs)[len(eager_runs) // 2]
+    record.speedup_vs_eager = record.eager_time_ms_p50 / record.time_ms_p50
+    record.repeat_spread = max(spread([run["p50"] for run in runs])
+                               for runs in (mode_runs, eager_runs))
+    record.noisy = record.repeat_spread > bench.noisy_threshold
+
+    if device.type == "cuda":
+        progress("do_bench")
+        plain = timing.do_bench_ms(step, bench.warmup_ms, bench.rep_ms)
+        record.do_bench_ms_p50, record.do_bench_ms_p20, record.do_bench_ms_p80 = (
+            plain["p50"], plain["p20"], plain["p80"])
+        if bench.cudagraph_replay:
+            progress("cudagraph replay")
+            record.cudagraph_ms = graph_replay(step, impl, bench, record, "mode")
+            record.eager_cudagraph_ms = graph_replay(eager_step, modes.Impl(eager), bench, record,
+                                                     "eager")
+
+    graphs_after, breaks_after = counter_totals()
+    record.recompiles_during_timing = graphs_after - graphs_before
+    record.graph_breaks_during_timing = breaks_after - breaks_before
+    if record.recompiles_during_timing or record.graph_breaks_during_timing:
+        record.notes.append("recompiled or broke the graph while being timed")
+
+    progress("memory")
+    record.peak_mem_mb = timing.peak_memory_mb(step, device)
+    derive(job, shape, record)
+    record.stage = None
+
+
+def time_once(job: Job, fn, latency_us: float, record: Record) -> dict:
+    bench = job.bench
+    if job.timer is None:
+        record.timer = "cpu-wall"
+        return timing.cpu_time_ms(fn, bench.warmup_ms, bench.rep_ms)
+    record.timer = "cuda-events-l2flush" if bench.flush_l2 else "cuda-events"
+    return job.timer.measure(fn, bench.warmup_ms, bench.rep_ms, lead_us=1.5 * latency_us + 20)
+
+
+def graph_replay(fn, impl, bench, record: Record, who: str) -> float | None:
+    if impl.cudagraphs:
+        return None  # already a CUDA graph: its GPU time is its replay time
+    try:
+        return timing.cudagraph_ms(fn, bench.rep_ms)
+    except Exception as exc:
+        record.notes.append(f"{who} CUDA-graph capture failed: {type(exc).__name__}: {exc}"[:300])
+        return None
+
+
+def spread(values: list[float]) -> float:
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def raise_correctness(record: Record, reason: str, worst: float):
+    record.max_rel_err = worst if worst else None
+    raise AssertionError(f"correctness: {reason}")
+
+
+def derive(job: Job, shape: dict, record: Record) -> None:
+    """FLOP/s and bytes/s from analytic costs, and their share of the device's measured peaks."""
+    workload, seconds = job.workload, record.time_ms_p50 * 1e-3
+    pass_name = record.pass_
+    record.flops = workload.flops(shape, pass_name)
+    record.min_bytes = workload.min_bytes(shape, pass_name, job.dtype.itemsize)
+    record.tflops = record.flops / seconds / 1e12
+    record.gbps = record.min_bytes / seconds / 1e9
+    if job.peaks:
+        record.pct_peak_flops = 100 * record.tflops / job.peaks["bf16_matmul_tflops"]
+        record.pct_peak_bw = 100 * record.gbps / job.peaks["copy_gbps"]
+
+
+def save_code(code_dir, shape_label: str, codes: list[str]) -> None:
+    for i, code in enumerate(codes):
+        path = code_dir / f"{shape_label}_{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)

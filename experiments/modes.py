@@ -1,0 +1,62 @@
+"""Turn a mode config into the callable that is measured: one builder per kind of mode.
+
+Every builder starts from the same eager module, so the parameters, inputs and forward code are
+shared and only the execution strategy differs.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from experiments.errors import ConfigError
+from experiments.workloads import custom_ops, triton_ops, with_ops
+
+KINDS = ("eager", "triton", "compile", "triton_compiled", "torchscript")
+
+
+@dataclass
+class Impl:
+    module: nn.Module | torch.jit.ScriptModule
+    compiled: bool = False       # goes through torch.compile (compile time and Inductor code apply)
+    cudagraphs: bool = False     # runs as CUDA-graph trees (reduce-overhead, max-autotune)
+    options: dict = field(default_factory=dict)  # resolved Inductor options, for the record
+
+
+def check_mode(mode_cfg) -> None:
+    if mode_cfg.kind not in KINDS:
+        raise ConfigError(f"mode {mode_cfg.name!r} has unknown kind {mode_cfg.kind!r}; one of {KINDS}")
+
+
+def resolved_options(compile_mode: str, user_options: dict) -> dict:
+    """The Inductor options a mode runs with: the mode's own, then the user's on top."""
+    mode_options = torch._inductor.list_mode_options(compile_mode)
+    return {**mode_options, **user_options}
+
+
+def _compile(module, compile_mode, compile_cfg, fullgraph) -> Impl:
+    user_options = dict(compile_cfg.options or {})
+    options = resolved_options(compile_mode, user_options)
+    # torch.compile takes a mode or an options dict, not both: with user options, pass the merge.
+    how = {"options": options} if user_options else {"mode": compile_mode}
+    compiled = torch.compile(module, fullgraph=fullgraph, dynamic=compile_cfg.dynamic, **how)
+    return Impl(compiled, compiled=True, cudagraphs=bool(options.get("triton.cudagraphs")),
+                options=options)
+
+
+def build(mode_cfg, compile_cfg, eager_module: nn.Module, example_inputs: tuple) -> Impl:
+    kind = mode_cfg.kind
+    if kind == "eager":
+        return Impl(eager_module)
+    if kind == "triton":
+        return Impl(with_ops(eager_module, triton_ops()))
+    if kind == "compile":
+        return _compile(eager_module, mode_cfg.compile_mode, compile_cfg, compile_cfg.fullgraph)
+    if kind == "triton_compiled":
+        # fullgraph=True is the point of this mode: a graph break would be an error, not a count.
+        return _compile(with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg,
+                        fullgraph=True)
+    if kind == "torchscript":
+        traced = torch.jit.trace(eager_module, example_inputs, check_trace=False)
+        return Impl(traced)
+    raise ConfigError(f"unknown mode kind {kind!r}")

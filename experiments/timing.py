@@ -1,0 +1,145 @@
+"""The timers, kept apart on purpose because they answer different questions.
+
+- GPU time (`GpuTimer`): how long the device is busy with one call. CUDA events around each call,
+  L2 flushed before it as in triton's do_bench. Before each sample a sleep kernel holds the GPU
+  while the CPU enqueues the flush and the call, so the call's Python, guard and launch path is
+  hidden and never counted as GPU time. Without that lead, a compiled or CUDA-graph-tree call whose
+  CPU path outlasts its kernels would be charged for the idle GPU (triton's plain do_bench does
+  exactly that, and is recorded beside ours as `do_bench_ms_*` to show the difference).
+- CUDA-graph replay time (`cudagraph_ms`): triton's do_bench_cudagraph, the floor with no launch
+  overhead at all, for modes that are not CUDA graphs already.
+- Call latency (`call_latency_us`): wall-clock per call over back-to-back calls with one final
+  sync: what a Python caller waits, CPU overhead included. This is what reduce-overhead cuts.
+
+On a CPU device there is no separate GPU queue: `cpu_time_ms` times single calls on the wall clock.
+"""
+
+import time
+
+import numpy as np
+import torch
+
+QUANTILES = (50, 20, 80)
+FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current L2 (H100: 50 MB, H200: 60 MB)
+MAX_SAMPLES = 1000
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def summarize(samples_ms) -> dict:
+    p50, p20, p80 = np.percentile(np.asarray(samples_ms, dtype=np.float64), QUANTILES)
+    return {"p50": float(p50), "p20": float(p20), "p80": float(p80), "samples": len(samples_ms)}
+
+
+def first_call_s(fn, device) -> tuple[object, float]:
+    """Wall time of one call, synchronized: the compile (and autotune) cost when it is the first."""
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def call_latency_us(fn, device, calls: int, samples: int = 5) -> dict:
+    """Per-call wall time over `calls` back-to-back calls and one final sync (in microseconds)."""
+    per_call_us = []
+    for _ in range(samples):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        per_call_us.append((time.perf_counter() - start) / calls * 1e6)
+    return summarize(per_call_us)
+
+
+def calls_for_budget(estimate_ms: float, budget_ms: float, lowest: int = 3) -> int:
+    return int(min(MAX_SAMPLES, max(lowest, budget_ms / max(estimate_ms, 1e-3))))
+
+
+def cpu_time_ms(fn, warmup_ms: float, rep_ms: float) -> dict:
+    _, estimate_s = first_call_s(fn, torch.device("cpu"))
+    for _ in range(calls_for_budget(estimate_s * 1e3, warmup_ms, lowest=1)):
+        fn()
+    samples = []
+    for _ in range(calls_for_budget(estimate_s * 1e3, rep_ms)):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return summarize(samples)
+
+
+class GpuTimer:
+    """Event-timed GPU time per call, with the L2 flushed and the CPU path kept off the clock."""
+
+    def __init__(self, device: torch.device, flush_l2: bool):
+        self.device = device
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device) if flush_l2 else None
+        self.cycles_per_us = self._calibrate_sleep()
+
+    def _calibrate_sleep(self) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 10_000_000
+        torch.cuda._sleep(1000)  # load the sleep kernel before timing it
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize(self.device)
+        return cycles / (start.elapsed_time(end) * 1e3)
+
+    def measure(self, fn, warmup_ms: float, rep_ms: float, lead_us: float) -> dict:
+        """`lead_us` must exceed the CPU time of one call (its measured call latency)."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        torch.cuda.synchronize(self.device)
+        estimate_ms = start.elapsed_time(end) / 5
+        for _ in range(calls_for_budget(estimate_ms, warmup_ms, lowest=1)):
+            fn()
+        lead_cycles = int(min(lead_us, 20_000) * self.cycles_per_us)
+        n = calls_for_budget(estimate_ms + 0.1 + lead_us / 1e3, rep_ms, lowest=10)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            torch.cuda._sleep(lead_cycles)
+            if self.flush is not None:
+                self.flush.zero_()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize(self.device)
+        return summarize([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
+
+
+def do_bench_ms(fn, warmup_ms: float, rep_ms: float) -> dict:
+    """triton.testing.do_bench as the field runs it: CPU path included when it outlasts the flush."""
+    import triton.testing
+
+    p50, p20, p80 = triton.testing.do_bench(
+        fn, warmup=warmup_ms, rep=rep_ms, quantiles=[q / 100 for q in QUANTILES]
+    )
+    return {"p50": p50, "p20": p20, "p80": p80}
+
+
+def cudagraph_ms(fn, rep_ms: float) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
+
+
+def peak_memory_mb(fn, device: torch.device, calls: int = 3) -> float | None:
+    """Peak allocation during `calls` calls, above what was allocated before them."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - baseline) / 2**20
