@@ -24,7 +24,7 @@ from experiments import env, modes, timing
 from experiments.errors import ConfigError
 from experiments.measure import Job, measure_shape
 from experiments.records import JsonlWriter, format_table, geomean
-from experiments.tracking import Tracker, find_secret_keys, redact
+from experiments.tracking import Tracker, find_secret_keys, redact, scrub_hydra_dir
 from experiments.workloads import make_workload, resolve_shapes
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,11 @@ def job_identity() -> tuple[Path, str, str | None]:
 
 
 def run(cfg: DictConfig) -> list[dict]:
+    output_dir, job_id, sweep_name = job_identity()
     config = OmegaConf.to_container(cfg, resolve=True)
     secrets = find_secret_keys(config)
     if secrets:
+        scrub_hydra_dir(output_dir)
         raise ConfigError(f"config keys {secrets} look like credentials: put the W&B key in "
                           "WANDB_API_KEY, never in a config or an override")
     device = resolve_device(cfg.device)
@@ -94,7 +96,6 @@ def run(cfg: DictConfig) -> list[dict]:
     shape_set, shapes = resolve_shapes(workload, cfg.kernel, cfg.shapes, device.type == "cuda")
     set_tf32(bool(cfg.dtype.tf32))
 
-    output_dir, job_id, sweep_name = job_identity()
     cache_dir = use_fresh_compile_cache() if cfg.compile.fresh_cache else None
     if device.type == "cpu":
         log.warning(CPU_BANNER)

@@ -32,15 +32,30 @@ def find_secret_keys(config, path: str = "") -> list[str]:
 
 
 def redact(value):
-    """A copy of a config tree with credential-looking keys and the W&B key's value masked."""
+    """A copy of a config tree with credential-looking keys and the W&B key's value masked.
+
+    Strings are checked too: a Hydra override such as `+wandb.api_key=...` keeps only its key.
+    """
     api_key = os.environ.get("WANDB_API_KEY")
     if isinstance(value, dict):
         return {k: REDACTED if SECRET_KEY.search(str(k)) else redact(v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v) for v in value]
-    if isinstance(value, str) and api_key and api_key in value:
-        return value.replace(api_key, REDACTED)
+    if isinstance(value, str):
+        key, equals, _ = value.partition("=")
+        if equals and SECRET_KEY.search(key):
+            return f"{key}={REDACTED}"
+        if api_key and api_key in value:
+            return value.replace(api_key, REDACTED)
     return value
+
+
+def scrub_hydra_dir(output_dir: Path) -> None:
+    """Rewrite the config dumps Hydra made before the job started, with credentials masked."""
+    import yaml
+
+    for path in (Path(output_dir) / ".hydra").glob("*.yaml"):
+        path.write_text(yaml.safe_dump(redact(yaml.safe_load(path.read_text())), sort_keys=False))
 
 
 class Tracker:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch import nn
 
 from experiments.errors import ConfigError
@@ -129,7 +130,7 @@ class Workload:
         self.cfg = kernel_cfg
 
     def parse_shape(self, raw) -> dict:
-        if not hasattr(raw, "keys"):
+        if not isinstance(raw, dict):
             raise ConfigError(f"{self.name} shape {raw!r} must be a mapping with keys {self.shape_keys}")
         unknown = set(raw.keys()) - set(self.shape_keys) - set(self.shape_defaults)
         missing = set(self.shape_keys) - set(raw.keys())
@@ -312,4 +313,5 @@ def resolve_shapes(workload: Workload, kernel_cfg, shapes_key: str, on_gpu: bool
     raw = list(sets[name])
     if not raw:
         raise ConfigError(f"shape set {name!r} for kernel={workload.name} is empty")
-    return name, [workload.parse_shape(dict(s)) for s in raw]
+    return name, [workload.parse_shape(OmegaConf.to_container(s) if OmegaConf.is_config(s) else s)
+                  for s in raw]

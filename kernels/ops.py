@@ -1,0 +1,169 @@
+"""The Triton kernels as torch.library custom ops, for the `triton-compiled` mode.
+
+torch.library.triton_op registers a Python function whose kernel launches go through
+torch.library.wrap_triton. torch.compile can then trace through the op, see the Triton kernels
+and schedule them in its graph (fullgraph=True works: no graph break), where a plain call to
+`kernels.matmul` would be opaque. Each op reuses the kernels' own private implementation with
+`launch=wrap_triton`; nothing here duplicates kernel code.
+
+Ops (namespace `kbench`): matmul, linear_fwd / linear_bwd, softmax_fwd / softmax_bwd, conv2d.
+linear and softmax get autograd through torch.library.register_autograd, whose backward calls
+the backward op, so fwd_bwd also compiles into one graph.
+
+In Triton's CPU interpreter wrap_triton cannot trace kernels (it would run them on fake tensors),
+so there the ops are opaque torch.library.custom_ops instead: still no graph break, but Inductor
+cannot see inside. Their fake (shape) implementation is the same function with a launcher that
+launches nothing, so output allocation is written once.
+"""
+
+from types import SimpleNamespace
+
+import torch
+from torch import Tensor
+from torch.library import triton_op, wrap_triton
+
+from kernels._common import activation_id, direct, is_interpreter
+from kernels.conv import conv2d_forward
+from kernels.linear import check_linear_args, linear_backward, linear_forward
+from kernels.matmul import _matmul
+from kernels.softmax import softmax_backward, softmax_forward
+
+
+_INTERPRETED = is_interpreter()
+_register = torch.library.custom_op if _INTERPRETED else triton_op
+_active_launch = [direct if _INTERPRETED else wrap_triton]
+
+
+def _launch(kernel):
+    return _active_launch[0](kernel)
+
+
+class _NoLaunch:
+    """Stands in for a kernel launch while computing output shapes on fake tensors."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def _fake_of(op_fn):
+    def fake(*args):
+        _active_launch[0] = lambda kernel: _NoLaunch()
+        try:
+            return op_fn(*args)
+        finally:
+            _active_launch[0] = direct
+
+    return fake
+
+
+def _define(name: str):
+    """Register the decorated function as op `name` (triton_op, or custom_op when interpreted)."""
+    def register(op_fn):
+        op = _register(name, op_fn, mutates_args=())
+        if _INTERPRETED:
+            op.register_fake(_fake_of(op_fn))
+        return op
+
+    return register
+
+
+def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
+    """Custom ops cannot return None: an empty tensor stands for 'not computed'."""
+    return t if t is not None else like.new_empty(0)
+
+
+@_define("kbench::matmul")
+def matmul_op(a: Tensor, b: Tensor) -> Tensor:
+    return _matmul(a, b, launch=_launch)
+
+
+@_define("kbench::linear_fwd")
+def linear_fwd_op(x2d: Tensor, weight: Tensor, bias: Tensor | None, act_id: int,
+                  save_preact: bool) -> tuple[Tensor, Tensor]:
+    y, z = linear_forward(x2d, weight, bias, act_id, save_preact, launch=_launch)
+    return y, _or_empty(z, y)
+
+
+@_define("kbench::linear_bwd")
+def linear_bwd_op(dy: Tensor, x2d: Tensor, weight: Tensor, z: Tensor, act_id: int, need_dx: bool,
+                  need_dw: bool, need_db: bool) -> tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = linear_backward(dy, x2d, weight, z if z.numel() else None, act_id, need_dx,
+                                 need_dw, need_db, launch=_launch)
+    return _or_empty(dx, dy), _or_empty(dw, dy), _or_empty(db, dy)
+
+
+def _linear_setup(ctx, inputs, output):
+    x2d, weight, bias, act_id, _ = inputs
+    ctx.save_for_backward(x2d, weight, output[1])
+    ctx.act_id, ctx.has_bias = act_id, bias is not None
+
+
+def _linear_backward(ctx, dy, _dz):
+    x2d, weight, z = ctx.saved_tensors
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    dx, dw, db = torch.ops.kbench.linear_bwd(dy, x2d, weight, z, ctx.act_id, need_dx, need_dw,
+                                             need_db and ctx.has_bias)
+    return (dx if need_dx else None, dw if need_dw else None,
+            db if need_db and ctx.has_bias else None, None, None)
+
+
+torch.library.register_autograd("kbench::linear_fwd", _linear_backward, setup_context=_linear_setup)
+
+
+@_define("kbench::softmax_fwd")
+def softmax_fwd_op(x: Tensor, dim: int) -> Tensor:
+    return softmax_forward(x, dim, launch=_launch)
+
+
+@_define("kbench::softmax_bwd")
+def softmax_bwd_op(y: Tensor, dy: Tensor, dim: int) -> Tensor:
+    return softmax_backward(y, dy, dim, launch=_launch)
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.dim = inputs[1]
+
+
+def _softmax_backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return torch.ops.kbench.softmax_bwd(y, dy, ctx.dim), None
+
+
+torch.library.register_autograd("kbench::softmax_fwd", _softmax_backward,
+                                setup_context=_softmax_setup)
+
+
+@_define("kbench::conv2d")
+def conv2d_op(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int],
+              padding: list[int], dilation: list[int], activation: str) -> Tensor:
+    return conv2d_forward(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation),
+                          activation, launch=_launch)
+
+
+# ---------------------------------------------------------------------------------------------
+# The public signatures (as in kernels/__init__.py), routed through the ops above
+# ---------------------------------------------------------------------------------------------
+def linear(x, weight, bias=None, activation=None):
+    check_linear_args(x, weight, bias)
+    act_id = activation_id(activation)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias))
+    save_preact = needs_grad and act_id != activation_id("none")
+    y2d, _ = torch.ops.kbench.linear_fwd(x.flatten(0, -2), weight, bias, act_id, save_preact)
+    return y2d.view(*x.shape[:-1], weight.shape[0])
+
+
+def _pair(value) -> list[int]:
+    return list(value) if isinstance(value, tuple | list) else [value, value]
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None):
+    return torch.ops.kbench.conv2d(x, weight, bias, _pair(stride), _pair(padding),
+                                   _pair(dilation), activation or "none")
+
+
+def namespace() -> SimpleNamespace:
+    """The ops namespace the experiment modules call (see experiments/workloads.py)."""
+    return SimpleNamespace(matmul=torch.ops.kbench.matmul, linear=linear,
+                           softmax=torch.ops.kbench.softmax_fwd, conv2d=conv2d)

@@ -1,0 +1,88 @@
+"""End to end on the CPU: the real CLI writes schema-valid records and env.json for every kernel."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments.records import read_jsonl, validate
+from tests.conftest import REPO_ROOT
+
+ENV_KEYS = {"torch", "triton", "python", "git_sha", "git_dirty", "hostname", "config", "seed",
+            "env_vars", "gpu_state_before", "gpu_state_after", "device", "inductor_options"}
+
+
+def make(target, tmp_path, *overrides, env=None):
+    args = " ".join([*overrides, "bench=quick", "wandb.mode=disabled",
+                     f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"])
+    result = subprocess.run(["make", "--no-print-directory", target, f"PY={sys.executable}",
+                             f"ARGS={args}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=900, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def sweep_jobs(tmp_path):
+    return sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+
+
+def check_job_dir(job_dir, kernel, mode, pass_name="fwd"):
+    rows = read_jsonl(job_dir / "results.jsonl")
+    assert len(rows) == 2  # the two shapes of the cpu set
+    for row in rows:
+        assert validate(row) == [], (row, validate(row))
+        assert (row["kernel"], row["mode"], row["pass"]) == (kernel, mode, pass_name)
+        assert row["status"] == "ok", row["reason"]
+        assert row["max_rel_err"] <= row["tolerance"]
+        assert row["speedup_vs_eager"] > 0 and row["timer"] == "cpu-wall"
+        assert row["call_latency_us_p50"] > 0 and row["seeds_checked"] == 2
+        assert row["flops"] > 0 and row["min_bytes"] > 0
+    env = json.loads((job_dir / "env.json").read_text())
+    assert ENV_KEYS <= env.keys()
+    assert env["config"]["kernel"]["name"] == kernel and env["device"] == "cpu"
+    return rows
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "linear", "softmax", "conv"])
+@pytest.mark.parametrize("mode", ["eager", "default", "triton"])
+def test_make_experiment(tmp_path, kernel, mode):
+    result = make("experiment", tmp_path, f"kernel={kernel}", f"mode={mode}", "dtype=fp32")
+    rows = check_job_dir(tmp_path / "run", kernel, mode)
+    assert "timings are NOT representative" in result.stdout  # the CPU banner
+    assert "speedup_vs_eager" in result.stdout and "results.jsonl" in result.stdout
+    if mode == "default":
+        assert all(row["compile_cold_s"] > 0 and row["compile_warm_s"] > 0 for row in rows)
+        assert list((tmp_path / "run" / "inductor_code").glob("*.py")), "no Inductor code saved"
+
+
+@pytest.mark.parametrize("kernel", ["linear", "softmax"])
+def test_fwd_bwd(tmp_path, kernel):
+    make("sweep", tmp_path, f"kernel={kernel}", "mode=triton,default", "pass=fwd_bwd",
+         "dtype=fp32")
+    for job_dir, mode in zip(sweep_jobs(tmp_path), ["triton", "default"], strict=True):
+        check_job_dir(job_dir, kernel, mode, "fwd_bwd")
+
+
+def test_two_job_sweep_through_the_cli(tmp_path):
+    """Also covers the modes the other tests leave out, in bf16 (upcast in the interpreter)."""
+    make("sweep", tmp_path, "kernel=softmax", "mode=triton-compiled,torchscript")
+    job_dirs = sweep_jobs(tmp_path)
+    assert [d.name for d in job_dirs] == ["0_softmax-triton-compiled-bf16-fwd",
+                                          "1_softmax-torchscript-bf16-fwd"]
+    for job_dir, mode in zip(job_dirs, ["triton-compiled", "torchscript"], strict=True):
+        rows = check_job_dir(job_dir, "softmax", mode)
+        assert all(row["graph_breaks"] in (0, None) for row in rows)
+        env = json.loads((job_dir / "env.json").read_text())
+        assert env["job_id"].endswith(job_dir.name.split("_")[0])
+
+
+def test_cuda_graph_modes_run_on_cpu(tmp_path):
+    make("sweep", tmp_path, "kernel=matmul", "mode=reduce-overhead,max-autotune-no-cudagraphs",
+         "dtype=fp32")
+    job_dirs = sweep_jobs(tmp_path)
+    for job_dir, mode in zip(job_dirs, ["reduce-overhead", "max-autotune-no-cudagraphs"],
+                             strict=True):
+        check_job_dir(job_dir, "matmul", mode)
+    env = json.loads((job_dirs[0] / "env.json").read_text())
+    assert env["inductor_options"]["triton.cudagraphs"] is True

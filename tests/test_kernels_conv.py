@@ -1,0 +1,230 @@
+"""kernels.conv2d against F.conv2d in float64: geometry, layouts, dtypes, epilogue, bad input.
+
+Sizes stay small because every case runs in the Triton interpreter on CPU.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from experiments.correctness import TOLERANCES, relative_error, tolerance
+from kernels.conv import conv2d, conv2d_reference
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+REFERENCE_ACTIVATIONS = {
+    None: lambda t: t,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def reference(x, weight, bias, stride, padding, dilation, activation=None):
+    bias64 = None if bias is None else bias.double()
+    y = conv2d_reference(x.double(), weight.double(), bias64, stride, padding, dilation)
+    return REFERENCE_ACTIVATIONS[activation](y)
+
+
+def budget(dtype_name: str) -> float:
+    # fp32 runs as TF32 on a GPU when torch allows it for convolutions, as cuDNN would
+    return tolerance(dtype_name, tf32=torch.cuda.is_available() and torch.backends.cudnn.allow_tf32)
+
+
+def check(
+    x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None, *, dtype_name="fp32"
+):
+    y = conv2d(x, weight, bias, stride, padding, dilation, activation)
+    ref = reference(x, weight, bias, stride, padding, dilation, activation)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    err = relative_error(y, ref)
+    # the fp32 accumulation is exact enough; the output rounding to the dtype dominates
+    assert err < budget(dtype_name), f"relative error {err:.2e} for {dtype_name}"
+    return y
+
+
+# (N, C, H, W), (K, R, S), stride, padding, dilation
+GEOMETRIES = {
+    "3x3-odd-7x9": ((2, 4, 7, 9), (8, 3, 3), 1, 1, 1),
+    "3x3-stride2-pad0": ((1, 5, 13, 13), (6, 3, 3), 2, 0, 1),
+    "7x7-stride2-pad3-C3": ((2, 3, 13, 13), (8, 7, 7), 2, 3, 1),
+    "3x3-dilation2-pad2": ((2, 6, 9, 9), (5, 3, 3), 1, 2, 2),
+    "1x1": ((2, 16, 7, 7), (12, 1, 1), 1, 0, 1),
+    "1x3": ((1, 4, 8, 11), (7, 1, 3), 1, (0, 1), 1),
+    "3x1": ((1, 4, 11, 8), (7, 3, 1), 1, (1, 0), 1),
+    "2x5-mixed-pairs": ((2, 5, 10, 12), (9, 2, 5), (2, 1), (1, 2), (1, 2)),
+    # more channels and filters than one interpreter tile (16 and 32): tail blocks on both
+    "3x3-C20-K40": ((1, 20, 6, 6), (40, 3, 3), 1, 1, 1),
+}
+
+
+def make_inputs(geometry, dtype, device, bias=True):
+    (n, c, h, w), (k, r, s), *_ = geometry
+    x = torch.randn(n, c, h, w, device=device, dtype=dtype)
+    weight = torch.randn(k, c, r, s, device=device, dtype=dtype)
+    b = torch.randn(k, device=device, dtype=dtype) if bias else None
+    return x, weight, b
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("name", GEOMETRIES)
+def test_geometry(name, dtype_name, device):
+    geometry = GEOMETRIES[name]
+    x, weight, bias = make_inputs(geometry, DTYPES[dtype_name], device)
+    check(x, weight, bias, *geometry[2:], dtype_name=dtype_name)
+
+
+@pytest.mark.parametrize("padding", [0, 1, 2, 3])
+def test_padding(padding, device):
+    x, weight, bias = make_inputs(((1, 3, 5, 6), (4, 3, 3), 1, 0, 1), torch.float32, device)
+    check(x, weight, bias, padding=padding)
+
+
+def channel_slice(t: torch.Tensor, extra: int = 3) -> torch.Tensor:
+    """t's values as a slice along C of a bigger tensor with the same memory format."""
+    n, c, h, w = t.shape
+    fmt = torch.channels_last if not t.is_contiguous() else torch.contiguous_format
+    big = torch.randn(n, c + extra, h, w, device=t.device, dtype=t.dtype).contiguous(
+        memory_format=fmt
+    )
+    big[:, 1 : c + 1] = t
+    return big[:, 1 : c + 1]
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(
+    "layout, channels_last_out",
+    [
+        ("nchw", False),
+        ("channels_last", True),
+        ("nchw-channel-slice", False),
+        ("channels_last-channel-slice", True),
+    ],
+)
+def test_input_layouts(layout, channels_last_out, dtype_name, device):
+    geometry = GEOMETRIES["3x3-odd-7x9"]
+    x, weight, bias = make_inputs(geometry, DTYPES[dtype_name], device)
+    if layout.startswith("channels_last"):
+        x = x.contiguous(memory_format=torch.channels_last)
+    if layout.endswith("channel-slice"):
+        x = channel_slice(x)
+        assert not x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last)
+    y = check(x, weight, bias, *geometry[2:], dtype_name=dtype_name)
+    if channels_last_out:
+        assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    else:
+        assert y.is_contiguous()
+
+
+@pytest.mark.parametrize("x_channels_last", [False, True])
+def test_channels_last_weight(x_channels_last, device):
+    geometry = GEOMETRIES["2x5-mixed-pairs"]
+    x, weight, bias = make_inputs(geometry, torch.float32, device)
+    if x_channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    weight = weight.contiguous(memory_format=torch.channels_last)
+    check(x, weight, bias, *geometry[2:])
+
+
+def test_ambiguous_layout_gives_nchw(device):
+    # C == 1: the tensor is both NCHW- and channels_last-contiguous
+    x = torch.randn(2, 1, 7, 7, device=device).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(4, 1, 3, 3, device=device)
+    assert check(x, weight).is_contiguous()
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_without_bias(dtype_name, device):
+    geometry = GEOMETRIES["3x3-stride2-pad0"]
+    x, weight, _ = make_inputs(geometry, DTYPES[dtype_name], device, bias=False)
+    check(x, weight, None, *geometry[2:], dtype_name=dtype_name)
+
+
+# sigmoid(t) = 1 / (1 + exp(-t)) overflows to 1 / inf = 0 for very negative t, which is right;
+# numpy, under the interpreter, warns about it
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("dtype_name", ["fp32", "fp16"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_fused_activation(activation, dtype_name, device):
+    geometry = GEOMETRIES["3x3-odd-7x9"]
+    x, weight, bias = make_inputs(geometry, DTYPES[dtype_name], device)
+    check(x, weight, bias, *geometry[2:], activation=activation, dtype_name=dtype_name)
+
+
+def test_relu_without_bias_zeroes_negatives(device):
+    x, weight, _ = make_inputs(GEOMETRIES["1x1"], torch.float32, device)
+    y = check(x, weight, activation="relu")
+    assert (y >= 0).all() and (y == 0).any()
+
+
+def test_unbatched_input(device):
+    x, weight, bias = make_inputs(GEOMETRIES["3x3-odd-7x9"], torch.float32, device)
+    y = conv2d(x[0], weight, bias, padding=1)
+    assert y.shape == (8, 7, 9)
+    assert relative_error(y, reference(x[:1], weight, bias, 1, 1, 1)[0]) < TOLERANCES["fp32"]
+
+
+def test_bad_inputs(device):
+    x = torch.randn(1, 4, 8, 8, device=device)
+    weight = torch.randn(6, 4, 3, 3, device=device)
+    with pytest.raises(ValueError, match=r"x has 4 channels .* weight expects 5"):
+        conv2d(x, torch.randn(6, 5, 3, 3, device=device))
+    with pytest.raises(ValueError, match=r"x must be 3-D .* or 4-D .*got shape \(8, 8\)"):
+        conv2d(x[0, 0], weight)
+    with pytest.raises(ValueError, match=r"weight must be 4-D, got shape \(6, 4, 3\)"):
+        conv2d(x, weight[..., 0])
+    with pytest.raises(ValueError, match=r"bias has shape \(5,\) but weight has 6 output"):
+        conv2d(x, weight, torch.randn(5, device=device))
+    with pytest.raises(ValueError, match="bias must be 1-D"):
+        conv2d(x, weight, torch.randn(6, 1, device=device))
+    with pytest.raises(ValueError, match=r"spans 5x5, larger than the padded input 4x4"):
+        conv2d(x[..., :4, :4], weight, dilation=2)
+    with pytest.raises(ValueError, match=r"spans 9x9, larger than the padded input 8x8"):
+        conv2d(x, torch.randn(6, 4, 9, 9, device=device))
+    with pytest.raises(TypeError, match="weight has dtype torch.float16 but x has torch.float32"):
+        conv2d(x, weight.half())
+    with pytest.raises(TypeError, match="float64"):
+        conv2d(x.double(), weight.double())
+    with pytest.raises(TypeError, match="int32"):
+        conv2d(x.int(), weight.int())
+    with pytest.raises(ValueError, match="padding='same' is not supported"):
+        conv2d(x, weight, padding="same")
+    with pytest.raises(ValueError, match="stride must be >= 1"):
+        conv2d(x, weight, stride=0)
+    with pytest.raises(ValueError, match="padding must be >= 0"):
+        conv2d(x, weight, padding=(1, -1))
+    with pytest.raises(TypeError, match="dilation must be an int or a pair of ints"):
+        conv2d(x, weight, dilation=(1, 2, 3))
+    with pytest.raises(ValueError, match="unknown activation 'tanh'"):
+        conv2d(x, weight, activation="tanh")
+
+
+# ResNet-50 convolutions at batch 8: (C, H, W), (K, R, S), stride, padding
+RESNET50_LAYERS = {
+    "stem-7x7": ((3, 224, 224), (64, 7, 7), 2, 3),
+    "layer1-1x1-reduce": ((256, 56, 56), (64, 1, 1), 1, 0),
+    "layer1-3x3": ((64, 56, 56), (64, 3, 3), 1, 1),
+    "layer1-1x1-expand": ((64, 56, 56), (256, 1, 1), 1, 0),
+    "layer2-3x3-stride2": ((128, 56, 56), (128, 3, 3), 2, 1),
+    "layer3-3x3": ((256, 14, 14), (256, 3, 3), 1, 1),
+    "layer4-3x3": ((512, 7, 7), (512, 3, 3), 1, 1),
+    "layer4-downsample": ((1024, 14, 14), (2048, 1, 1), 2, 0),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("name", RESNET50_LAYERS)
+def test_resnet50_layers_on_gpu(name, dtype_name, channels_last):
+    (c, h, w), (k, r, s), stride, padding = RESNET50_LAYERS[name]
+    dtype = DTYPES[dtype_name]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(8, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+    weight = (torch.randn(k, c, r, s, device="cuda", dtype=dtype) / (c * r * s) ** 0.5).contiguous(
+        memory_format=fmt
+    )
+    bias = torch.randn(k, device="cuda", dtype=dtype)
+    y = check(x, weight, bias, stride, padding, activation="relu", dtype_name=dtype_name)
+    assert y.is_contiguous(memory_format=fmt)

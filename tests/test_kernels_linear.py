@@ -1,0 +1,186 @@
+"""kernels.linear against float64 autograd: every activation, bias on and off, 3-D and strided
+inputs, gradients of x, weight and bias, and bad input."""
+
+import pytest
+import torch
+
+from experiments.correctness import relative_error, tolerance
+from kernels._common import ACTIVATIONS, dot_precision
+from kernels.linear import linear, linear_reference
+
+# The interpreter evaluates sigmoid as 1 / (1 + exp(-x)) in numpy, which warns when exp(-x)
+# overflows to inf for x < -88 even though the result, 0, is right.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def tol(dtype_name: str) -> float:
+    # The kernel uses TF32 for fp32 exactly when torch's switch allows it (never interpreted).
+    tf32 = dot_precision(DTYPES[dtype_name], torch.backends.cuda.matmul.allow_tf32) == "tf32"
+    return tolerance(dtype_name, tf32)
+
+
+def make_inputs(x_shape, out_features, dtype_name, device, *, layout="contiguous", bias=True):
+    """Fresh random x, weight and bias. layout "sliced" makes x a column slice of a wider tensor
+    (rows merge into one stride: a view), "transposed" swaps x's first two dims (flatten copies)."""
+    gen = torch.Generator().manual_seed(sum(x_shape) + out_features)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=DTYPES[dtype_name])
+
+    *lead, in_features = x_shape
+    if layout == "sliced":
+        x = randn(*lead, in_features + 5)[..., 2 : 2 + in_features]
+    elif layout == "transposed":
+        x = randn(lead[1], lead[0], *lead[2:], in_features).transpose(0, 1)
+    else:
+        x = randn(*x_shape)
+    weight = randn(out_features, in_features)
+    return x, weight, randn(out_features) if bias else None
+
+
+def assert_close(out, ref, dtype_name, what):
+    err = relative_error(out, ref)
+    assert err < tol(dtype_name), f"{what}: relative error {err:.2e} >= {tol(dtype_name):.0e}"
+
+
+def check_forward(x, weight, bias, activation, dtype_name):
+    y = linear(x, weight, bias, activation)
+    assert y.dtype == x.dtype and y.shape == (*x.shape[:-1], weight.shape[0])
+    ref = linear_reference(
+        x.double(), weight.double(), None if bias is None else bias.double(), activation
+    )
+    assert_close(y, ref, dtype_name, "y")
+
+
+def check_backward(x, weight, bias, activation, dtype_name, *, grad_of_sum=False):
+    """Gradients of every input that requires one against float64 autograd. grad_of_sum
+    backpropagates y.sum(), whose upstream gradient is a stride-0 expand; else a random dY."""
+    leaves = [x, weight, bias]
+    ref_leaves = [
+        None if t is None else t.detach().double().requires_grad_(t.requires_grad) for t in leaves
+    ]
+    y = linear(x, weight, bias, activation)
+    y_ref = linear_reference(*ref_leaves, activation)
+    if grad_of_sum:
+        y.sum().backward()
+        y_ref.sum().backward()
+    else:
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(3)).to(y)
+        y.backward(dy)
+        y_ref.backward(dy.double())
+    for name, t, t_ref in zip(["x", "weight", "bias"], leaves, ref_leaves, strict=True):
+        if t is None or not t.requires_grad:
+            assert t is None or t.grad is None, f"{name} got a gradient it did not ask for"
+            continue
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
+        assert_close(t.grad, t_ref.grad, dtype_name, f"{name}.grad")
+
+
+@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("activation", list(ACTIVATIONS) + [None])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_forward(dtype_name, activation, has_bias, device):
+    x, weight, bias = make_inputs((3, 7, 65), 33, dtype_name, device, bias=has_bias)
+    check_forward(x, weight, bias, activation, dtype_name)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(
+    "x_shape, out_features",
+    [((1, 1), 7), ((1823, 7), 65), ((5, 1, 65), 1), ((2, 3, 4, 7), 9)],
+    ids=["1x1-to-7", "1823x7-to-65", "5x1x65-to-1", "4d"],
+)
+def test_forward_odd_shapes(x_shape, out_features, dtype_name, device):
+    x, weight, bias = make_inputs(x_shape, out_features, dtype_name, device)
+    check_forward(x, weight, bias, "gelu", dtype_name)
+
+
+@pytest.mark.parametrize("layout", ["sliced", "transposed"])
+def test_forward_strided_x(layout, device):
+    x, weight, bias = make_inputs((4, 9, 33), 17, "fp32", device, layout=layout)
+    assert not x.is_contiguous()
+    check_forward(x, weight, bias, "silu", "fp32")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_backward(dtype_name, activation, device):
+    x, weight, bias = make_inputs((2, 9, 65), 33, dtype_name, device, layout="sliced")
+    for t in (x, weight, bias):
+        t.requires_grad_()
+    check_backward(x, weight, bias, activation, dtype_name)
+
+
+@pytest.mark.parametrize(
+    "layout, has_bias, requires_grad",
+    [
+        ("contiguous", False, "x,weight"),
+        ("transposed", True, "x,weight,bias"),
+        ("sliced", True, "x"),
+        ("contiguous", True, "weight"),
+        ("transposed", True, "bias"),
+    ],
+)
+def test_backward_layouts_and_partial_grads(layout, has_bias, requires_grad, device):
+    x, weight, bias = make_inputs((3, 5, 40), 24, "fp32", device, layout=layout, bias=has_bias)
+    named = {"x": x, "weight": weight, "bias": bias}
+    for name in requires_grad.split(","):
+        named[name].requires_grad_()
+    check_backward(x, weight, bias, "gelu_tanh", "fp32")
+
+
+@pytest.mark.parametrize("activation", ["none", "relu"])
+def test_backward_of_sum(activation, device):
+    x, weight, bias = make_inputs((7, 65), 33, "fp32", device)
+    for t in (x, weight, bias):
+        t.requires_grad_()
+    check_backward(x, weight, bias, activation, "fp32", grad_of_sum=True)
+
+
+def test_no_grad_returns_plain_tensor(device):
+    x, weight, bias = make_inputs((7, 65), 33, "fp32", device)
+    weight.requires_grad_()
+    with torch.no_grad():
+        y = linear(x, weight, bias, "gelu")
+    assert y.grad_fn is None and not y.requires_grad
+
+
+def tensor(*shape, dtype=torch.float32):
+    return torch.ones(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((tensor(5), tensor(3, 5)), ValueError, r"x must have at least 2 dims, got shape \(5,\)"),
+        ((tensor(4, 5), tensor(2, 3, 5)), ValueError, r"weight must be 2-D"),
+        ((tensor(4, 5), tensor(3, 6)), ValueError, r"\(4, 5\).*\(3, 6\).*in_features"),
+        ((tensor(4, 5), tensor(3, 5, dtype=torch.bfloat16)), TypeError, "weight has dtype"),
+        ((tensor(4, 5, dtype=torch.float64), tensor(3, 5)), TypeError, "supported dtypes"),
+        ((tensor(4, 5), tensor(3, 5, dtype=torch.int32)), TypeError, "supported dtypes"),
+        ((tensor(4, 5), tensor(3, 5), tensor(4)), ValueError, r"bias has shape \(4,\)"),
+        ((tensor(4, 5), tensor(3, 5), tensor(1, 3)), ValueError, "bias must be 1-D"),
+        ((tensor(4, 5), tensor(3, 5), None, "tanh"), ValueError, "unknown activation 'tanh'"),
+    ],
+    ids=[
+        "x-1d", "weight-3d", "in-features", "dtype-mismatch", "float64", "int32",
+        "bias-size", "bias-2d", "activation",
+    ],
+)  # fmt: skip
+def test_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        linear(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+@pytest.mark.parametrize("size", [1024, 4096])
+def test_large_on_gpu(size, dtype_name):
+    # (M, K) @ (N, K)^T with M = N = K = size, forward and every gradient.
+    x, weight, bias = make_inputs((size, size), size, dtype_name, "cuda")
+    for t in (x, weight, bias):
+        t.requires_grad_()
+    check_forward(x.detach(), weight.detach(), bias.detach(), "gelu", dtype_name)
+    check_backward(x, weight, bias, "gelu", dtype_name)

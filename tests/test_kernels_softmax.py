@@ -1,0 +1,228 @@
+"""kernels.softmax against torch.softmax in float64: shapes, dims, strides, dtypes, gradients."""
+
+import importlib
+
+import pytest
+import torch
+
+from experiments.correctness import TOLERANCES, relative_error
+from kernels.softmax import softmax, softmax_backward, softmax_forward, softmax_reference
+
+# kernels/__init__.py rebinds the attribute kernels.softmax to the function, so
+# `import kernels.softmax as m` would give the function; the module is needed to patch its knobs.
+softmax_module = importlib.import_module("kernels.softmax")
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def assert_matches_reference(x: torch.Tensor, dim: int, dtype_name: str) -> torch.Tensor:
+    y = softmax(x, dim)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    err = relative_error(y, torch.softmax(x.double(), dim))
+    # the output rounding dominates: one fp16/bf16 rounding per element
+    assert err < TOLERANCES[dtype_name], f"relative error {err:.2e} for {dtype_name}"
+    return y
+
+
+@pytest.fixture(params=["one_pass", "looped"])
+def row_path(request, monkeypatch):
+    """Run on both paths; "looped" sends rows longer than 512 through the two-pass loop."""
+    if request.param == "looped":
+        monkeypatch.setattr(softmax_module, "ONE_PASS_MAX_ELEMS", 512)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (37, 1000), (5, 4097), (1, 8192)])
+def test_last_dim_odd_sizes(shape, dtype_name, device):
+    x = torch.randn(shape, device=device, dtype=DTYPES[dtype_name])
+    assert_matches_reference(x, -1, dtype_name)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(
+    "shape, dim",
+    [
+        ((9, 13), 0),
+        ((9, 13), 1),
+        ((5, 6, 7), 0),
+        ((5, 6, 7), 1),
+        ((5, 6, 7), -1),
+        ((2, 3, 5, 7), 0),
+        ((2, 3, 5, 7), 1),
+        ((2, 3, 5, 7), 2),
+        ((2, 3, 5, 7), -1),
+    ],
+)
+def test_any_dim(shape, dim, dtype_name, device):
+    x = torch.randn(shape, device=device, dtype=DTYPES[dtype_name])
+    y = assert_matches_reference(x, dim, dtype_name)
+    # the output is written row-major in the moved layout and handed back as a view of it
+    assert y.movedim(dim, -1).is_contiguous()
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_split_view_along_dim1(dim, device):
+    _, x = torch.split(torch.randn(6, 19, 11, device=device), [8, 11], dim=1)
+    assert not x.is_contiguous()
+    assert_matches_reference(x, dim, "fp32")
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_transposed_slice(dim, device):
+    x = torch.randn(23, 40, device=device).t()[3:31:2]
+    assert x.stride() == (2, 40)
+    assert_matches_reference(x, dim, "fp32")
+
+
+@pytest.mark.parametrize("dim", [0, 2, 3])
+def test_permuted_view_three_row_dims(dim, device):
+    # three leading dims that cannot merge: the wrapper copies the moved view to plain rows
+    x = torch.randn(4, 5, 6, 7, device=device).permute(2, 0, 3, 1)
+    assert_matches_reference(x, dim, "fp32")
+
+
+def test_broadcast_zero_strides(device):
+    x = torch.randn(1, 9, device=device).expand(5, 9)
+    assert_matches_reference(x, -1, "fp32")
+    assert_matches_reference(x, 0, "fp32")
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dim", [0, -1])
+def test_looped_path(dim, dtype_name, monkeypatch, device):
+    monkeypatch.setattr(softmax_module, "ONE_PASS_MAX_ELEMS", 512)  # blocks of 512 or fewer columns
+    shape = (4097, 3) if dim == 0 else (3, 4097)
+    x = torch.randn(shape, device=device, dtype=DTYPES[dtype_name])
+    assert_matches_reference(x, dim, dtype_name)
+
+
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+def test_long_rows(dtype_name, device):
+    # fp16 is left out: its outputs (~1/262144) are subnormal and lose digits, in torch as well
+    x = torch.randn(2, 262144, device=device, dtype=DTYPES[dtype_name])
+    assert_matches_reference(x, -1, dtype_name)
+
+
+def test_extreme_and_equal_values(row_path, device):
+    n = 1500
+    x = torch.randn(4, n, device=device)
+    x[0] *= 1e4  # magnitudes near ±1e4: exp overflows without the max shift
+    x[1] = -1e4
+    x[1, n // 2] = 1e4
+    x[2] = 3.25  # all equal
+    x[3, ::3] = -float("inf")  # partly -inf, including the first column
+    y = assert_matches_reference(x, -1, "fp32")
+    torch.testing.assert_close(y.sum(-1), torch.ones(4, device=device))
+    assert (y[3, ::3] == 0).all()
+    assert torch.allclose(y[2], torch.full((n,), 1.0 / n, device=device))
+
+
+def test_leading_minus_inf_block(row_path, device):
+    # the loop's first column blocks are all -inf: the running sum must stay 0, not NaN
+    x = torch.randn(2, 2000, device=device)
+    x[:, :1200] = -float("inf")
+    assert_matches_reference(x, -1, "fp32")
+
+
+# numpy, under the interpreter, warns while computing the NaNs (1/0 and -inf - -inf)
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero encountered")
+def test_all_minus_inf_row_is_nan_like_torch(row_path, device):
+    x = torch.randn(3, 1000, device=device)
+    x[1] = -float("inf")
+    y = softmax(x, -1)
+    assert torch.isnan(torch.softmax(x, -1)[1]).all()
+    assert torch.isnan(y[1]).all()
+    torch.testing.assert_close(y[[0, 2]], torch.softmax(x, -1)[[0, 2]])
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(
+    "shape, dim", [((7, 33), -1), ((3, 5, 6), 1), ((3, 1100), -1), ((1100, 3), 0)]
+)
+def test_gradient(shape, dim, dtype_name, row_path, device):
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    # a non-contiguous upstream gradient
+    dy = torch.randn(tuple(reversed(shape)), device=device, dtype=dtype).permute(
+        *reversed(range(len(shape)))
+    )
+    (dx,) = torch.autograd.grad(softmax(x, dim), x, dy)
+    x64 = x.detach().double().requires_grad_()
+    (dx_ref,) = torch.autograd.grad(torch.softmax(x64, dim), x64, dy.double())
+    assert dx.dtype == dtype
+    err = relative_error(dx, dx_ref)
+    # y is rounded to the dtype before the backward uses it and dx once more: both well in budget
+    assert err < TOLERANCES[dtype_name], f"relative error {err:.2e} for {dtype_name}"
+
+
+def test_backward_function_matches_formula(device):
+    x = torch.randn(4, 9, 10, device=device)
+    y = softmax_forward(x, 1)
+    dy = torch.randn_like(x)
+    dx = softmax_backward(y, dy, 1)
+    expected = y.double() * (dy.double() - (y.double() * dy.double()).sum(1, keepdim=True))
+    assert relative_error(dx, expected) < TOLERANCES["fp32"]
+
+
+def test_scalar_and_empty(device):
+    assert softmax(torch.tensor(2.5, device=device), 0).item() == 1.0
+    empty = torch.randn(0, 5, device=device)
+    assert softmax(empty, -1).shape == (0, 5)
+    assert softmax(torch.randn(3, 0, device=device), 0).shape == (3, 0)
+
+
+def test_reference_matches_torch(device):
+    x = torch.randn(5, 300, device=device, dtype=torch.float16)
+    torch.testing.assert_close(softmax_reference(x, -1), torch.softmax(x, -1))
+
+
+def test_bad_inputs(device):
+    x = torch.randn(3, 4, device=device)
+    with pytest.raises(ValueError, match=r"dim 2 is out of range .*\(3, 4\)"):
+        softmax(x, 2)
+    with pytest.raises(ValueError, match="dim -3"):
+        softmax(x, -3)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        softmax(x, 1.0)
+    with pytest.raises(TypeError, match="int64"):
+        softmax(torch.arange(12, device=device).reshape(3, 4), -1)
+    with pytest.raises(TypeError, match="float64"):
+        softmax(x.double(), -1)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        softmax([[1.0, 2.0]], -1)
+    with pytest.raises(ValueError, match="dy has shape"):
+        softmax_backward(x, x[:, :2], -1)
+    with pytest.raises(TypeError, match="dy has dtype"):
+        softmax_backward(x, x.half(), -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(
+    "shape, dim",
+    [
+        ((4, 262144), -1),
+        ((2, 1048576), -1),
+        ((4096, 4096), -1),
+        ((4096, 4096), 0),
+        ((8, 12, 1024, 1024), -1),
+        ((8, 12, 1024, 1024), 2),
+        ((16384, 16384), -1),
+        ((1823, 781), -1),
+    ],
+)
+def test_big_shapes_on_gpu(shape, dim, dtype_name):
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+    y = softmax(x, dim)
+    ref = torch.softmax(x.detach().double(), dim)
+    # fp16 outputs below 6e-5 are subnormal; compare against the reference rounded the same way
+    ref_rounded = ref.to(dtype).double() if dtype == torch.float16 else ref
+    assert relative_error(y, ref_rounded) < TOLERANCES[dtype_name]
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    # the backward sees the rounded y, so the check for it starts from that y
+    y64 = y.detach().double()
+    dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
