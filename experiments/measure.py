@@ -109,6 +109,7 @@ def counter_totals() -> tuple[int, int]:
 
 def measure_shape(job: Job, shape: dict, progress: Callable[[str], None]) -> Record:
     record = base_record(job, shape)
+    record.stage = "build"
     try:
         _measure(job, shape, record, progress)
     except Exception as exc:  # OOM, compile error, kernel error: one failed row, then move on
@@ -130,7 +131,6 @@ def _measure(job: Job, shape, record: Record, progress) -> None:
     fwd_bwd = job.fwd_bwd
 
     # ---- build: module, inputs and the closures, all outside any timed region ----
-    record.stage = "build"
     progress("build")
     torch.compiler.reset()
     torch._dynamo.utils.counters.clear()

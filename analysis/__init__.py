@@ -1,0 +1,1 @@
+"""Analysis of experiment records: loaders, tables and (later) figures and notebooks."""

@@ -1,0 +1,56 @@
+"""Geomean speedup tables from the records under a folder.
+
+    python -m analysis.summary multirun/2026-11-22/10-00-00   # or outputs/, or results/h100
+
+Reads every results.jsonl below the folder and prints, per kernel and mode, the geomean of
+speedup_vs_eager over the ok rows (GPU time), the same for call latency, and the row counts.
+"""
+
+import argparse
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from experiments.records import read_jsonl
+
+
+def load_rows(root: Path) -> pd.DataFrame:
+    rows = [row for path in sorted(Path(root).rglob("results.jsonl")) for row in read_jsonl(path)]
+    if not rows:
+        raise SystemExit(f"error: no results.jsonl under {root}")
+    return pd.DataFrame(rows)
+
+
+def _geomean(values: pd.Series) -> float:
+    values = values.dropna()
+    return math.exp(values.map(math.log).mean()) if len(values) else float("nan")
+
+
+def geomean_table(frame: pd.DataFrame) -> pd.DataFrame:
+    ok = frame[frame["status"] == "ok"]
+    table = ok.groupby(["kernel", "dtype", "pass", "mode"]).agg(
+        speedup_vs_eager=("speedup_vs_eager", _geomean),
+        latency_speedup_vs_eager=("latency_speedup_vs_eager", _geomean),
+        shapes_ok=("status", "size"),
+    )
+    failed = frame[frame["status"] != "ok"].groupby(["kernel", "dtype", "pass", "mode"]).size()
+    table["not_ok"] = failed.reindex(table.index).fillna(0).astype(int)
+    return table.round(3)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="folder searched for results.jsonl files")
+    args = parser.parse_args(argv)
+    frame = load_rows(args.root)
+    with pd.option_context("display.width", 200, "display.max_rows", 500):
+        print(geomean_table(frame).to_string())
+        failed = frame[frame["status"] != "ok"]
+        if len(failed):
+            print("\nrows not ok:")
+            print(failed[["kernel", "mode", "shape_label", "status", "reason"]].to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

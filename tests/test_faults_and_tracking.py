@@ -1,0 +1,99 @@
+"""A failing shape is a recorded row, W&B never holds the only copy, and no key leaks."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from experiments import measure, run, workloads
+from experiments.records import read_jsonl, validate
+from experiments.tracking import Tracker, redact
+
+CPU_OVERRIDES = ["bench=quick", "dtype=fp32"]
+
+
+def run_job(compose_job, *overrides):
+    cfg = compose_job([*CPU_OVERRIDES, *overrides])
+    rows = run.run(cfg)
+    output_dir = run.job_identity()[0]
+    assert rows == read_jsonl(output_dir / "results.jsonl")
+    return rows, output_dir
+
+
+def test_one_failing_shape_leaves_a_failed_row_and_the_rest(compose_job, monkeypatch):
+    real = measure._measure
+
+    def flaky(job, shape, record, progress):
+        if shape["m"] == 33:  # the second cpu shape
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return real(job, shape, record, progress)
+
+    monkeypatch.setattr(measure, "_measure", flaky)
+    rows, _ = run_job(compose_job, "kernel=matmul", "mode=eager", "wandb.mode=disabled")
+    assert [r["status"] for r in rows] == ["ok", "failed"]
+    assert rows[1]["reason"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert rows[1]["stage"] is not None and rows[1]["time_ms_p50"] is None
+    assert all(validate(r) == [] for r in rows)
+
+
+def test_a_wrong_kernel_fails_correctness_and_is_not_timed(compose_job, monkeypatch):
+    wrong = workloads.triton_ops()
+    wrong.matmul = lambda a, b: torch.matmul(a, b) * 1.01  # 1% off: far over the fp32 budget
+    monkeypatch.setattr(workloads, "triton_ops", lambda: wrong)
+    monkeypatch.setattr("experiments.modes.triton_ops", lambda: wrong)
+    rows, _ = run_job(compose_job, "kernel=matmul", "mode=triton", "wandb.mode=disabled")
+    for row in rows:
+        assert row["status"] == "failed" and row["stage"] == "correctness"
+        assert "relative error" in row["reason"] and row["max_rel_err"] == pytest.approx(0.01, 1e-3)
+        assert row["time_ms_p50"] is None and row["speedup_vs_eager"] is None
+
+
+def test_nan_output_is_caught(compose_job, monkeypatch):
+    broken = workloads.triton_ops()
+    broken.softmax = lambda x, dim: torch.full_like(x, float("nan"))
+    monkeypatch.setattr("experiments.modes.triton_ops", lambda: broken)
+    rows, _ = run_job(compose_job, "kernel=softmax", "mode=triton", "wandb.mode=disabled")
+    assert all("NaN" in row["reason"] for row in rows)
+
+
+def test_offline_wandb_writes_a_run_without_network_and_no_key(compose_job, monkeypatch):
+    secret = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    rows, output_dir = run_job(compose_job, "kernel=softmax", "mode=eager", "wandb.mode=offline")
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    runs = list((output_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    for path in output_dir.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_wandb_failure_keeps_the_records(compose_job, monkeypatch):
+    import wandb
+
+    def unreachable(*args, **kwargs):
+        raise wandb.errors.CommError("could not reach the W&B server")
+
+    monkeypatch.setattr(wandb, "init", unreachable)
+    rows, output_dir = run_job(compose_job, "kernel=softmax", "mode=eager", "wandb.mode=online")
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert json.loads((output_dir / "env.json").read_text())["config"]["wandb"]["mode"] == "online"
+
+
+def test_disabled_tracker_does_nothing(tmp_path):
+    tracker = Tracker({"mode": "disabled", "project": "p"}, {}, tmp_path, "n", "g", [])
+    tracker.log_row({"shape_label": "1x1", "status": "ok"}, 0)
+    tracker.finish([], {}, None)
+    assert not (tmp_path / "wandb").exists()
+
+
+def test_redact_masks_keys_overrides_and_the_env_key(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "abcdef123456")
+    tree = {"wandb": {"api_key": "x", "project": "p"}, "argv": ["+wandb.api_key=x", "kernel=m"],
+            "note": "key abcdef123456 leaked"}
+    assert redact(tree) == {"wandb": {"api_key": "<redacted>", "project": "p"},
+                            "argv": ["+wandb.api_key=<redacted>", "kernel=m"],
+                            "note": "key <redacted> leaked"}
+    assert os.environ["WANDB_API_KEY"] == "abcdef123456"
