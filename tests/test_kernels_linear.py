@@ -131,9 +131,13 @@ def test_backward_layouts_and_partial_grads(layout, has_bias, requires_grad, dev
     check_backward(x, weight, bias, "gelu_tanh", "fp32")
 
 
-@pytest.mark.parametrize("activation", ["none", "relu"])
-def test_backward_of_sum(activation, device):
-    x, weight, bias = make_inputs((7, 65), 33, "fp32", device)
+@pytest.mark.parametrize(
+    "activation, x_shape",
+    # 1100 rows > COLUMN_SUM_ROWS: db takes the two-pass path through fp32 partial sums.
+    [("none", (7, 65)), ("relu", (7, 65)), ("silu", (1100, 7))],
+)
+def test_backward_of_sum(activation, x_shape, device):
+    x, weight, bias = make_inputs(x_shape, 33, "fp32", device)
     for t in (x, weight, bias):
         t.requires_grad_()
     check_backward(x, weight, bias, activation, "fp32", grad_of_sum=True)
