@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from experiments.correctness import TOLERANCES, relative_error, tolerance
+from experiments.correctness import relative_error, tolerance
 from kernels.conv import conv2d, conv2d_reference
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -162,7 +162,7 @@ def test_unbatched_input(device):
     x, weight, bias = make_inputs(GEOMETRIES["3x3-odd-7x9"], torch.float32, device)
     y = conv2d(x[0], weight, bias, padding=1)
     assert y.shape == (8, 7, 9)
-    assert relative_error(y, reference(x[:1], weight, bias, 1, 1, 1)[0]) < TOLERANCES["fp32"]
+    assert relative_error(y, reference(x[:1], weight, bias, 1, 1, 1)[0]) < budget("fp32")
 
 
 def test_bad_inputs(device):
