@@ -217,11 +217,11 @@ def _measure(job: Job, shape, record: Record, progress) -> None:
     record.latency_speedup_vs_eager = eager_latency["p50"] / latency["p50"]
 
     mode_runs, eager_runs = [], []
-    slowest_call_us = max(latency["p80"], eager_latency["p80"])
+    slowest_enqueue_us = max(latency["enqueue_p80"], eager_latency["enqueue_p80"])
     for r in range(bench.repeats):
         progress(f"time pair {r + 1}/{bench.repeats}")
-        mode_runs.append(time_once(job, step, slowest_call_us, record))
-        eager_runs.append(time_once(job, eager_step, slowest_call_us, record))
+        mode_runs.append(time_once(job, step, slowest_enqueue_us, record))
+        eager_runs.append(time_once(job, eager_step, slowest_enqueue_us, record))
     middle = sorted(mode_runs, key=lambda run: run["p50"])[len(mode_runs) // 2]
     record.time_ms_p50, record.time_ms_p20, record.time_ms_p80 = (
         middle["p50"], middle["p20"], middle["p80"])
@@ -254,13 +254,13 @@ def _measure(job: Job, shape, record: Record, progress) -> None:
     record.stage = None
 
 
-def time_once(job: Job, fn, latency_us: float, record: Record) -> dict:
+def time_once(job: Job, fn, enqueue_us: float, record: Record) -> dict:
     bench = job.bench
     if job.timer is None:
         record.timer = "cpu-wall"
         return timing.cpu_time_ms(fn, bench.warmup_ms, bench.rep_ms)
     record.timer = "cuda-events-l2flush" if bench.flush_l2 else "cuda-events"
-    return job.timer.measure(fn, bench.warmup_ms, bench.rep_ms, lead_us=1.5 * latency_us + 20)
+    return job.timer.measure(fn, bench.warmup_ms, bench.rep_ms, lead_us=1.5 * enqueue_us + 20)
 
 
 def graph_replay(fn, impl, bench, record: Record, who: str) -> float | None:

@@ -44,16 +44,22 @@ def first_call_s(fn, device) -> tuple[object, float]:
 
 
 def call_latency_us(fn, device, calls: int, samples: int = 5) -> dict:
-    """Per-call wall time over `calls` back-to-back calls and one final sync (in microseconds)."""
-    per_call_us = []
+    """Per-call wall time over `calls` back-to-back calls and one final sync (in microseconds).
+
+    Also returns `enqueue_p80`: the CPU's own time per call (before the final sync), which sizes
+    GpuTimer's lead.
+    """
+    per_call_us, enqueue_us = [], []
     for _ in range(samples):
         synchronize(device)
         start = time.perf_counter()
         for _ in range(calls):
             fn()
+        enqueued = time.perf_counter()
         synchronize(device)
         per_call_us.append((time.perf_counter() - start) / calls * 1e6)
-    return summarize(per_call_us)
+        enqueue_us.append((enqueued - start) / calls * 1e6)
+    return {**summarize(per_call_us), "enqueue_p80": float(np.percentile(enqueue_us, 80))}
 
 
 def calls_for_budget(estimate_ms: float, budget_ms: float, lowest: int = 3) -> int:
@@ -91,7 +97,7 @@ class GpuTimer:
         return cycles / (start.elapsed_time(end) * 1e3)
 
     def measure(self, fn, warmup_ms: float, rep_ms: float, lead_us: float) -> dict:
-        """`lead_us` must exceed the CPU time of one call (its measured call latency)."""
+        """`lead_us` must exceed the CPU time of one call (see call_latency_us's enqueue time)."""
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(5):

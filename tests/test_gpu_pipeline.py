@@ -1,0 +1,54 @@
+"""On a CUDA machine: every timer, the custom ops under torch.compile, and env stamping."""
+
+import pytest
+import torch
+
+from experiments import run
+from experiments.records import validate
+
+pytestmark = pytest.mark.gpu
+
+
+def run_job(compose_job, *overrides):
+    cfg = compose_job(["bench=quick", "wandb.mode=disabled", "shapes=small", *overrides])
+    rows = run.run(cfg)
+    assert rows and all(validate(r) == [] for r in rows)
+    assert all(r["status"] == "ok" for r in rows), [r["reason"] for r in rows]
+    return rows
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "linear", "softmax", "conv"])
+def test_triton_compiled_has_no_graph_break(compose_job, kernel):
+    rows = run_job(compose_job, f"kernel={kernel}", "mode=triton-compiled")
+    assert all(r["graph_breaks"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize("kernel", ["linear", "softmax"])
+def test_triton_compiled_fwd_bwd(compose_job, kernel):
+    run_job(compose_job, f"kernel={kernel}", "mode=triton-compiled", "pass=fwd_bwd")
+
+
+def test_cuda_graph_mode_records_every_timer(compose_job):
+    rows = run_job(compose_job, "kernel=matmul", "mode=reduce-overhead")
+    for row in rows:
+        assert row["timer"] == "cuda-events-l2flush"
+        assert row["do_bench_ms_p50"] > 0 and row["call_latency_us_p50"] > 0
+        assert row["cudagraph_ms"] is None  # already a CUDA graph
+        assert row["eager_cudagraph_ms"] > 0
+        assert row["peak_mem_mb"] is not None and row["pct_peak_flops"] > 0
+        assert row["recompiles_during_timing"] == 0
+
+
+def test_static_inputs_are_recorded(compose_job):
+    rows = run_job(compose_job, "kernel=linear", "mode=reduce-overhead", "bench.static_inputs=true")
+    assert all(r["static_inputs"] == ["weight", "bias", "x"] for r in rows)
+
+
+def test_env_is_stamped_with_the_gpu(compose_job):
+    run_job(compose_job, "kernel=softmax", "mode=eager")
+    import json
+
+    env = json.loads((run.job_identity()[0] / "env.json").read_text())
+    assert env["gpu_name"] == torch.cuda.get_device_name()
+    assert env["sm_count"] > 0 and env["cuda"] and env["peaks"]["copy_gbps"] > 0
+    assert "sm_clock_mhz" in env["gpu_state_before"] or "nvml" in env["gpu_state_before"]
