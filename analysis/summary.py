@@ -49,7 +49,9 @@ def main(argv=None) -> None:
         failed = frame[frame["status"] != "ok"]
         if len(failed):
             print("\nrows not ok:")
-            print(failed[["kernel", "mode", "shape_label", "status", "reason"]].to_string(index=False))
+            print(
+                failed[["kernel", "mode", "shape_label", "status", "reason"]].to_string(index=False)
+            )
 
 
 if __name__ == "__main__":

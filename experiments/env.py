@@ -16,14 +16,22 @@ from pathlib import Path
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-ENV_PREFIXES = ("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA")
+ENV_PREFIXES = (
+    "TORCHINDUCTOR_",
+    "TRITON_",
+    "TORCH_COMPILE",
+    "CUDA_VISIBLE_DEVICES",
+    "PYTORCH_CUDA",
+)
 
 
 def git_state() -> dict:
     """SHA and dirty flag of the checkout; KBENCH_GIT_SHA stands in for a copy without .git."""
+
     def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                              timeout=10)
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
 
     try:
         sha = git("rev-parse", "HEAD")
@@ -69,8 +77,12 @@ def driver_version() -> str | None:
 
 def device_info(device: torch.device) -> dict:
     if device.type != "cuda":
-        return {"device": "cpu", "gpu_name": None, "cpu": platform.processor() or platform.machine(),
-                "cpu_count": os.cpu_count()}
+        return {
+            "device": "cpu",
+            "gpu_name": None,
+            "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+        }
     props = torch.cuda.get_device_properties(device)
     return {
         "device": str(device),
@@ -91,8 +103,12 @@ def software_versions() -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "triton": triton_version, "platform": platform.platform()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "platform": platform.platform(),
+    }
 
 
 def relevant_env_vars() -> dict:
@@ -123,21 +139,28 @@ def _cache_path(device: torch.device) -> Path:
     return root / key.replace("/", "_")
 
 
-def measure_peaks(device: torch.device) -> dict:
+def _copy_gbps(device: torch.device, nbytes: int = 1 << 30) -> float:
     import triton.testing
 
-    copy_bytes = 1 << 30
-    src = torch.empty(copy_bytes, dtype=torch.uint8, device=device).random_()
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
-    copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=200, return_mode="median")
-    del src, dst
-    size = 8192
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=200, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3) / 1e9  # read + write
+
+
+def _bf16_matmul_tflops(device: torch.device, size: int = 8192) -> float:
+    import triton.testing
+
     a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    mm_ms = triton.testing.do_bench(lambda: a @ b, rep=200, return_mode="median")
+    ms = triton.testing.do_bench(lambda: a @ b, rep=200, return_mode="median")
+    return 2 * size**3 / (ms * 1e-3) / 1e12
+
+
+def measure_peaks(device: torch.device) -> dict:
     return {
-        "copy_gbps": 2 * copy_bytes / (copy_ms * 1e-3) / 1e9,  # read + write
-        "bf16_matmul_tflops": 2 * size**3 / (mm_ms * 1e-3) / 1e12,
+        "copy_gbps": _copy_gbps(device),
+        "bf16_matmul_tflops": _bf16_matmul_tflops(device),
         "method": "do_bench median: 1 GiB device-to-device copy; 8192^3 bf16 torch.matmul",
     }
 

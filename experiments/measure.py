@@ -27,12 +27,12 @@ log = logging.getLogger(__name__)
 class Job:
     """Everything one Hydra job fixes: what runs, how it is timed, where code goes."""
 
-    cfg: object               # the resolved Hydra config
+    cfg: object  # the resolved Hydra config
     workload: Workload
     device: torch.device
     dtype: torch.dtype
     peaks: dict | None
-    code_dir: object          # Path for Inductor's generated code, or None
+    code_dir: object  # Path for Inductor's generated code, or None
     shape_set: str
     timer: timing.GpuTimer | None
     job_id: str
@@ -52,15 +52,24 @@ def base_record(job: Job, shape: dict) -> Record:
     if cfg.bench.static_inputs:
         static += list(job.workload.input_names)
     return Record(
-        kernel=job.workload.name, mode=cfg.mode.name, shape=dict(shape),
-        shape_label=job.workload.label(shape), shape_set=job.shape_set, dtype=cfg.dtype.name,
-        pass_=cfg["pass"].name, tf32=bool(cfg.dtype.tf32), device=str(job.device),
-        static_inputs=static, run_name=cfg.name, job_id=job.job_id,
+        kernel=job.workload.name,
+        mode=cfg.mode.name,
+        shape=dict(shape),
+        shape_label=job.workload.label(shape),
+        shape_set=job.shape_set,
+        dtype=cfg.dtype.name,
+        pass_=cfg["pass"].name,
+        tf32=bool(cfg.dtype.tf32),
+        device=str(job.device),
+        static_inputs=static,
+        run_name=cfg.name,
+        job_id=job.job_id,
     )
 
 
 def make_step(module, inputs, grad_out, grad_tensors, cudagraphs) -> Callable:
     """The zero-argument closure that every timer calls: one forward (and backward)."""
+
     def step():
         if cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -116,8 +125,9 @@ def measure_shape(job: Job, shape: dict, progress: Callable[[str], None]) -> Rec
         record.status = "failed"
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         record.reason = f"{type(exc).__name__}: {message}"[:500]
-        log.warning("%s %s failed at %s: %s", record.mode, record.shape_label, record.stage,
-                    record.reason)
+        log.warning(
+            "%s %s failed at %s: %s", record.mode, record.shape_label, record.stage, record.reason
+        )
     finally:
         torch.compiler.reset()
         gc.collect()
@@ -194,10 +204,13 @@ def _measure(job: Job, shape, record: Record, progress) -> None:
         record.seeds_checked = i + 1
     record.max_rel_err = worst
     if worst > record.tolerance:
-        raise_correctness(record, f"relative error {worst:.3g} > tolerance {record.tolerance:.3g}",
-                          worst)
-    refill([*params, *inputs] + ([grad_out] if fwd_bwd else []),
-           torch.Generator(device=device).manual_seed(cfg.seed))
+        raise_correctness(
+            record, f"relative error {worst:.3g} > tolerance {record.tolerance:.3g}", worst
+        )
+    refill(
+        [*params, *inputs] + ([grad_out] if fwd_bwd else []),
+        torch.Generator(device=device).manual_seed(cfg.seed),
+    )
 
     # ---- warm up, then time: latency first, since it sizes the GPU timer's lead ----
     record.stage = "timing"
@@ -224,23 +237,31 @@ def _measure(job: Job, shape, record: Record, progress) -> None:
         eager_runs.append(time_once(job, eager_step, slowest_enqueue_us, record))
     middle = sorted(mode_runs, key=lambda run: run["p50"])[len(mode_runs) // 2]
     record.time_ms_p50, record.time_ms_p20, record.time_ms_p80 = (
-        middle["p50"], middle["p20"], middle["p80"])
+        middle["p50"],
+        middle["p20"],
+        middle["p80"],
+    )
     record.eager_time_ms_p50 = sorted(run["p50"] for run in eager_runs)[len(eager_runs) // 2]
     record.speedup_vs_eager = record.eager_time_ms_p50 / record.time_ms_p50
-    record.repeat_spread = max(spread([run["p50"] for run in runs])
-                               for runs in (mode_runs, eager_runs))
+    record.repeat_spread = max(
+        spread([run["p50"] for run in runs]) for runs in (mode_runs, eager_runs)
+    )
     record.noisy = record.repeat_spread > bench.noisy_threshold
 
     if device.type == "cuda":
         progress("do_bench")
         plain = timing.do_bench_ms(step, bench.warmup_ms, bench.rep_ms)
         record.do_bench_ms_p50, record.do_bench_ms_p20, record.do_bench_ms_p80 = (
-            plain["p50"], plain["p20"], plain["p80"])
+            plain["p50"],
+            plain["p20"],
+            plain["p80"],
+        )
         if bench.cudagraph_replay:
             progress("cudagraph replay")
             record.cudagraph_ms = graph_replay(step, impl, bench, record, "mode")
-            record.eager_cudagraph_ms = graph_replay(eager_step, modes.Impl(eager), bench, record,
-                                                     "eager")
+            record.eager_cudagraph_ms = graph_replay(
+                eager_step, modes.Impl(eager), bench, record, "eager"
+            )
 
     graphs_after, breaks_after = counter_totals()
     record.recompiles_during_timing = graphs_after - graphs_before

@@ -18,14 +18,16 @@ KINDS = ("eager", "triton", "compile", "triton_compiled", "torchscript")
 @dataclass
 class Impl:
     module: nn.Module | torch.jit.ScriptModule
-    compiled: bool = False       # goes through torch.compile (compile time and Inductor code apply)
-    cudagraphs: bool = False     # runs as CUDA-graph trees (reduce-overhead, max-autotune)
+    compiled: bool = False  # goes through torch.compile (compile time and Inductor code apply)
+    cudagraphs: bool = False  # runs as CUDA-graph trees (reduce-overhead, max-autotune)
     options: dict = field(default_factory=dict)  # resolved Inductor options, for the record
 
 
 def check_mode(mode_cfg) -> None:
     if mode_cfg.kind not in KINDS:
-        raise ConfigError(f"mode {mode_cfg.name!r} has unknown kind {mode_cfg.kind!r}; one of {KINDS}")
+        raise ConfigError(
+            f"mode {mode_cfg.name!r} has unknown kind {mode_cfg.kind!r}; one of {KINDS}"
+        )
 
 
 def resolved_options(compile_mode: str, user_options: dict) -> dict:
@@ -40,8 +42,9 @@ def _compile(module, compile_mode, compile_cfg, fullgraph) -> Impl:
     # torch.compile takes a mode or an options dict, not both: with user options, pass the merge.
     how = {"options": options} if user_options else {"mode": compile_mode}
     compiled = torch.compile(module, fullgraph=fullgraph, dynamic=compile_cfg.dynamic, **how)
-    return Impl(compiled, compiled=True, cudagraphs=bool(options.get("triton.cudagraphs")),
-                options=options)
+    return Impl(
+        compiled, compiled=True, cudagraphs=bool(options.get("triton.cudagraphs")), options=options
+    )
 
 
 def build(mode_cfg, compile_cfg, eager_module: nn.Module, example_inputs: tuple) -> Impl:
@@ -54,8 +57,9 @@ def build(mode_cfg, compile_cfg, eager_module: nn.Module, example_inputs: tuple)
         return _compile(eager_module, mode_cfg.compile_mode, compile_cfg, compile_cfg.fullgraph)
     if kind == "triton_compiled":
         # fullgraph=True is the point of this mode: a graph break would be an error, not a count.
-        return _compile(with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg,
-                        fullgraph=True)
+        return _compile(
+            with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg, fullgraph=True
+        )
     if kind == "torchscript":
         traced = torch.jit.trace(eager_module, example_inputs, check_trace=False)
         return Impl(traced)

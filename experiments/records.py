@@ -31,10 +31,10 @@ class Record:
     run_name: str
     job_id: str
     # the outcome
-    status: str = "ok"            # ok | failed | skipped
-    reason: str | None = None     # why a row failed or was skipped
-    stage: str | None = None      # where it failed: build, compile, correctness, timing
-    max_rel_err: float | None = None   # worst ||out - ref|| / ||ref|| over seeds and outputs
+    status: str = "ok"  # ok | failed | skipped
+    reason: str | None = None  # why a row failed or was skipped
+    stage: str | None = None  # where it failed: build, compile, correctness, timing
+    max_rel_err: float | None = None  # worst ||out - ref|| / ||ref|| over seeds and outputs
     tolerance: float | None = None
     seeds_checked: int = 0
     # GPU time of one call (ms): events + L2 flush, CPU path kept off the clock; cpu-wall on a CPU
@@ -43,8 +43,8 @@ class Record:
     time_ms_p20: float | None = None
     time_ms_p80: float | None = None
     eager_time_ms_p50: float | None = None
-    speedup_vs_eager: float | None = None   # eager time / mode time, medians of interleaved pairs
-    repeat_spread: float | None = None      # largest (max - min) / median over the pairs' repeats
+    speedup_vs_eager: float | None = None  # eager time / mode time, medians of interleaved pairs
+    repeat_spread: float | None = None  # largest (max - min) / median over the pairs' repeats
     noisy: bool = False
     # triton.testing.do_bench as commonly used (its events also catch a long CPU path)
     do_bench_ms_p50: float | None = None
@@ -62,10 +62,10 @@ class Record:
     # compile cost (s): first call with an empty cache, then again after a reset with a warm one
     compile_cold_s: float | None = None
     compile_warm_s: float | None = None
-    graph_breaks: int | None = None            # when compiling
+    graph_breaks: int | None = None  # when compiling
     recompiles_during_timing: int | None = None
     graph_breaks_during_timing: int | None = None
-    peak_mem_mb: float | None = None           # above the inputs, during the mode's calls
+    peak_mem_mb: float | None = None  # above the inputs, during the mode's calls
     # derived from analytic formulas and the device's measured peaks
     flops: float | None = None
     min_bytes: float | None = None
@@ -90,8 +90,11 @@ def _finite_or_none(value):
 
 
 FIELDS = [f.name if f.name != "pass_" else "pass" for f in dataclasses.fields(Record)]
-REQUIRED = [f.name if f.name != "pass_" else "pass" for f in dataclasses.fields(Record)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+REQUIRED = [
+    f.name if f.name != "pass_" else "pass"
+    for f in dataclasses.fields(Record)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+]
 
 
 def validate(row: dict) -> list[str]:
@@ -151,15 +154,22 @@ def format_table(rows: list[dict]) -> str:
     body = []
     for row in rows:
         cells = ["-" if row.get(f) is None else fmt.format(row[f]) for _, f, fmt in SUMMARY_COLUMNS]
-        flags = [name for name, on in (("noisy", row.get("noisy")),
-                                       ("recompiled", row.get("recompiles_during_timing")))
-                 if on]
+        flags = [
+            name
+            for name, on in (
+                ("noisy", row.get("noisy")),
+                ("recompiled", row.get("recompiles_during_timing")),
+            )
+            if on
+        ]
         if row.get("reason"):
             flags.append(row["reason"][:80])
         body.append(cells + [" ".join(flags)])
     widths = [max(len(r[i]) for r in [headers, *body]) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in [headers, *body]]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [headers, *body]
+    ]
     return "\n".join(lines)
 
 

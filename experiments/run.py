@@ -1,4 +1,6 @@
-"""One Hydra job: `python -m experiments.run kernel=matmul mode=max-autotune` (or `make experiment`).
+"""One Hydra job: `python -m experiments.run kernel=matmul mode=max-autotune`.
+
+`make experiment` and `make sweep` call this module.
 
 It measures every shape of one shape set for one (kernel, mode, dtype, pass), writes
 results.jsonl and env.json in the job's output directory, logs to W&B, and prints a summary.
@@ -26,6 +28,7 @@ from experiments.measure import Job, measure_shape
 from experiments.records import JsonlWriter, format_table, geomean
 from experiments.tracking import Tracker, find_secret_keys, redact, scrub_hydra_dir
 from experiments.workloads import make_workload, resolve_shapes
+from kernels._common import is_interpreter
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +75,9 @@ def job_identity() -> tuple[Path, str, str | None]:
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == hydra.types.RunMode.MULTIRUN
-    job_id = f"{Path(hydra_cfg.sweep.dir).name}/{hydra_cfg.job.num}" if multirun else output_dir.name
+    job_id = (
+        f"{Path(hydra_cfg.sweep.dir).name}/{hydra_cfg.job.num}" if multirun else output_dir.name
+    )
     return output_dir, job_id, Path(hydra_cfg.sweep.dir).name if multirun else None
 
 
@@ -82,11 +87,17 @@ def run(cfg: DictConfig) -> list[dict]:
     secrets = find_secret_keys(config)
     if secrets:
         scrub_hydra_dir(output_dir)
-        raise ConfigError(f"config keys {secrets} look like credentials: put the W&B key in "
-                          "WANDB_API_KEY, never in a config or an override")
+        raise ConfigError(
+            f"config keys {secrets} look like credentials: put the W&B key in "
+            "WANDB_API_KEY, never in a config or an override"
+        )
     device = resolve_device(cfg.device)
+    if device.type == "cpu" and "triton" in cfg.mode.kind and not is_interpreter():
+        raise ConfigError(
+            "device=cpu with a CUDA GPU present: Triton kernels need "
+            "TRITON_INTERPRET=1 in the environment to run on the CPU"
+        )
     if device.type == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before kernels/ is first imported
         # Inductor's pool of compile workers competes with the timed calls for a small CPU's cores.
         torch._inductor.config.compile_threads = 1
     workload = make_workload(cfg.kernel)
@@ -100,35 +111,70 @@ def run(cfg: DictConfig) -> list[dict]:
     if device.type == "cpu":
         log.warning(CPU_BANNER)
     torch.compiler.reset()
-    inductor_options = (modes.resolved_options(cfg.mode.compile_mode, dict(cfg.compile.options))
-                        if "compile_mode" in cfg.mode else None)
+    inductor_options = (
+        modes.resolved_options(cfg.mode.compile_mode, dict(cfg.compile.options))
+        if "compile_mode" in cfg.mode
+        else None
+    )
     peaks = env.device_peaks(device)
     environment = env.collect(redact(config), device, cfg.seed)
-    environment.update(peaks=peaks, inductor_options=inductor_options, shape_set=shape_set,
-                       job_id=job_id, cpu_banner=CPU_BANNER if device.type == "cpu" else None)
+    environment.update(
+        peaks=peaks,
+        inductor_options=inductor_options,
+        shape_set=shape_set,
+        job_id=job_id,
+        cpu_banner=CPU_BANNER if device.type == "cpu" else None,
+    )
     env_path = output_dir / "env.json"
     env_path.write_text(json.dumps(environment, indent=2, default=str))
 
-    tags = [f"kernel:{workload.name}", f"mode:{cfg.mode.name}", f"dtype:{cfg.dtype.name}",
-            f"pass:{cfg['pass'].name}", f"gpu:{environment.get('gpu_name') or 'cpu'}",
-            *cfg.wandb.tags]
+    tags = [
+        f"kernel:{workload.name}",
+        f"mode:{cfg.mode.name}",
+        f"dtype:{cfg.dtype.name}",
+        f"pass:{cfg['pass'].name}",
+        f"gpu:{environment.get('gpu_name') or 'cpu'}",
+        *cfg.wandb.tags,
+    ]
     env_summary = {k: v for k, v in environment.items() if k != "config"}
-    tracker = Tracker(config["wandb"], {**config, "env": env_summary}, output_dir, name=cfg.name,
-                      group=cfg.wandb.group or sweep_name or cfg.name, tags=tags)
+    tracker = Tracker(
+        config["wandb"],
+        {**config, "env": env_summary},
+        output_dir,
+        name=cfg.name,
+        group=cfg.wandb.group or sweep_name or cfg.name,
+        tags=tags,
+    )
     code_dir = output_dir / "inductor_code" if cfg.compile.save_code else None
-    job = Job(cfg=cfg, workload=workload, device=device, dtype=dtype, peaks=peaks,
-              code_dir=code_dir, shape_set=shape_set, job_id=job_id,
-              timer=timing.GpuTimer(device, cfg.bench.flush_l2) if device.type == "cuda" else None)
+    job = Job(
+        cfg=cfg,
+        workload=workload,
+        device=device,
+        dtype=dtype,
+        peaks=peaks,
+        code_dir=code_dir,
+        shape_set=shape_set,
+        job_id=job_id,
+        timer=timing.GpuTimer(device, cfg.bench.flush_l2) if device.type == "cuda" else None,
+    )
 
     writer = JsonlWriter(output_dir / "results.jsonl")
     rows, started = [], time.perf_counter()
-    bar = tqdm(shapes, desc=f"{workload.name}/{cfg.mode.name}/{cfg.dtype.name}", unit="shape",
-               dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(
+        shapes,
+        desc=f"{workload.name}/{cfg.mode.name}/{cfg.dtype.name}",
+        unit="shape",
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     try:
         for step, shape in enumerate(bar):
             label = workload.label(shape)
-            record = measure_shape(job, shape, lambda stage, label=label:
-                                   bar.set_postfix_str(f"{label} [{stage}]", refresh=True))
+            record = measure_shape(
+                job,
+                shape,
+                lambda stage, label=label: bar.set_postfix_str(f"{label} [{stage}]", refresh=True),
+            )
             row = writer.write(record)
             rows.append(row)
             tracker.log_row(row, step)

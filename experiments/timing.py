@@ -123,7 +123,7 @@ class GpuTimer:
 
 
 def do_bench_ms(fn, warmup_ms: float, rep_ms: float) -> dict:
-    """triton.testing.do_bench as the field runs it: CPU path included when it outlasts the flush."""
+    """triton.testing.do_bench as commonly run: the CPU path counts when it outlasts the flush."""
     import triton.testing
 
     p50, p20, p80 = triton.testing.do_bench(

@@ -61,8 +61,15 @@ def scrub_hydra_dir(output_dir: Path) -> None:
 class Tracker:
     """A thin, failure-proof wrapper over one wandb run."""
 
-    def __init__(self, wandb_cfg: dict, config: dict, output_dir: Path, name: str, group: str,
-                 tags: list[str]):
+    def __init__(
+        self,
+        wandb_cfg: dict,
+        config: dict,
+        output_dir: Path,
+        name: str,
+        group: str,
+        tags: list[str],
+    ):
         self.run = None
         self.mode = wandb_cfg["mode"]
         if self.mode == "disabled":
@@ -84,8 +91,11 @@ class Tracker:
                 settings=wandb.Settings(console="off", quiet=True, x_disable_stats=True),
             )
         except Exception as exc:
-            log.warning("W&B init failed (%s: %s); records are still written to JSONL",
-                        type(exc).__name__, redact(str(exc)))
+            log.warning(
+                "W&B init failed (%s: %s); records are still written to JSONL",
+                type(exc).__name__,
+                redact(str(exc)),
+            )
             self.run = None
 
     @property
@@ -98,12 +108,19 @@ class Tracker:
         try:
             fn()
         except Exception as exc:
-            log.warning("W&B %s failed (%s: %s); JSONL records are unaffected", what,
-                        type(exc).__name__, redact(str(exc)))
+            log.warning(
+                "W&B %s failed (%s: %s); JSONL records are unaffected",
+                what,
+                type(exc).__name__,
+                redact(str(exc)),
+            )
 
     def log_row(self, row: dict, step: int) -> None:
-        metrics = {f"{row['shape_label']}/{k}": v for k, v in row.items()
-                   if isinstance(v, int | float) and not isinstance(v, bool) and v is not None}
+        metrics = {
+            f"{row['shape_label']}/{k}": v
+            for k, v in row.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and v is not None
+        }
         metrics["status_ok"] = int(row["status"] == "ok")
         self._safely("log", lambda: self.run.log(metrics, step=step))
 

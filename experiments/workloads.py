@@ -17,14 +17,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from experiments.errors import ConfigError
-
-TORCH_ACTIVATIONS = {
-    "none": lambda y: y,
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-    "silu": F.silu,
-}
+from kernels._common import TORCH_ACTIVATIONS
 
 
 def _torch_linear(x, weight, bias=None, activation=None):
@@ -101,7 +94,11 @@ class Conv2d(nn.Module):
     def __init__(self, ops, shape, bias, activation, channels_last):
         super().__init__()
         self.ops = ops
-        self.stride, self.padding, self.dilation = shape["stride"], shape["padding"], shape["dilation"]
+        self.stride, self.padding, self.dilation = (
+            shape["stride"],
+            shape["padding"],
+            shape["dilation"],
+        )
         self.activation = activation
         weight = torch.empty(shape["k"], shape["c"], shape["r"], shape["s"])
         if channels_last:
@@ -131,7 +128,9 @@ class Workload:
 
     def parse_shape(self, raw) -> dict:
         if not isinstance(raw, dict):
-            raise ConfigError(f"{self.name} shape {raw!r} must be a mapping with keys {self.shape_keys}")
+            raise ConfigError(
+                f"{self.name} shape {raw!r} must be a mapping with keys {self.shape_keys}"
+            )
         unknown = set(raw.keys()) - set(self.shape_keys) - set(self.shape_defaults)
         missing = set(self.shape_keys) - set(raw.keys())
         if unknown or missing:
@@ -144,7 +143,9 @@ class Workload:
         for key, value in shape.items():
             lowest = 0 if key == "padding" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
-                raise ConfigError(f"{self.name} shape {dict(raw)}: {key} must be an int >= {lowest}")
+                raise ConfigError(
+                    f"{self.name} shape {dict(raw)}: {key} must be an int >= {lowest}"
+                )
         return shape
 
     def label(self, shape: dict) -> str:
@@ -224,7 +225,7 @@ class SoftmaxWorkload(Workload):
         return [(shape["m"], shape["n"])]
 
     def flops(self, shape, pass_name):
-        # max, subtract, exp, sum, divide per element; the backward adds multiply, sum, subtract, multiply
+        # max, subtract, exp, sum, divide per element; backward: multiply, sum, subtract, multiply
         return float(shape["m"] * shape["n"]) * (9 if pass_name == "fwd_bwd" else 5)
 
     def min_bytes(self, shape, pass_name, itemsize):
@@ -262,9 +263,13 @@ class ConvWorkload(Workload):
         return out(shape["h"], shape["r"]), out(shape["w"], shape["s"])
 
     def label(self, shape):
-        base = f"{shape['n']}x{shape['c']}x{shape['h']}x{shape['w']}-k{shape['k']}-{shape['r']}x{shape['s']}"
-        extras = [f"{key[0]}{shape[key]}" for key in ("stride", "padding", "dilation")
-                  if shape[key] != self.shape_defaults[key]]
+        n, c, h, w, k, r, s = (shape[key] for key in self.shape_keys)
+        base = f"{n}x{c}x{h}x{w}-k{k}-{r}x{s}"
+        extras = [
+            f"{key[0]}{shape[key]}"
+            for key in ("stride", "padding", "dilation")
+            if shape[key] != self.shape_defaults[key]
+        ]
         return "-".join([base, *extras])
 
     def make_module(self, shape, ops):
@@ -300,7 +305,9 @@ def make_workload(kernel_cfg) -> Workload:
     return WORKLOADS[kernel_cfg.name](kernel_cfg)
 
 
-def resolve_shapes(workload: Workload, kernel_cfg, shapes_key: str, on_gpu: bool) -> tuple[str, list]:
+def resolve_shapes(
+    workload: Workload, kernel_cfg, shapes_key: str, on_gpu: bool
+) -> tuple[str, list]:
     """The shape set to run: its name and its parsed shapes."""
     name = shapes_key
     if name == "auto":
@@ -313,5 +320,7 @@ def resolve_shapes(workload: Workload, kernel_cfg, shapes_key: str, on_gpu: bool
     raw = list(sets[name])
     if not raw:
         raise ConfigError(f"shape set {name!r} for kernel={workload.name} is empty")
-    return name, [workload.parse_shape(OmegaConf.to_container(s) if OmegaConf.is_config(s) else s)
-                  for s in raw]
+    return name, [
+        workload.parse_shape(OmegaConf.to_container(s) if OmegaConf.is_config(s) else s)
+        for s in raw
+    ]

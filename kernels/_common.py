@@ -8,15 +8,25 @@ import os
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Activation names accepted by linear and conv2d; the id is the constexpr the kernels branch on.
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
+# The same activations in torch ops: the references and the eager baseline use these.
+TORCH_ACTIVATIONS = {
+    "none": lambda y: y,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "silu": F.silu,
+}
+
 # A launcher turns a @triton.jit function into the object that is indexed with a grid and called.
-# Direct calls use the kernel itself; the custom ops in kernels/ops.py pass torch.library.wrap_triton
-# so that torch.compile can trace the launch without a graph break.
+# Direct calls use the kernel itself; the custom ops in kernels/ops.py pass
+# torch.library.wrap_triton so that torch.compile can trace the launch without a graph break.
 Launcher = Callable
 
 

@@ -38,7 +38,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels._common import ACTIVATIONS, activation_id, check_same, check_tensor, direct
+from kernels._common import (
+    ACTIVATIONS,
+    TORCH_ACTIVATIONS,
+    activation_id,
+    check_same,
+    check_tensor,
+    direct,
+)
 from kernels.matmul import (
     GELU,
     GELU_TANH,
@@ -52,19 +59,11 @@ from kernels.matmul import (
 
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2·pi), the normal density's scale
 
-_TORCH_ACTIVATIONS = {
-    "none": lambda y: y,
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-    "silu": F.silu,
-}
-
 
 def linear_reference(x, weight, bias=None, activation=None):
     # 2·M·N·K FLOPs for M rows of x; reads (M·K + N·K + N)·bytes, writes M·N·bytes. Eager adds
     # a separate activation pass that reads and writes the M·N output again.
-    return _TORCH_ACTIVATIONS["none" if activation is None else activation](
+    return TORCH_ACTIVATIONS["none" if activation is None else activation](
         F.linear(x, weight, bias)
     )
 

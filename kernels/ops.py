@@ -28,7 +28,6 @@ from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import _matmul
 from kernels.softmax import softmax_backward, softmax_forward
 
-
 _INTERPRETED = is_interpreter()
 _register = torch.library.custom_op if _INTERPRETED else triton_op
 _active_launch = [direct if _INTERPRETED else wrap_triton]
@@ -58,6 +57,7 @@ def _fake_of(op_fn):
 
 def _define(name: str):
     """Register the decorated function as op `name` (triton_op, or custom_op when interpreted)."""
+
     def register(op_fn):
         op = _register(name, op_fn, mutates_args=())
         if _INTERPRETED:
@@ -78,17 +78,27 @@ def matmul_op(a: Tensor, b: Tensor) -> Tensor:
 
 
 @_define("kbench::linear_fwd")
-def linear_fwd_op(x2d: Tensor, weight: Tensor, bias: Tensor | None, act_id: int,
-                  save_preact: bool) -> tuple[Tensor, Tensor]:
+def linear_fwd_op(
+    x2d: Tensor, weight: Tensor, bias: Tensor | None, act_id: int, save_preact: bool
+) -> tuple[Tensor, Tensor]:
     y, z = linear_forward(x2d, weight, bias, act_id, save_preact, launch=_launch)
     return y, _or_empty(z, y)
 
 
 @_define("kbench::linear_bwd")
-def linear_bwd_op(dy: Tensor, x2d: Tensor, weight: Tensor, z: Tensor, act_id: int, need_dx: bool,
-                  need_dw: bool, need_db: bool) -> tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = linear_backward(dy, x2d, weight, z if z.numel() else None, act_id, need_dx,
-                                 need_dw, need_db, launch=_launch)
+def linear_bwd_op(
+    dy: Tensor,
+    x2d: Tensor,
+    weight: Tensor,
+    z: Tensor,
+    act_id: int,
+    need_dx: bool,
+    need_dw: bool,
+    need_db: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = linear_backward(
+        dy, x2d, weight, z if z.numel() else None, act_id, need_dx, need_dw, need_db, launch=_launch
+    )
     return _or_empty(dx, dy), _or_empty(dw, dy), _or_empty(db, dy)
 
 
@@ -101,10 +111,16 @@ def _linear_setup(ctx, inputs, output):
 def _linear_backward(ctx, dy, _dz):
     x2d, weight, z = ctx.saved_tensors
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    dx, dw, db = torch.ops.kbench.linear_bwd(dy, x2d, weight, z, ctx.act_id, need_dx, need_dw,
-                                             need_db and ctx.has_bias)
-    return (dx if need_dx else None, dw if need_dw else None,
-            db if need_db and ctx.has_bias else None, None, None)
+    dx, dw, db = torch.ops.kbench.linear_bwd(
+        dy, x2d, weight, z, ctx.act_id, need_dx, need_dw, need_db and ctx.has_bias
+    )
+    return (
+        dx if need_dx else None,
+        dw if need_dw else None,
+        db if need_db and ctx.has_bias else None,
+        None,
+        None,
+    )
 
 
 torch.library.register_autograd("kbench::linear_fwd", _linear_backward, setup_context=_linear_setup)
@@ -130,15 +146,24 @@ def _softmax_backward(ctx, dy):
     return torch.ops.kbench.softmax_bwd(y, dy, ctx.dim), None
 
 
-torch.library.register_autograd("kbench::softmax_fwd", _softmax_backward,
-                                setup_context=_softmax_setup)
+torch.library.register_autograd(
+    "kbench::softmax_fwd", _softmax_backward, setup_context=_softmax_setup
+)
 
 
 @_define("kbench::conv2d")
-def conv2d_op(x: Tensor, weight: Tensor, bias: Tensor | None, stride: list[int],
-              padding: list[int], dilation: list[int], activation: str) -> Tensor:
-    return conv2d_forward(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation),
-                          activation, launch=_launch)
+def conv2d_op(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    activation: str,
+) -> Tensor:
+    return conv2d_forward(
+        x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), activation, launch=_launch
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +173,8 @@ def linear(x, weight, bias=None, activation=None):
     check_linear_args(x, weight, bias)
     act_id = activation_id(activation)
     needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, bias))
+        t is not None and t.requires_grad for t in (x, weight, bias)
+    )
     save_preact = needs_grad and act_id != activation_id("none")
     y2d, _ = torch.ops.kbench.linear_fwd(x.flatten(0, -2), weight, bias, act_id, save_preact)
     return y2d.view(*x.shape[:-1], weight.shape[0])
@@ -159,11 +185,16 @@ def _pair(value) -> list[int]:
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None):
-    return torch.ops.kbench.conv2d(x, weight, bias, _pair(stride), _pair(padding),
-                                   _pair(dilation), activation or "none")
+    return torch.ops.kbench.conv2d(
+        x, weight, bias, _pair(stride), _pair(padding), _pair(dilation), activation or "none"
+    )
 
 
 def namespace() -> SimpleNamespace:
     """The ops namespace the experiment modules call (see experiments/workloads.py)."""
-    return SimpleNamespace(matmul=torch.ops.kbench.matmul, linear=linear,
-                           softmax=torch.ops.kbench.softmax_fwd, conv2d=conv2d)
+    return SimpleNamespace(
+        matmul=torch.ops.kbench.matmul,
+        linear=linear,
+        softmax=torch.ops.kbench.softmax_fwd,
+        conv2d=conv2d,
+    )

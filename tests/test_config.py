@@ -18,8 +18,15 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.ya
 def test_groups_are_the_documented_ones():
     assert GROUPS == ["bench", "compile", "dtype", "kernel", "mode", "pass", "wandb"]
     assert {o for g, o in OPTIONS if g == "mode"} == {
-        "eager", "triton", "default", "reduce-overhead", "max-autotune",
-        "max-autotune-no-cudagraphs", "triton-compiled", "torchscript"}
+        "eager",
+        "triton",
+        "default",
+        "reduce-overhead",
+        "max-autotune",
+        "max-autotune-no-cudagraphs",
+        "triton-compiled",
+        "torchscript",
+    }
 
 
 @pytest.mark.parametrize("group,option", OPTIONS)
@@ -29,8 +36,13 @@ def test_every_option_composes(group, option):
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert resolved[group]["name"] == option if "name" in resolved[group] else True
     assert resolved["name"] == "-".join(
-        [resolved["kernel"]["name"], resolved["mode"]["name"], resolved["dtype"]["name"],
-         resolved["pass"]["name"]])
+        [
+            resolved["kernel"]["name"],
+            resolved["mode"]["name"],
+            resolved["dtype"]["name"],
+            resolved["pass"]["name"],
+        ]
+    )
 
 
 @pytest.mark.parametrize("kernel", ["matmul", "linear", "softmax", "conv"])
@@ -50,10 +62,12 @@ def test_malformed_shapes_are_config_errors():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["kernel=conv"])
     workload = make_workload(cfg.kernel)
-    for bad in ({"n": 1, "c": 3, "h": 4, "w": 4, "k": 2, "r": 3},            # missing s
-                {"n": 1, "c": 3, "h": 4, "w": 4, "k": 2, "r": 3, "s": 0},    # zero
-                {"n": 1, "c": 3, "h": 2, "w": 2, "k": 2, "r": 5, "s": 5},    # empty output
-                {"n": 1, "c": 3, "h": 4, "w": 4, "k": 2, "r": 3, "s": 3, "pad": 1}):  # typo
+    for bad in (
+        {"n": 1, "c": 3, "h": 4, "w": 4, "k": 2, "r": 3},  # missing s
+        {"n": 1, "c": 3, "h": 4, "w": 4, "k": 2, "r": 3, "s": 0},  # zero
+        {"n": 1, "c": 3, "h": 2, "w": 2, "k": 2, "r": 5, "s": 5},  # empty output
+        {"n": 1, "c": 3, "h": 4, "w": 4, "k": 2, "r": 3, "s": 3, "pad": 1},
+    ):  # typo
         with pytest.raises(ConfigError):
             workload.parse_shape(bad)
 
@@ -61,7 +75,11 @@ def test_malformed_shapes_are_config_errors():
 def run_cli(*overrides, cwd=REPO_ROOT):
     return subprocess.run(
         [sys.executable, "-m", "experiments.run", *overrides, "wandb.mode=disabled"],
-        cwd=cwd, capture_output=True, text=True, timeout=300)
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_unknown_mode_lists_the_valid_options(tmp_path):
@@ -71,14 +89,19 @@ def test_unknown_mode_lists_the_valid_options(tmp_path):
     assert "max-autotune" in result.stderr and "triton-compiled" in result.stderr
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["kernel=conv", "pass=fwd_bwd"], "pass=fwd_bwd is not supported for kernel=conv"),
-    (["kernel=matmul", "shapes=nope"], "unknown shape set 'nope'"),
-    (["kernel=matmul", "+kernel.shape_sets.bad=[{m: 0, n: 4, k: 4}]", "shapes=bad"],
-     "m must be an int >= 1"),
-    (["kernel=softmax", "+kernel.shape_sets.bad=[[4, 4]]", "shapes=bad"], "must be a mapping"),
-    (["kernel=conv", "kernel.memory_format=nwhc"], "choose nchw or nhwc"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["kernel=conv", "pass=fwd_bwd"], "pass=fwd_bwd is not supported for kernel=conv"),
+        (["kernel=matmul", "shapes=nope"], "unknown shape set 'nope'"),
+        (
+            ["kernel=matmul", "+kernel.shape_sets.bad=[{m: 0, n: 4, k: 4}]", "shapes=bad"],
+            "m must be an int >= 1",
+        ),
+        (["kernel=softmax", "+kernel.shape_sets.bad=[[4, 4]]", "shapes=bad"], "must be a mapping"),
+        (["kernel=conv", "kernel.memory_format=nwhc"], "choose nchw or nhwc"),
+    ],
+)
 def test_bad_combinations_exit_with_one_line(tmp_path, overrides, message):
     result = run_cli(*overrides, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2, result.stderr

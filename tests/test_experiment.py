@@ -9,16 +9,41 @@ import pytest
 from experiments.records import read_jsonl, validate
 from tests.conftest import REPO_ROOT
 
-ENV_KEYS = {"torch", "triton", "python", "git_sha", "git_dirty", "hostname", "config", "seed",
-            "env_vars", "gpu_state_before", "gpu_state_after", "device", "inductor_options"}
+ENV_KEYS = {
+    "torch",
+    "triton",
+    "python",
+    "git_sha",
+    "git_dirty",
+    "hostname",
+    "config",
+    "seed",
+    "env_vars",
+    "gpu_state_before",
+    "gpu_state_after",
+    "device",
+    "inductor_options",
+}
 
 
 def make(target, tmp_path, *overrides, env=None):
-    args = " ".join([*overrides, "bench=quick", "wandb.mode=disabled",
-                     f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"])
-    result = subprocess.run(["make", "--no-print-directory", target, f"PY={sys.executable}",
-                             f"ARGS={args}"], cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=900, env=env)
+    args = " ".join(
+        [
+            *overrides,
+            "bench=quick",
+            "wandb.mode=disabled",
+            f"hydra.run.dir={tmp_path}/run",
+            f"hydra.sweep.dir={tmp_path}/sweep",
+        ]
+    )
+    result = subprocess.run(
+        ["make", "--no-print-directory", target, f"PY={sys.executable}", f"ARGS={args}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -58,8 +83,7 @@ def test_make_experiment(tmp_path, kernel, mode):
 
 @pytest.mark.parametrize("kernel", ["linear", "softmax"])
 def test_fwd_bwd(tmp_path, kernel):
-    make("sweep", tmp_path, f"kernel={kernel}", "mode=triton,default", "pass=fwd_bwd",
-         "dtype=fp32")
+    make("sweep", tmp_path, f"kernel={kernel}", "mode=triton,default", "pass=fwd_bwd", "dtype=fp32")
     for job_dir, mode in zip(sweep_jobs(tmp_path), ["triton", "default"], strict=True):
         check_job_dir(job_dir, kernel, mode, "fwd_bwd")
 
@@ -68,8 +92,10 @@ def test_two_job_sweep_through_the_cli(tmp_path):
     """Also covers the modes the other tests leave out, in bf16 (upcast in the interpreter)."""
     make("sweep", tmp_path, "kernel=softmax", "mode=triton-compiled,torchscript")
     job_dirs = sweep_jobs(tmp_path)
-    assert [d.name for d in job_dirs] == ["0_softmax-triton-compiled-bf16-fwd",
-                                          "1_softmax-torchscript-bf16-fwd"]
+    assert [d.name for d in job_dirs] == [
+        "0_softmax-triton-compiled-bf16-fwd",
+        "1_softmax-torchscript-bf16-fwd",
+    ]
     for job_dir, mode in zip(job_dirs, ["triton-compiled", "torchscript"], strict=True):
         rows = check_job_dir(job_dir, "softmax", mode)
         assert all(row["graph_breaks"] in (0, None) for row in rows)
@@ -78,11 +104,17 @@ def test_two_job_sweep_through_the_cli(tmp_path):
 
 
 def test_cuda_graph_modes_run_on_cpu(tmp_path):
-    make("sweep", tmp_path, "kernel=matmul", "mode=reduce-overhead,max-autotune-no-cudagraphs",
-         "dtype=fp32")
+    make(
+        "sweep",
+        tmp_path,
+        "kernel=matmul",
+        "mode=reduce-overhead,max-autotune-no-cudagraphs",
+        "dtype=fp32",
+    )
     job_dirs = sweep_jobs(tmp_path)
-    for job_dir, mode in zip(job_dirs, ["reduce-overhead", "max-autotune-no-cudagraphs"],
-                             strict=True):
+    for job_dir, mode in zip(
+        job_dirs, ["reduce-overhead", "max-autotune-no-cudagraphs"], strict=True
+    ):
         check_job_dir(job_dir, "matmul", mode)
     env = json.loads((job_dirs[0] / "env.json").read_text())
     assert env["inductor_options"]["triton.cudagraphs"] is True

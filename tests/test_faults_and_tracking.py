@@ -91,9 +91,14 @@ def test_disabled_tracker_does_nothing(tmp_path):
 
 def test_redact_masks_keys_overrides_and_the_env_key(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "abcdef123456")
-    tree = {"wandb": {"api_key": "x", "project": "p"}, "argv": ["+wandb.api_key=x", "kernel=m"],
-            "note": "key abcdef123456 leaked"}
-    assert redact(tree) == {"wandb": {"api_key": "<redacted>", "project": "p"},
-                            "argv": ["+wandb.api_key=<redacted>", "kernel=m"],
-                            "note": "key <redacted> leaked"}
+    tree = {
+        "wandb": {"api_key": "x", "project": "p"},
+        "argv": ["+wandb.api_key=x", "kernel=m"],
+        "note": "key abcdef123456 leaked",
+    }
+    assert redact(tree) == {
+        "wandb": {"api_key": "<redacted>", "project": "p"},
+        "argv": ["+wandb.api_key=<redacted>", "kernel=m"],
+        "note": "key <redacted> leaked",
+    }
     assert os.environ["WANDB_API_KEY"] == "abcdef123456"
