@@ -4,6 +4,8 @@
 
 Reads every results.jsonl below the folder and prints, per kernel and mode, the geomean of
 speedup_vs_eager over the ok rows (GPU time), the same for call latency, and the row counts.
+Rows measured with static activations (bench.static_inputs=true) are kept apart from the default
+view, in which CUDA-graph modes copy their inputs on every call.
 """
 
 import argparse
@@ -13,13 +15,21 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.records import read_jsonl
+from experiments.workloads import WORKLOADS
+
+GROUP = ["kernel", "dtype", "pass", "activations", "mode"]
 
 
 def load_rows(root: Path) -> pd.DataFrame:
     rows = [row for path in sorted(Path(root).rglob("results.jsonl")) for row in read_jsonl(path)]
     if not rows:
         raise SystemExit(f"error: no results.jsonl under {root}")
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame["activations"] = [
+        "static" if set(WORKLOADS[k].input_names) <= set(static) else "inputs"
+        for k, static in zip(frame["kernel"], frame["static_inputs"], strict=True)
+    ]
+    return frame
 
 
 def _geomean(values: pd.Series) -> float:
@@ -29,12 +39,12 @@ def _geomean(values: pd.Series) -> float:
 
 def geomean_table(frame: pd.DataFrame) -> pd.DataFrame:
     ok = frame[frame["status"] == "ok"]
-    table = ok.groupby(["kernel", "dtype", "pass", "mode"]).agg(
+    table = ok.groupby(GROUP).agg(
         speedup_vs_eager=("speedup_vs_eager", _geomean),
         latency_speedup_vs_eager=("latency_speedup_vs_eager", _geomean),
         shapes_ok=("status", "size"),
     )
-    failed = frame[frame["status"] != "ok"].groupby(["kernel", "dtype", "pass", "mode"]).size()
+    failed = frame[frame["status"] != "ok"].groupby(GROUP).size()
     table["not_ok"] = failed.reindex(table.index).fillna(0).astype(int)
     return table.round(3)
 
