@@ -7,13 +7,15 @@ SETUP := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed,)
 PYTHON_VERSION ?= 3.12
 PLATFORM ?= manylinux2014_x86_64
 WHEELHOUSE ?= wheelhouse
+RESULTS ?= results/h100
 
 # kernel=..., mode=..., dtype=..., pass=... become Hydra overrides when given.
 OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup experiment sweep test test-gpu sync wheelhouse install-offline lint clean
+.PHONY: help setup experiment sweep test test-gpu sync figures report notebooks dashboard \
+        wheelhouse install-offline lint clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -44,6 +46,18 @@ test-gpu: $(SETUP) ## GPU-marked tests, on a CUDA machine
 sync: $(SETUP) ## Upload offline W&B runs under outputs/ and multirun/ (needs WANDB_API_KEY)
 	@runs=$$(find outputs multirun -type d -name 'offline-run-*' 2>/dev/null); \
 	if [ -z "$$runs" ]; then echo "no offline W&B runs found"; else $(VENV)/bin/wandb sync $$runs; fi
+
+figures: $(SETUP) ## PNG+SVG figures from the records: make figures RESULTS=multirun/... [FIGURES=dir]
+	$(PY) -m analysis.figures $(RESULTS) $(or $(FIGURES),$(RESULTS)/figures)
+
+report: $(SETUP) ## Static HTML report of RESULTS (figures + tables) into outputs/report/
+	$(PY) -m analysis.report $(RESULTS) $(or $(OUT),outputs/report)
+
+notebooks: $(SETUP) ## Execute analysis/notebooks/*.py against RESULTS into outputs/notebooks/
+	$(PY) -m analysis.run_notebooks $(RESULTS) $(or $(OUT),outputs/notebooks)
+
+dashboard: $(SETUP) ## Build the W&B workspace: make dashboard ENTITY=me [PROJECT=...] [ARGS=--dry-run]
+	$(PY) -m analysis.dashboard $(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT)) $(ARGS)
 
 wheelhouse: ## Wheels of every dependency but torch/triton for PYTHON_VERSION/PLATFORM (offline clusters)
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)

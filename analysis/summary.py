@@ -10,26 +10,25 @@ view, in which CUDA-graph modes copy their inputs on every call.
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.records import read_jsonl
-from experiments.workloads import WORKLOADS
+from analysis.load import load_results
 
 GROUP = ["kernel", "dtype", "pass", "activations", "mode"]
 
 
 def load_rows(root: Path) -> pd.DataFrame:
-    rows = [row for path in sorted(Path(root).rglob("results.jsonl")) for row in read_jsonl(path)]
-    if not rows:
-        raise SystemExit(f"error: no results.jsonl under {root}")
-    frame = pd.DataFrame(rows)
-    frame["activations"] = [
-        "static" if set(WORKLOADS[k].input_names) <= set(static) else "inputs"
-        for k, static in zip(frame["kernel"], frame["static_inputs"], strict=True)
-    ]
-    return frame
+    """analysis.load.load_results(root).frame; unreadable lines are reported on stderr."""
+    try:
+        results = load_results(root)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for problem in results.problems:
+        print(f"warning: skipped {problem}", file=sys.stderr)
+    return results.frame
 
 
 def _geomean(values: pd.Series) -> float:

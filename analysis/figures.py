@@ -1,0 +1,434 @@
+"""The figures of the results, one function per figure, each `fn(frame[, kernel]) -> Figure`.
+
+    python -m analysis.figures results/h100 results/h100/figures   # PNG + SVG of every figure
+
+`frame` is analysis.load.load_results(...).frame (or load_wandb(...)). Unless a figure says
+otherwise it shows the default view: ok rows whose activations are ordinary inputs, so CUDA-graph
+modes pay their input copies. Every figure carries the caption line of analysis.load.caption.
+Output is byte-identical across reruns (fixed SVG hash salt, no dates, fixed dpi).
+"""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
+
+from analysis.load import caption, geomean, load_results  # noqa: E402
+
+matplotlib.rcParams["svg.hashsalt"] = "triton-vs-compile"  # SVG ids stay the same across reruns
+DPI = 150
+PNG_METADATA = {"Software": None}
+SVG_METADATA = {"Date": None, "Creator": None}
+STYLE = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", font_scale=0.8)}
+
+MODES = [  # plot order: the baseline, the compilers, then the hand-written kernels
+    "eager",
+    "torchscript",
+    "default",
+    "reduce-overhead",
+    "max-autotune-no-cudagraphs",
+    "max-autotune",
+    "triton",
+    "triton-compiled",
+]
+_TAB10 = sns.color_palette("tab10").as_hex()
+MODE_COLORS = dict(zip(MODES, [_TAB10[i] for i in (7, 5, 0, 1, 2, 4, 3, 6)], strict=True))
+KERNEL_MARKERS = {"matmul": "o", "linear": "s", "softmax": "^", "conv": "D"}
+SMALL_MS = 0.1  # latency_vs_gpu_time: calls shorter than this are where launch overhead shows
+SPEEDUP_TICKS = [0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 20, 50]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+def default_view(frame: pd.DataFrame) -> pd.DataFrame:
+    """ok rows measured with the activations as ordinary inputs."""
+    return frame[(frame["status"] == "ok") & (frame["activations"] == "inputs")]
+
+
+def ordered_modes(modes) -> list[str]:
+    present = set(modes)
+    return [m for m in MODES if m in present] + sorted(present - set(MODES))
+
+
+def mode_color(mode: str) -> str:
+    return MODE_COLORS.get(mode, "#555555")
+
+
+def ordered_shapes(rows: pd.DataFrame) -> list[str]:
+    """Shape labels from the smallest problem to the largest (FLOPs, then bytes, then label)."""
+    sizes = rows.groupby("shape_label")[["flops", "min_bytes"]].first().fillna(0).reset_index()
+    return list(sizes.sort_values(["flops", "min_bytes", "shape_label"])["shape_label"])
+
+
+def _figure(nrows=1, ncols=1, figsize=(8, 5), **kwargs):
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(nrows, ncols, figsize=figsize, squeeze=False, **kwargs)
+    fig.set_layout_engine("constrained", rect=(0, 0.04, 1, 0.96))
+    return fig, axes
+
+
+def _finish(fig, frame: pd.DataFrame, title: str):
+    fig.suptitle(title)
+    fig.text(0.5, 0.01, caption(frame), ha="center", va="bottom", fontsize=7, color="0.35",
+             gid="caption")
+    return fig
+
+
+def _require(rows: pd.DataFrame, what: str) -> pd.DataFrame:
+    if rows.empty:
+        raise ValueError(f"no rows to plot for {what}")
+    return rows
+
+
+def _describe(rows: pd.DataFrame) -> str:
+    dtypes = ", ".join(sorted(rows["dtype"].dropna().unique()))
+    passes = ", ".join(sorted(rows["pass"].dropna().unique()))
+    return f"{dtypes} {passes}"
+
+
+def _speedup_axis(ax, low: float, high: float) -> None:
+    ax.set_yscale("log")
+    low, high = min(low, 1.0) / 1.25, max(high, 1.0) * 1.25
+    ax.set_ylim(low, high)
+    ax.yaxis.set_major_locator(FixedLocator([t for t in SPEEDUP_TICKS if low <= t <= high]))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Speedup by mode
+# ---------------------------------------------------------------------------------------------
+def speedup_by_mode(frame: pd.DataFrame):
+    """Geomean speedup_vs_eager over shapes per kernel and mode; whiskers span min..max."""
+    rows = _require(default_view(frame).dropna(subset=["speedup_vs_eager"]), "speedup_by_mode")
+    kernels = sorted(rows["kernel"].unique())
+    fig, axes = _figure(1, len(kernels), figsize=(2.2 + 2.6 * len(kernels), 5.0), sharey=True)
+    low, high = rows["speedup_vs_eager"].min(), rows["speedup_vs_eager"].max()
+    for ax, kernel in zip(axes[0], kernels, strict=True):
+        of_kernel = rows[rows["kernel"] == kernel]
+        modes = ordered_modes(of_kernel["mode"])
+        for x, mode in enumerate(modes):
+            speedups = of_kernel.loc[of_kernel["mode"] == mode, "speedup_vs_eager"]
+            mean = geomean(list(speedups))
+            ax.bar(x, mean - 1.0, bottom=1.0, width=0.7, color=mode_color(mode), gid=mode)
+            ax.errorbar(x, mean, yerr=[[mean - speedups.min()], [speedups.max() - mean]],
+                        fmt="none", ecolor="0.25", capsize=3, lw=1)
+            ax.annotate(f"{mean:.2f}", (x, speedups.max() if mean >= 1 else speedups.min()),
+                        xytext=(0, 3 if mean >= 1 else -3), textcoords="offset points",
+                        ha="center", va="bottom" if mean >= 1 else "top", fontsize=7)
+        ax.axhline(1.0, color="black", lw=1, ls="--", gid="parity")
+        ax.set_xticks(range(len(modes)), modes, rotation=40, ha="right")
+        ax.set_title(f"{kernel} ({of_kernel['shape_label'].nunique()} shapes)")
+        ax.grid(axis="x", visible=False)
+        _speedup_axis(ax, low, high)
+    axes[0][0].set_ylabel(
+        "speedup vs eager (GPU time, log)\nbar: geomean over shapes, whiskers: min–max"
+    )
+    return _finish(fig, frame, f"Speedup over eager by mode ({_describe(rows)}, activations as "
+                               "inputs; above 1 = faster than eager)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Speedup heatmap
+# ---------------------------------------------------------------------------------------------
+def speedup_table(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
+    """mode x shape speedup_vs_eager of one kernel (geomean if a cell was measured twice)."""
+    rows = default_view(frame)
+    rows = _require(rows[rows["kernel"] == kernel].dropna(subset=["speedup_vs_eager"]),
+                    f"speedup_heatmap of {kernel}")
+    table = rows.groupby(["mode", "shape_label"])["speedup_vs_eager"].agg(
+        lambda s: geomean(list(s))).unstack()
+    return table.reindex(index=ordered_modes(rows["mode"]), columns=ordered_shapes(rows))
+
+
+def speedup_heatmap(frame: pd.DataFrame, kernel: str):
+    """Mode x shape heatmap of speedup_vs_eager, colored on a log2 scale centered on 1."""
+    table = speedup_table(frame, kernel).astype(float)
+    fig, axes = _figure(figsize=(3.5 + 1.25 * table.shape[1], 1.8 + 0.42 * table.shape[0]))
+    ax = axes[0][0]
+    log2 = np.log2(table)
+    extent = max(1.0, float(np.nanmax(np.abs(log2.to_numpy()))))
+    sns.heatmap(log2, annot=table, fmt=".2f", cmap="RdBu", center=0, vmin=-extent, vmax=extent,
+                linewidths=0.5, ax=ax, cbar_kws={"label": "speedup vs eager (log scale)"})
+    ticks = [t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8) if abs(math.log2(t)) <= extent]
+    colorbar = ax.collections[0].colorbar
+    colorbar.set_ticks([math.log2(t) for t in ticks], labels=[f"{t:g}×" for t in ticks])
+    ax.set_xlabel("shape (smallest problem first)")
+    ax.set_ylabel("mode")
+    ax.tick_params(axis="x", rotation=30)
+    plt.setp(ax.get_xticklabels(), ha="right")
+    rows = default_view(frame)
+    return _finish(fig, frame, f"{kernel}: speedup vs eager per shape (GPU time, "
+                               f"{_describe(rows[rows['kernel'] == kernel])}, activations as "
+                               "inputs; red = slower, blue = faster)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Roofline
+# ---------------------------------------------------------------------------------------------
+def measured_peaks(frame: pd.DataFrame) -> tuple[float, float]:
+    """(copy GB/s, bf16 matmul TFLOP/s): the median of the jobs' measured peaks (NaN if none)."""
+    return float(frame["peak_copy_gbps"].median()), float(frame["peak_bf16_tflops"].median())
+
+
+def roofline(frame: pd.DataFrame):
+    """Achieved TFLOP/s against FLOP per minimum byte, under the measured copy and matmul roofs."""
+    rows = default_view(frame).dropna(subset=["flops", "min_bytes", "tflops"])
+    rows = _require(rows[(rows["tflops"] > 0) & (rows["min_bytes"] > 0)], "roofline")
+    intensity = rows["flops"] / rows["min_bytes"]
+    fig, axes = _figure(figsize=(9, 5.8))
+    ax = axes[0][0]
+    for kernel in sorted(rows["kernel"].unique()):
+        for mode in ordered_modes(rows["mode"]):
+            pick = (rows["kernel"] == kernel) & (rows["mode"] == mode)
+            if pick.any():
+                ax.scatter(intensity[pick], rows.loc[pick, "tflops"], s=28, alpha=0.85,
+                           color=mode_color(mode), marker=KERNEL_MARKERS.get(kernel, "o"),
+                           edgecolors="white", linewidths=0.4, gid=f"{kernel}:{mode}")
+    copy_gbps, peak_tflops = measured_peaks(rows)
+    handles = []
+    if math.isfinite(copy_gbps) and math.isfinite(peak_tflops):
+        ridge = peak_tflops * 1e3 / copy_gbps  # FLOP/byte where the two roofs meet
+        xs = np.geomspace(min(intensity.min(), ridge) / 3, max(intensity.max(), ridge) * 3, 256)
+        xs = np.sort(np.append(xs, ridge))
+        roof = np.minimum(peak_tflops, xs * copy_gbps / 1e3)
+        ax.plot(xs, roof, color="black", lw=1.5, gid="roof")
+        ax.axvline(ridge, color="0.4", lw=1, ls=":", gid="ridge")
+        ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak_tflops), xytext=(-4, 4),
+                    textcoords="offset points", ha="right", fontsize=7, color="0.3")
+        handles.append(Line2D([], [], color="black", label=(
+            f"measured roofs: {copy_gbps:.0f} GB/s copy,\n{peak_tflops:.0f} TFLOP/s bf16 matmul")))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / minimum bytes moved)")
+    ax.set_ylabel("achieved TFLOP/s")
+    handles += [Line2D([], [], ls="", marker="o", color=mode_color(m), label=m)
+                for m in ordered_modes(rows["mode"])]
+    handles += [Line2D([], [], ls="", marker=KERNEL_MARKERS.get(k, "o"), color="0.4", label=k)
+                for k in sorted(rows["kernel"].unique())]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7,
+              frameon=False)
+    return _finish(fig, frame, f"Roofline ({_describe(rows)}, activations as inputs; "
+                               "color = mode, marker = kernel)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Scaling
+# ---------------------------------------------------------------------------------------------
+def scaling_axes(kernel: str) -> tuple[str, str, str, str]:
+    """(size column, size label, throughput column, throughput label) for a kernel."""
+    if kernel == "softmax":  # memory-bound: bytes moved and GB/s
+        return "min_bytes", "minimum bytes moved", "gbps", "achieved GB/s"
+    return "flops", "FLOPs per call", "tflops", "achieved TFLOP/s"
+
+
+def scaling(frame: pd.DataFrame, kernel: str):
+    """Throughput against problem size, one line per mode.
+
+    When two shapes have the same size (conv, softmax) the x axis lists the shapes instead,
+    smallest first, so their lines do not fold back on themselves.
+    """
+    size, size_label, metric, metric_label = scaling_axes(kernel)
+    rows = default_view(frame)
+    rows = _require(rows[rows["kernel"] == kernel].dropna(subset=[size, metric]),
+                    f"scaling of {kernel}")
+    shapes = ordered_shapes(rows)
+    sizes = rows.groupby("shape_label")[size].first()
+    numeric = sizes.nunique() == len(shapes)
+    fig, axes = _figure(figsize=(8.5, 5))
+    ax = axes[0][0]
+    for mode in ordered_modes(rows["mode"]):
+        of_mode = rows[rows["mode"] == mode].groupby("shape_label")[metric].mean()
+        of_mode = of_mode.reindex([s for s in shapes if s in of_mode.index])
+        xs = list(sizes[of_mode.index]) if numeric else [shapes.index(s) for s in of_mode.index]
+        ax.plot(xs, list(of_mode), marker="o", ms=4, color=mode_color(mode), label=mode, gid=mode)
+    copy_gbps, peak_tflops = measured_peaks(rows)
+    peak = copy_gbps if metric == "gbps" else peak_tflops
+    if math.isfinite(peak):
+        ax.axhline(peak, color="black", lw=1, ls="--", gid="peak")
+        ax.annotate(f"measured peak {peak:.0f}", (0, peak), xycoords=("axes fraction", "data"),
+                    xytext=(4, -11), textcoords="offset points", fontsize=7)
+    if numeric:
+        ax.set_xscale("log")
+        ax.set_xlabel(f"problem size ({size_label}, log scale)")
+    else:
+        ax.set_xticks(range(len(shapes)), shapes, rotation=30, ha="right")
+        ax.set_xlabel(f"shape, by {size_label} (several shapes share a size)")
+    ax.set_ylabel(metric_label)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
+    return _finish(fig, frame, f"{kernel}: {metric_label} against problem size "
+                               f"({_describe(rows)}, activations as inputs)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Compile break-even
+# ---------------------------------------------------------------------------------------------
+def break_even_calls(frame: pd.DataFrame) -> pd.DataFrame:
+    """Calls after which the cold compile has paid for itself; inf where the mode is not faster.
+
+    break_even_calls = compile_cold_s / ((eager_time_ms_p50 - time_ms_p50) / 1e3), per row.
+    """
+    rows = default_view(frame)
+    rows = rows[(rows["mode"] != "eager")].dropna(
+        subset=["compile_cold_s", "time_ms_p50", "eager_time_ms_p50"]).copy()
+    saved_s = (rows["eager_time_ms_p50"] - rows["time_ms_p50"]) / 1e3
+    rows["break_even_calls"] = np.where(saved_s > 0, rows["compile_cold_s"] / saved_s.where(
+        saved_s > 0, 1.0), math.inf)
+    return rows
+
+
+def compile_break_even(frame: pd.DataFrame):
+    """Per kernel and mode, one point per shape: calls needed to repay the cold compile."""
+    rows = _require(break_even_calls(frame), "compile_break_even")
+    kernels = sorted(rows["kernel"].unique())
+    finite = rows.loc[np.isfinite(rows["break_even_calls"]), "break_even_calls"]
+    top = 10 ** math.ceil(math.log10(finite.max())) if len(finite) else 10
+    bottom = 10 ** math.floor(math.log10(finite.min())) if len(finite) else 1
+    never_y = top * 10  # the "never" band sits a decade above the largest finite value
+    fig, axes = _figure(1, len(kernels), figsize=(2.2 + 2.6 * len(kernels), 4.8), sharey=True)
+    for ax, kernel in zip(axes[0], kernels, strict=True):
+        of_kernel = rows[rows["kernel"] == kernel]
+        shapes = ordered_shapes(of_kernel)
+        modes = ordered_modes(of_kernel["mode"])
+        for x, mode in enumerate(modes):
+            of_mode = of_kernel[of_kernel["mode"] == mode]
+            offsets = {s: (i - (len(shapes) - 1) / 2) * 0.5 / len(shapes)
+                       for i, s in enumerate(shapes)}
+            xs = x + of_mode["shape_label"].map(offsets)
+            calls = of_mode["break_even_calls"]
+            never = ~np.isfinite(calls)
+            ax.scatter(xs[~never], calls[~never], s=18, color=mode_color(mode), gid="break_even")
+            ax.scatter(xs[never], [never_y] * int(never.sum()), s=30, marker="x",
+                       color=mode_color(mode), gid="never")
+        ax.axhline(math.sqrt(top * never_y), color="0.6", lw=0.8, gid="never_divider")
+        ax.set_xticks(range(len(modes)), modes, rotation=40, ha="right")
+        ax.set_title(kernel)
+        ax.grid(axis="x", visible=False)
+        ax.set_yscale("log")
+        ax.set_ylim(bottom / 2, never_y * 3)
+        decades = [10**k for k in range(round(math.log10(bottom)), round(math.log10(top)) + 1)]
+        ax.yaxis.set_major_locator(FixedLocator(decades + [never_y]))
+        ax.yaxis.set_major_formatter(FuncFormatter(
+            lambda v, _: "never" if v == never_y else f"$10^{{{round(math.log10(v))}}}$"))
+        ax.yaxis.set_minor_locator(NullLocator())
+    axes[0][0].set_ylabel("calls to repay the cold compile (log)\n"
+                          "= compile_cold_s / (eager − mode GPU time per call)")
+    return _finish(fig, frame, "Compile break-even, one point per shape (× at \"never\": not "
+                               "faster than eager, the compile never pays off)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Call latency against GPU time
+# ---------------------------------------------------------------------------------------------
+def latency_vs_gpu_time(frame: pd.DataFrame):
+    """Small shapes: wall-clock call latency against GPU time; above y = x the CPU path rules."""
+    rows = default_view(frame).dropna(subset=["time_ms_p50", "call_latency_us_p50"])
+    rows = _require(rows[rows["time_ms_p50"] < SMALL_MS], "latency_vs_gpu_time")
+    gpu_us = rows["time_ms_p50"] * 1e3
+    fig, axes = _figure(figsize=(8.5, 6))
+    ax = axes[0][0]
+    for kernel in sorted(rows["kernel"].unique()):
+        for mode in ordered_modes(rows["mode"]):
+            pick = (rows["kernel"] == kernel) & (rows["mode"] == mode)
+            if pick.any():
+                ax.scatter(gpu_us[pick], rows.loc[pick, "call_latency_us_p50"], s=28,
+                           alpha=0.85, color=mode_color(mode),
+                           marker=KERNEL_MARKERS.get(kernel, "o"), edgecolors="white",
+                           linewidths=0.4, gid=f"{kernel}:{mode}")
+    low = min(gpu_us.min(), rows["call_latency_us_p50"].min()) / 1.5
+    high = max(gpu_us.max(), rows["call_latency_us_p50"].max()) * 1.5
+    ax.plot([low, high], [low, high], color="black", lw=1, ls="--", gid="identity")
+    ax.annotate("latency = GPU time", (low * 2, low * 2), xytext=(6, -2),
+                textcoords="offset points", ha="left", va="top", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_aspect("equal")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(FixedLocator([t for t in (2, 5, 10, 20, 50, 100, 200, 500, 1000)
+                                             if low <= t <= high]))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_locator(NullLocator())
+    ax.set_xlabel("GPU time per call (µs, CUDA events, p50)")
+    ax.set_ylabel("call latency (µs, wall clock back-to-back, p50)")
+    handles = [Line2D([], [], ls="", marker="o", color=mode_color(m), label=m)
+               for m in ordered_modes(rows["mode"])]
+    handles += [Line2D([], [], ls="", marker=KERNEL_MARKERS.get(k, "o"), color="0.4", label=k)
+                for k in sorted(rows["kernel"].unique())]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7,
+              frameon=False)
+    return _finish(fig, frame, f"Call latency against GPU time, shapes under "
+                               f"{SMALL_MS * 1e3:.0f} µs of GPU time\n(above the dashed line, "
+                               "launch and CPU overhead set the pace)")
+
+
+# ---------------------------------------------------------------------------------------------
+# All of them
+# ---------------------------------------------------------------------------------------------
+FIGURES = {  # name -> (function, needs_kernel)
+    "speedup_by_mode": (speedup_by_mode, False),
+    "speedup_heatmap": (speedup_heatmap, True),
+    "roofline": (roofline, False),
+    "scaling": (scaling, True),
+    "compile_break_even": (compile_break_even, False),
+    "latency_vs_gpu_time": (latency_vs_gpu_time, False),
+}
+
+
+def save_all(frame: pd.DataFrame, out_dir) -> list[Path]:
+    """PNG and SVG of every figure (per-kernel ones once per kernel); returns the paths written.
+
+    A figure with nothing to plot (no compiled rows, say) is skipped with a note on stderr.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = frame.sort_values(["kernel", "mode", "activations", "shape_label", "job_dir"],
+                              kind="stable").reset_index(drop=True)
+    written = []
+    for name, (function, needs_kernel) in FIGURES.items():
+        for kernel in sorted(frame["kernel"].unique()) if needs_kernel else [None]:
+            stem = f"{name}_{kernel}" if needs_kernel else name
+            try:
+                fig = function(frame, kernel) if needs_kernel else function(frame)
+            except ValueError as exc:
+                print(f"skipped {stem}: {exc}", file=sys.stderr)
+                continue
+            for suffix, metadata in ((".png", PNG_METADATA), (".svg", SVG_METADATA)):
+                path = out_dir / f"{stem}{suffix}"
+                fig.savefig(path, dpi=DPI, metadata=metadata)
+                written.append(path)
+            plt.close(fig)
+    return written
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", type=Path, help="folder searched for results.jsonl files")
+    parser.add_argument("out_dir", type=Path, help="where the PNG and SVG files go")
+    args = parser.parse_args(argv)
+    try:
+        results = load_results(args.results_dir)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for problem in results.problems:
+        print(f"warning: skipped {problem}", file=sys.stderr)
+    for path in save_all(results.frame, args.out_dir):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""A static HTML report of a results folder: the dashboard for users without a W&B account.
+
+    python -m analysis.report results/h100 outputs/report     # writes report.html + figures/
+
+It holds every figure of analysis.figures, the geomean table, and the per-shape rows, all made
+from the records by code.
+"""
+
+import argparse
+import html
+from pathlib import Path
+
+from analysis import figures
+from analysis.load import caption, load_results
+from analysis.summary import geomean_table
+
+ROW_COLUMNS = ["kernel", "mode", "dtype", "pass", "activations", "shape_label", "status",
+               "time_ms_p50", "eager_time_ms_p50", "speedup_vs_eager", "call_latency_us_p50",
+               "tflops", "gbps", "max_rel_err", "compile_cold_s", "reason"]
+
+
+def build(results_dir: Path, out_dir: Path) -> Path:
+    results = load_results(results_dir)
+    frame = results.frame
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = figures.save_all(frame, out_dir / "figures")
+    images = [p for p in written if p.suffix == ".png"]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>Triton vs torch.compile: {html.escape(str(results_dir))}</title>",
+        "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
+        "img{max-width:100%}</style></head><body>",
+        "<h1>Triton vs torch.compile vs eager</h1>",
+        f"<p>{html.escape(caption(frame))}. Records from <code>{html.escape(str(results_dir))}"
+        f"</code>: {len(frame)} rows.</p>",
+        "<h2>Geomean speedup against eager</h2>",
+        geomean_table(frame).to_html(),
+        "<h2>Figures</h2>",
+        *(f"<h3>{html.escape(p.stem)}</h3><img src='figures/{p.name}'>" for p in images),
+        "<h2>All rows</h2>",
+        frame[[c for c in ROW_COLUMNS if c in frame]].to_html(index=False, float_format="%.4g"),
+    ]
+    if results.problems:
+        items = "".join(f"<li>{html.escape(p)}</li>" for p in results.problems)
+        parts.insert(-2, f"<h2>Records that did not load</h2><ul>{items}</ul>")
+    parts.append("</body></html>")
+    path = out_dir / "report.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    args = parser.parse_args(argv)
+    print(build(args.results_dir, args.out_dir))
+
+
+if __name__ == "__main__":
+    main()
