@@ -183,6 +183,26 @@ def measured_peaks(frame: pd.DataFrame) -> tuple[float, float]:
     return float(frame["peak_copy_gbps"].median()), float(frame["peak_bf16_tflops"].median())
 
 
+def _scatter_by_kernel_and_mode(ax, rows: pd.DataFrame, x: pd.Series, y: pd.Series) -> None:
+    """One scatter per (kernel, mode): color = mode, marker = kernel."""
+    for kernel in sorted(rows["kernel"].unique()):
+        for mode in ordered_modes(rows["mode"]):
+            pick = (rows["kernel"] == kernel) & (rows["mode"] == mode)
+            if pick.any():
+                ax.scatter(x[pick], y[pick], s=28, alpha=0.85, color=mode_color(mode),
+                           marker=KERNEL_MARKERS.get(kernel, "o"), edgecolors="white",
+                           linewidths=0.4, gid=f"{kernel}:{mode}")
+
+
+def _mode_and_kernel_handles(rows: pd.DataFrame) -> list:
+    """Legend entries matching _scatter_by_kernel_and_mode."""
+    handles = [Line2D([], [], ls="", marker="o", color=mode_color(m), label=m)
+               for m in ordered_modes(rows["mode"])]
+    handles += [Line2D([], [], ls="", marker=KERNEL_MARKERS.get(k, "o"), color="0.4", label=k)
+                for k in sorted(rows["kernel"].unique())]
+    return handles
+
+
 def roofline(frame: pd.DataFrame):
     """Achieved TFLOP/s against FLOP per minimum byte, under the measured copy and matmul roofs."""
     rows = default_view(frame).dropna(subset=["flops", "min_bytes", "tflops"])
@@ -190,13 +210,7 @@ def roofline(frame: pd.DataFrame):
     intensity = rows["flops"] / rows["min_bytes"]
     fig, axes = _figure(figsize=(9, 5.8))
     ax = axes[0][0]
-    for kernel in sorted(rows["kernel"].unique()):
-        for mode in ordered_modes(rows["mode"]):
-            pick = (rows["kernel"] == kernel) & (rows["mode"] == mode)
-            if pick.any():
-                ax.scatter(intensity[pick], rows.loc[pick, "tflops"], s=28, alpha=0.85,
-                           color=mode_color(mode), marker=KERNEL_MARKERS.get(kernel, "o"),
-                           edgecolors="white", linewidths=0.4, gid=f"{kernel}:{mode}")
+    _scatter_by_kernel_and_mode(ax, rows, intensity, rows["tflops"])
     copy_gbps, peak_tflops = measured_peaks(rows)
     handles = []
     if math.isfinite(copy_gbps) and math.isfinite(peak_tflops):
@@ -214,10 +228,7 @@ def roofline(frame: pd.DataFrame):
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / minimum bytes moved)")
     ax.set_ylabel("achieved TFLOP/s")
-    handles += [Line2D([], [], ls="", marker="o", color=mode_color(m), label=m)
-                for m in ordered_modes(rows["mode"])]
-    handles += [Line2D([], [], ls="", marker=KERNEL_MARKERS.get(k, "o"), color="0.4", label=k)
-                for k in sorted(rows["kernel"].unique())]
+    handles += _mode_and_kernel_handles(rows)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7,
               frameon=False)
     return _finish(fig, frame, f"Roofline ({_describe(rows)}, activations as inputs; "
@@ -340,14 +351,7 @@ def latency_vs_gpu_time(frame: pd.DataFrame):
     gpu_us = rows["time_ms_p50"] * 1e3
     fig, axes = _figure(figsize=(8.5, 6))
     ax = axes[0][0]
-    for kernel in sorted(rows["kernel"].unique()):
-        for mode in ordered_modes(rows["mode"]):
-            pick = (rows["kernel"] == kernel) & (rows["mode"] == mode)
-            if pick.any():
-                ax.scatter(gpu_us[pick], rows.loc[pick, "call_latency_us_p50"], s=28,
-                           alpha=0.85, color=mode_color(mode),
-                           marker=KERNEL_MARKERS.get(kernel, "o"), edgecolors="white",
-                           linewidths=0.4, gid=f"{kernel}:{mode}")
+    _scatter_by_kernel_and_mode(ax, rows, gpu_us, rows["call_latency_us_p50"])
     low = min(gpu_us.min(), rows["call_latency_us_p50"].min()) / 1.5
     high = max(gpu_us.max(), rows["call_latency_us_p50"].max()) * 1.5
     ax.plot([low, high], [low, high], color="black", lw=1, ls="--", gid="identity")
@@ -365,10 +369,7 @@ def latency_vs_gpu_time(frame: pd.DataFrame):
         axis.set_minor_locator(NullLocator())
     ax.set_xlabel("GPU time per call (µs, CUDA events, p50)")
     ax.set_ylabel("call latency (µs, wall clock back-to-back, p50)")
-    handles = [Line2D([], [], ls="", marker="o", color=mode_color(m), label=m)
-               for m in ordered_modes(rows["mode"])]
-    handles += [Line2D([], [], ls="", marker=KERNEL_MARKERS.get(k, "o"), color="0.4", label=k)
-                for k in sorted(rows["kernel"].unique())]
+    handles = _mode_and_kernel_handles(rows)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7,
               frameon=False)
     return _finish(fig, frame, f"Call latency against GPU time, shapes under "

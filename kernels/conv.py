@@ -19,7 +19,7 @@ from kernels._common import (
     dot_precision,
     is_interpreter,
 )
-from kernels.matmul import apply_activation
+from kernels.matmul import apply_activation, grouped_tile
 
 
 def conv2d_reference(x, weight, bias, stride, padding, dilation):
@@ -73,14 +73,8 @@ def conv2d_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     # -- program-id mapping: GROUP_M row tiles share each weight column tile while it is in L2 --
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(N * P * Q, BLOCK_M)
-    num_pid_n = tl.cdiv(K, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = grouped_tile(
+        tl.program_id(0), tl.cdiv(N * P * Q, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
 
     # -- pointer setup: row m is output pixel (n, p, q), column k is output channel k --
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

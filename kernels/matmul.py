@@ -18,6 +18,8 @@ Functions:
         The TypeError/ValueError checks `_matmul` runs.
     apply_activation(x, ACTIVATION)
         @triton.jit helper: act(x) in fp32 for an id from ACTIVATIONS.
+    grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M)
+        @triton.jit helper: the grouped (L2-friendly) tile order shared with kernels/conv.py.
 
 The ids of ACTIVATIONS are also exported as tl.constexpr globals (NONE, RELU, GELU, GELU_TANH,
 SILU) so kernels can name them.
@@ -99,6 +101,21 @@ def apply_activation(x, ACTIVATION: tl.constexpr):
     return x
 
 
+@triton.jit
+def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(tile row, tile column) of program `pid`, walking GROUP_M tile-rows column by column.
+
+    Programs that run together then share A rows and B columns in L2 instead of streaming all
+    of B for every row of tiles. Used by every GEMM-shaped kernel (matmul, conv).
+    """
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
 @triton.autotune(
     configs=interpreter_configs() if is_interpreter() else hopper_configs(),
     key=["M", "N", "K"],
@@ -116,17 +133,9 @@ def matmul_kernel(
     INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    # ---- program-id mapping ----
-    # Walk the tiles in groups of GROUP_M tile-rows, column by column, so programs that run
-    # together share A rows and B columns in L2 instead of streaming all of B for every row.
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    # ---- program-id mapping: grouped, for L2 reuse ----
+    pid_m, pid_n = grouped_tile(
+        tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # ---- pointer setup ----
     # Rows and columns past the edge wrap back into the matrix, so A and B loads need only a K
