@@ -14,7 +14,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup experiment sweep test test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup experiment sweep resume test test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -36,6 +36,9 @@ experiment: $(SETUP) ## One run: make experiment kernel=matmul mode=max-autotune
 
 sweep: $(SETUP) ## Hydra multirun over comma lists: make sweep kernel=matmul,softmax mode=eager,triton
 	$(PY) -m experiments.run --multirun $(OVERRIDES)
+
+resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
+	$(PY) -m experiments.resume $(SWEEP) $(ARGS)
 
 test: $(SETUP) ## CPU test suite (what CI runs): kernels in the Triton interpreter, Inductor on CPU
 	$(PY) -m pytest -m "not gpu" $(ARGS)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from experiments import modes, timing
+from experiments import faults, modes, timing
 from experiments.correctness import relative_error, tolerance
 from experiments.records import Record
 from experiments.workloads import TORCH_OPS, Workload
@@ -36,6 +36,7 @@ class Job:
     shape_set: str
     timer: timing.GpuTimer | None
     job_id: str
+    config_hash: str | None = None
 
     @property
     def bench(self):
@@ -64,6 +65,7 @@ def base_record(job: Job, shape: dict) -> Record:
         static_inputs=static,
         run_name=cfg.name,
         job_id=job.job_id,
+        config_hash=job.config_hash,
     )
 
 
@@ -116,11 +118,12 @@ def counter_totals() -> tuple[int, int]:
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
-def measure_shape(job: Job, shape: dict, progress: Callable[[str], None]) -> Record:
+def measure_shape(job: Job, shape: dict, index: int, progress: Callable[[str], None]) -> Record:
+    """One row for `shape`, the `index`-th of the job's shape set."""
     record = base_record(job, shape)
     record.stage = "build"
     try:
-        _measure(job, shape, record, progress)
+        _measure(job, shape, index, record, progress)
     except Exception as exc:  # OOM, compile error, kernel error: one failed row, then move on
         record.status = "failed"
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -132,11 +135,14 @@ def measure_shape(job: Job, shape: dict, progress: Callable[[str], None]) -> Rec
         torch.compiler.reset()
         gc.collect()
         if job.device.type == "cuda":
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except RuntimeError:  # a lost CUDA context: the row says so and the job stops
+                pass
     return record
 
 
-def _measure(job: Job, shape, record: Record, progress) -> None:
+def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
     cfg, workload, device, bench = job.cfg, job.workload, job.device, job.bench
     fwd_bwd = job.fwd_bwd
 
@@ -161,9 +167,14 @@ def _measure(job: Job, shape, record: Record, progress) -> None:
         grad_out = torch.randn(example.shape, generator=generator, device=device).to(job.dtype)
     grad_tensors = [*inputs, *params]
 
+    faults.inject(cfg.get("fault"), index)
+
     def build_step():
         impl = modes.build(cfg.mode, cfg.compile, eager, inputs)
-        return impl, make_step(impl.module, inputs, grad_out, grad_tensors, impl.cudagraphs)
+        module = impl.module
+        if faults.fires(cfg.get("fault"), index, "nan_output"):
+            module = faults.nan_output(module)
+        return impl, make_step(module, inputs, grad_out, grad_tensors, impl.cudagraphs)
 
     impl, step = build_step()
     eager_step = make_step(eager, inputs, grad_out, grad_tensors, cudagraphs=False)

@@ -30,6 +30,7 @@ class Record:
     static_inputs: list
     run_name: str
     job_id: str
+    config_hash: str | None = None  # hash of what decides the measurement; resume keys rows on it
     # the outcome
     status: str = "ok"  # ok | failed | skipped
     reason: str | None = None  # why a row failed or was skipped
@@ -128,6 +129,19 @@ class JsonlWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def recorded_keys(path: Path) -> set[tuple[str | None, str]]:
+    """(config_hash, shape_label) of every readable row already in a results.jsonl."""
+    keys = set()
+    if Path(path).exists():
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                keys.add((row.get("config_hash"), row["shape_label"]))
+            except (json.JSONDecodeError, KeyError, AttributeError, TypeError):
+                continue  # a line cut short by a crash: that shape is measured again
+    return keys
 
 
 def read_jsonl(path: Path) -> list[dict]:

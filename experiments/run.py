@@ -7,6 +7,7 @@ results.jsonl and env.json in the job's output directory, logs to W&B, and print
 Configuration errors exit 2 with one line; a failing shape is a failed row and the job goes on.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -22,15 +24,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments import env, modes, timing
+from experiments import env, faults, modes, timing, worker
 from experiments.errors import ConfigError
 from experiments.measure import Job, measure_shape
-from experiments.records import JsonlWriter, format_table, geomean
+from experiments.records import JsonlWriter, format_table, geomean, recorded_keys
 from experiments.tracking import Tracker, find_secret_keys, redact, scrub_hydra_dir
 from experiments.workloads import make_workload, resolve_shapes
 from kernels._common import is_interpreter
 
 log = logging.getLogger(__name__)
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # absolute: see the end of this file
 
 CPU_BANNER = (
     "CPU run: no GPU in use. Triton kernels run in the interpreter and torch.compile on "
@@ -75,13 +78,70 @@ def job_identity() -> tuple[Path, str, str | None]:
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == hydra.types.RunMode.MULTIRUN
-    job_id = (
+    job_id = os.environ.get("KBENCH_JOB_ID") or (  # set by the parent of an isolated worker
         f"{Path(hydra_cfg.sweep.dir).name}/{hydra_cfg.job.num}" if multirun else output_dir.name
     )
     return output_dir, job_id, Path(hydra_cfg.sweep.dir).name if multirun else None
 
 
-def run(cfg: DictConfig) -> list[dict]:
+MEASUREMENT_KEYS = (
+    "kernel",
+    "mode",
+    "dtype",
+    "pass",
+    "bench",
+    "compile",
+    "seed",
+    "device",
+    "shapes",
+)
+
+
+def config_hash(config: dict) -> str:
+    """A short hash of everything that decides a row's numbers, not of where or how it is logged.
+
+    Shape sets are left out (each row carries its own shape), so are W&B, naming and the
+    resume/isolate/fault switches: a resumed job recognizes the rows its earlier run wrote.
+    """
+    decisive = {k: config[k] for k in MEASUREMENT_KEYS}
+    decisive["kernel"] = {
+        k: v for k, v in config["kernel"].items() if k not in ("shape_sets", "default_shapes")
+    }
+    text = json.dumps(decisive, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Plan:
+    """A validated job: what to measure and where its records go."""
+
+    cfg: DictConfig
+    config: dict
+    output_dir: Path
+    job_id: str
+    sweep_name: str | None
+    device: torch.device
+    workload: object
+    dtype: torch.dtype
+    shape_set: str
+    shapes: list
+    config_hash: str
+
+    def job(self, **measuring) -> Job:
+        return Job(
+            cfg=self.cfg,
+            workload=self.workload,
+            device=self.device,
+            dtype=self.dtype,
+            shape_set=self.shape_set,
+            job_id=self.job_id,
+            config_hash=self.config_hash,
+            **{"peaks": None, "code_dir": None, "timer": None, **measuring},
+        )
+
+
+def prepare(cfg: DictConfig) -> Plan:
+    """Every check that can fail on the config, before anything is measured or spawned."""
     output_dir, job_id, sweep_name = job_identity()
     config = OmegaConf.to_container(cfg, resolve=True)
     secrets = find_secret_keys(config)
@@ -97,35 +157,83 @@ def run(cfg: DictConfig) -> list[dict]:
             "device=cpu with a CUDA GPU present: Triton kernels need "
             "TRITON_INTERPRET=1 in the environment to run on the CPU"
         )
-    if device.type == "cpu":
-        # Inductor's pool of compile workers competes with the timed calls for a small CPU's cores.
-        torch._inductor.config.compile_threads = 1
     workload = make_workload(cfg.kernel)
     workload.check_pass(cfg["pass"].name)
     modes.check_mode(cfg.mode)
+    faults.check(cfg.get("fault"))
     dtype = resolve_dtype(cfg.dtype)
     shape_set, shapes = resolve_shapes(workload, cfg.kernel, cfg.shapes, device.type == "cuda")
-    set_tf32(bool(cfg.dtype.tf32))
+    return Plan(
+        cfg,
+        config,
+        output_dir,
+        job_id,
+        sweep_name,
+        device,
+        workload,
+        dtype,
+        shape_set,
+        shapes,
+        config_hash(config),
+    )
 
-    cache_dir = use_fresh_compile_cache() if cfg.compile.fresh_cache else None
+
+def run(cfg: DictConfig) -> list[dict]:
+    plan = prepare(cfg)
+    if isolated(cfg):
+        return worker.run_isolated(plan)
+    return measure_job(plan)
+
+
+def isolated(cfg: DictConfig) -> bool:
+    """isolate=auto: a multirun on the local launcher runs each job's shapes in child processes,
+    so a CUDA fault or leaked compiler state in one job cannot reach the next."""
+    if cfg.isolate != "auto":
+        return bool(cfg.isolate)
+    hydra_cfg = HydraConfig.get()
+    return hydra_cfg.mode == hydra.types.RunMode.MULTIRUN and "BasicLauncher" in str(
+        hydra_cfg.launcher.get("_target_", "")
+    )
+
+
+def measure_job(plan: Plan) -> list[dict]:
+    cfg, device, workload, output_dir = plan.cfg, plan.device, plan.workload, plan.output_dir
+    results_path = output_dir / "results.jsonl"
+    todo = list(enumerate(plan.shapes))
+    if cfg.resume:
+        done = recorded_keys(results_path)
+        todo = [(i, s) for i, s in todo if (plan.config_hash, workload.label(s)) not in done]
+        log.info(
+            "resume: %d of %d shapes already recorded",
+            len(plan.shapes) - len(todo),
+            len(plan.shapes),
+        )
     if device.type == "cpu":
         log.warning(CPU_BANNER)
+        # Inductor's pool of compile workers competes with the timed calls for a small CPU's cores.
+        torch._inductor.config.compile_threads = 1
+    set_tf32(bool(cfg.dtype.tf32))
+    cache_dir = use_fresh_compile_cache() if cfg.compile.fresh_cache else None
     torch.compiler.reset()
+
     inductor_options = (
         modes.resolved_options(cfg.mode.compile_mode, dict(cfg.compile.options))
         if "compile_mode" in cfg.mode
         else None
     )
     peaks = env.device_peaks(device)
-    environment = env.collect(redact(config), device, cfg.seed)
+    environment = env.collect(redact(plan.config), device, cfg.seed)
     environment.update(
         peaks=peaks,
         inductor_options=inductor_options,
-        shape_set=shape_set,
-        job_id=job_id,
+        shape_set=plan.shape_set,
+        job_id=plan.job_id,
+        config_hash=plan.config_hash,
         cpu_banner=CPU_BANNER if device.type == "cpu" else None,
     )
     env_path = output_dir / "env.json"
+    if cfg.resume and env_path.exists():  # keep the stamp of the rows the earlier run wrote
+        env_path.rename(output_dir / f"env.before-{time.strftime('%Y%m%d-%H%M%S')}.json")
     env_path.write_text(json.dumps(environment, indent=2, default=str))
 
     tags = [
@@ -138,46 +246,44 @@ def run(cfg: DictConfig) -> list[dict]:
     ]
     env_summary = {k: v for k, v in environment.items() if k != "config"}
     tracker = Tracker(
-        config["wandb"],
-        {**config, "env": env_summary},
+        plan.config["wandb"],
+        {**plan.config, "env": env_summary},
         output_dir,
         name=cfg.name,
-        group=cfg.wandb.group or sweep_name or cfg.name,
+        group=cfg.wandb.group or plan.sweep_name or cfg.name,
         tags=tags,
     )
     code_dir = output_dir / "inductor_code" if cfg.compile.save_code else None
-    job = Job(
-        cfg=cfg,
-        workload=workload,
-        device=device,
-        dtype=dtype,
+    job = plan.job(
         peaks=peaks,
         code_dir=code_dir,
-        shape_set=shape_set,
-        job_id=job_id,
         timer=timing.GpuTimer(device, cfg.bench.flush_l2) if device.type == "cuda" else None,
     )
 
-    writer = JsonlWriter(output_dir / "results.jsonl")
-    rows, started = [], time.perf_counter()
+    writer = JsonlWriter(results_path)
+    rows, started, poisoned = [], time.perf_counter(), False
     bar = tqdm(
-        shapes,
+        todo,
         desc=f"{workload.name}/{cfg.mode.name}/{cfg.dtype.name}",
         unit="shape",
         dynamic_ncols=True,
         file=sys.stderr,
     )
     try:
-        for step, shape in enumerate(bar):
+        for step, (index, shape) in enumerate(bar):
             label = workload.label(shape)
             record = measure_shape(
                 job,
                 shape,
+                index,
                 lambda stage, label=label: bar.set_postfix_str(f"{label} [{stage}]", refresh=True),
             )
             row = writer.write(record)
             rows.append(row)
             tracker.log_row(row, step)
+            if faults.is_sticky_cuda_error(record.reason):
+                poisoned = True  # every later call would fail: stop, and let a new process resume
+                break
     finally:
         bar.close()
         writer.close()
@@ -190,6 +296,10 @@ def run(cfg: DictConfig) -> list[dict]:
     summary = summarize(rows)
     tracker.finish(rows, summary, code_dir)
     print_summary(cfg, rows, summary, output_dir, device)
+    if poisoned:
+        log.error("the CUDA context is lost (%s); rerun with resume=true, or use isolate=true "
+                  "to continue in a new process automatically", rows[-1]["reason"])
+        sys.exit(faults.POISONED_EXIT)
     return rows
 
 
@@ -221,7 +331,7 @@ def print_summary(cfg, rows, summary, output_dir: Path, device) -> None:
     print("\n".join(lines), flush=True)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
@@ -231,4 +341,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Call main through the module's importable name: submitit (launcher=gpus|slurm) pickles the
+    # task function, and one from __main__ is pickled by value, with torch's unpicklable configs.
+    from experiments.run import main as importable_main
+
+    importable_main()

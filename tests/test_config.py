@@ -16,7 +16,7 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.ya
 
 
 def test_groups_are_the_documented_ones():
-    assert GROUPS == ["bench", "compile", "dtype", "kernel", "mode", "pass", "wandb"]
+    assert GROUPS == ["bench", "compile", "dtype", "kernel", "launcher", "mode", "pass", "wandb"]
     assert {o for g, o in OPTIONS if g == "mode"} == {
         "eager",
         "triton",

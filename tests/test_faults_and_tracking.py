@@ -24,10 +24,10 @@ def run_job(compose_job, *overrides):
 def test_one_failing_shape_leaves_a_failed_row_and_the_rest(compose_job, monkeypatch):
     real = measure._measure
 
-    def flaky(job, shape, record, progress):
+    def flaky(job, shape, index, record, progress):
         if shape["m"] == 33:  # the second cpu shape
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
-        return real(job, shape, record, progress)
+        return real(job, shape, index, record, progress)
 
     monkeypatch.setattr(measure, "_measure", flaky)
     rows, _ = run_job(compose_job, "kernel=matmul", "mode=eager", "wandb.mode=disabled")

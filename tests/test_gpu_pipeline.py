@@ -52,3 +52,22 @@ def test_env_is_stamped_with_the_gpu(compose_job):
     assert env["gpu_name"] == torch.cuda.get_device_name()
     assert env["sm_count"] > 0 and env["cuda"] and env["peaks"]["copy_gbps"] > 0
     assert "sm_clock_mhz" in env["gpu_state_before"] or "nvml" in env["gpu_state_before"]
+
+
+def test_a_real_illegal_address_costs_one_row(tmp_path):
+    """A Triton kernel writes out of bounds at shape 0; the isolated job still measures the rest."""
+    import subprocess
+    import sys
+
+    from experiments.records import read_jsonl
+    from tests.conftest import REPO_ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "kernel=softmax", "mode=eager", "shapes=small",
+         "bench=quick", "wandb.mode=disabled", "fault.kind=illegal_address", "fault.shape=0",
+         "isolate=true", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(tmp_path / "results.jsonl")
+    assert rows[0]["status"] == "failed" and "illegal memory access" in rows[0]["reason"]
+    assert [r["status"] for r in rows[1:]] == ["ok"] * (len(rows) - 1) and len(rows) == 3

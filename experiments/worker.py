@@ -1,0 +1,89 @@
+"""Run a job's shapes in a child process, so a fault that kills a process costs one row.
+
+A CUDA illegal-address error poisons the whole process, and compiler state leaks from one job to
+the next. With isolation (isolate=auto in a local multirun), the Hydra job starts
+`python -m experiments.run` on its own saved config (.hydra/config.yaml) with resume=true. If
+that child dies, the shape it was measuring, the first one without a row, is recorded as failed,
+and a new child carries on from the next shape. A child whose CUDA context is lost (an illegal
+address, say) records its failed row itself and exits with POISONED_EXIT, and a new child goes on.
+"""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+from experiments.faults import POISONED_EXIT
+from experiments.measure import base_record
+from experiments.records import JsonlWriter, read_jsonl, recorded_keys
+
+log = logging.getLogger(__name__)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
+
+
+def missing_shapes(plan) -> list[tuple[int, dict]]:
+    done = recorded_keys(plan.output_dir / "results.jsonl")
+    return [
+        (i, shape)
+        for i, shape in enumerate(plan.shapes)
+        if (plan.config_hash, plan.workload.label(shape)) not in done
+    ]
+
+
+def record_death(plan, index: int, shape: dict, returncode: int) -> None:
+    record = base_record(plan.job(), shape)
+    record.status, record.stage = "failed", "worker"
+    record.reason = (
+        f"the job's worker process died ({describe_exit(returncode)}) "
+        f"while measuring shape {index} of its set"
+    )
+    writer = JsonlWriter(plan.output_dir / "results.jsonl")
+    writer.write(record)
+    writer.close()
+    log.warning("%s: %s", record.shape_label, record.reason)
+
+
+def run_isolated(plan) -> list[dict]:
+    cfg = plan.cfg
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.run",
+        f"--config-path={plan.output_dir / '.hydra'}",
+        "--config-name=config",
+        f"hydra.run.dir={plan.output_dir}",
+        "hydra.output_subdir=.hydra-worker",  # keep the parent's own config dumps as they are
+        "isolate=false",
+        "resume=true",
+        f"wandb.group={cfg.wandb.group or plan.sweep_name or cfg.name}",
+    ]
+    child_env = {**os.environ, "KBENCH_JOB_ID": plan.job_id}
+    for _ in range(len(plan.shapes)):  # each death records a row, so this always ends
+        returncode = subprocess.run(command, env=child_env).returncode
+        missing = missing_shapes(plan)
+        if returncode == 0 or not missing:
+            break
+        if returncode == POISONED_EXIT:
+            continue  # it recorded its failed row and stopped cleanly: a new child goes on
+        index, shape = missing[0]
+        record_death(plan, index, shape, returncode)
+        if len(missing) == 1:
+            break
+    rows = [
+        row
+        for row in read_jsonl(plan.output_dir / "results.jsonl")
+        if row.get("config_hash") == plan.config_hash
+    ]
+    failed = sum(row["status"] != "ok" for row in rows)
+    print(
+        f"job {plan.job_id}: {len(rows)} rows, {failed} not ok "
+        f"(records: {plan.output_dir / 'results.jsonl'})",
+        flush=True,
+    )
+    return rows
