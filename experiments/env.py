@@ -43,6 +43,30 @@ def git_state() -> dict:
     return {"git_sha": os.environ.get("KBENCH_GIT_SHA", "unknown"), "git_dirty": None}
 
 
+def gpu_uuid(device: torch.device) -> str | None:
+    """The GPU's UUID as NVML spells it: unlike the CUDA index, it names the physical device
+    whatever CUDA_VISIBLE_DEVICES hides or reorders."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    if uuid is None:
+        return None
+    text = str(uuid)
+    return text if text.startswith("GPU-") else f"GPU-{text}"
+
+
+def _nvml_handle(device: torch.device):
+    import pynvml
+
+    pynvml.nvmlInit()
+    uuid = gpu_uuid(device)
+    if uuid is not None:
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        except pynvml.NVMLError:
+            pass  # fall back to the index, right when nothing narrows the visible devices
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
 def gpu_state(device: torch.device) -> dict:
     """Clocks, temperature and power right now, through NVML; says why when it cannot."""
     if device.type != "cuda":
@@ -50,9 +74,7 @@ def gpu_state(device: torch.device) -> dict:
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = _nvml_handle(device)
         return {
             "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
             "mem_clock_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
@@ -89,6 +111,7 @@ def device_info(device: torch.device) -> dict:
         "gpu_name": props.name,
         "sm_count": props.multi_processor_count,
         "compute_capability": f"{props.major}.{props.minor}",
+        "gpu_uuid": gpu_uuid(device),
         "gpu_memory_gb": round(props.total_memory / 1e9, 2),
         "driver": driver_version(),
         "cuda": torch.version.cuda,
