@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.load import load_results
+from experiments.records import geomean
 
 GROUP = ["kernel", "dtype", "pass", "activations", "mode"]
 
@@ -32,8 +33,8 @@ def load_rows(root: Path) -> pd.DataFrame:
 
 
 def _geomean(values: pd.Series) -> float:
-    values = values.dropna()
-    return math.exp(values.map(math.log).mean()) if len(values) else float("nan")
+    result = geomean(values.dropna().tolist())
+    return math.nan if result is None else result
 
 
 def geomean_table(frame: pd.DataFrame) -> pd.DataFrame:
