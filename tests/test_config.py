@@ -16,7 +16,8 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.ya
 
 
 def test_groups_are_the_documented_ones():
-    assert GROUPS == ["bench", "compile", "dtype", "kernel", "launcher", "mode", "pass", "wandb"]
+    assert GROUPS == ["bench", "compile", "dtype", "experiment", "kernel", "launcher", "mode",
+                      "pass", "wandb"]
     assert {o for g, o in OPTIONS if g == "mode"} == {
         "eager",
         "triton",
@@ -29,20 +30,24 @@ def test_groups_are_the_documented_ones():
     }
 
 
+NAMED_GROUPS = ("kernel", "mode", "dtype", "pass", "launcher")  # their options carry a `name`
+
+
 @pytest.mark.parametrize("group,option", OPTIONS)
 def test_every_option_composes(group, option):
+    prefix = "+" if group == "experiment" else ""  # experiments are not in the defaults list
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"{group}={option}"])
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert resolved[group]["name"] == option if "name" in resolved[group] else True
+        cfg = compose("config", overrides=[f"{prefix}{group}={option}"],
+                      return_hydra_config=True)
+    assert cfg.hydra.runtime.choices[group] == option
+    resolved = OmegaConf.to_container(cfg, resolve=False)
+    del resolved["hydra"]
+    resolved = OmegaConf.to_container(OmegaConf.create(resolved), resolve=True)
+    if group in NAMED_GROUPS:
+        assert resolved[group]["name"] == option
     assert resolved["name"] == "-".join(
-        [
-            resolved["kernel"]["name"],
-            resolved["mode"]["name"],
-            resolved["dtype"]["name"],
-            resolved["pass"]["name"],
-        ]
-    )
+        [resolved["kernel"]["name"], resolved["mode"]["name"], resolved["dtype"]["name"],
+         resolved["pass"]["name"]])
 
 
 @pytest.mark.parametrize("kernel", ["matmul", "linear", "softmax", "conv"])
@@ -119,3 +124,13 @@ def test_a_key_in_the_config_is_refused_and_not_written(tmp_path):
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert secret not in path.read_text(errors="ignore"), path
+
+
+def test_the_h100_experiment_sweeps_every_kernel_and_mode():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=h100_bf16"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert params.kernel.split(",") == ["matmul", "linear", "softmax", "conv"]
+    modes = {o for g, o in OPTIONS if g == "mode"}
+    assert set(params.mode.split(",")) == modes
+    assert cfg.dtype.name == "bf16" and cfg.bench.rep_ms == 50
