@@ -133,4 +133,7 @@ def test_the_h100_experiment_sweeps_every_kernel_and_mode():
     assert params.kernel.split(",") == ["matmul", "linear", "softmax", "conv"]
     modes = {o for g, o in OPTIONS if g == "mode"}
     assert set(params.mode.split(",")) == modes
-    assert cfg.dtype.name == "bf16" and cfg.bench.rep_ms == 50
+    assert (cfg.dtype.name, cfg.dtype.torch_dtype, cfg.bench.rep_ms) == ("bf16", "bfloat16", 50)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        fp32 = compose("config", overrides=["+experiment=h100_bf16", "dtype=fp32"])
+    assert (fp32.dtype.name, fp32.dtype.torch_dtype) == ("fp32", "float32")  # a choice, not a name
