@@ -22,7 +22,9 @@ import pandas as pd
 from experiments.records import FIELDS, geomean, validate
 from experiments.workloads import WORKLOADS
 
-__all__ = ["ENV_COLUMNS", "Results", "caption", "geomean", "load_results", "load_wandb"]
+__all__ = [
+    "ENV_COLUMNS", "Results", "caption", "geomean", "load_results", "load_wandb", "records_frame",
+]
 
 ENV_COLUMNS = [
     "gpu_name",
@@ -67,7 +69,7 @@ def activations(kernel: str, static_inputs) -> str:
     return "static" if set(workload.input_names) <= set(static_inputs) else "inputs"
 
 
-def _frame(rows: list[dict]) -> pd.DataFrame:
+def records_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows (record fields + env columns + job_dir) as a frame with every column present."""
     for row in rows:
         row["activations"] = activations(row.get("kernel"), row.get("static_inputs"))
@@ -121,7 +123,7 @@ def load_results(root) -> Results:
         raise FileNotFoundError(
             f"no valid records under {root}: {len(problems)} problem(s), first: {problems[:1]}"
         )
-    return Results(frame=_frame(rows), problems=problems)
+    return Results(frame=records_frame(rows), problems=problems)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,7 +181,7 @@ def load_wandb(project: str, entity: str | None = None, api=None) -> pd.DataFram
             rows.append({**row, **env, "job_dir": f"wandb:{path}/{run.id}"})
     if not rows:
         raise FileNotFoundError(f"no rows tables in W&B project {path}")
-    frame = _frame(rows)
+    frame = records_frame(rows)
     frame.attrs["problems"] = problems
     return frame
 

@@ -49,19 +49,27 @@ def geomean_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table.round(3)
 
 
+def report_text(frame: pd.DataFrame) -> str:
+    """The geomean table over the ok rows, then every row that is not ok."""
+    lines = []
+    if (frame["status"] == "ok").any():
+        lines.append(geomean_table(frame).to_string())
+    failed = frame[frame["status"] != "ok"]
+    if len(failed):
+        lines.append(f"\n{len(failed)} rows not ok:")
+        lines.append(
+            failed[["kernel", "mode", "shape_label", "status", "reason"]].to_string(index=False)
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="folder searched for results.jsonl files")
     args = parser.parse_args(argv)
     frame = load_rows(args.root)
     with pd.option_context("display.width", 200, "display.max_rows", 500):
-        print(geomean_table(frame).to_string())
-        failed = frame[frame["status"] != "ok"]
-        if len(failed):
-            print("\nrows not ok:")
-            print(
-                failed[["kernel", "mode", "shape_label", "status", "reason"]].to_string(index=False)
-            )
+        print(report_text(frame))
 
 
 if __name__ == "__main__":

@@ -33,25 +33,10 @@ class AggregateRecords(Callback):
 
 
 def summary_text(rows: list[dict], unreadable: int, merged: Path) -> str:
-    import pandas as pd
+    from analysis.load import records_frame
+    from analysis.summary import report_text
 
-    from analysis.load import activations
-    from analysis.summary import geomean_table
-
-    frame = pd.DataFrame(rows)
-    frame["activations"] = [
-        activations(k, s or [])
-        for k, s in zip(frame["kernel"], frame["static_inputs"], strict=True)
-    ]
-    lines = ["", f"sweep: {len(rows)} rows in {merged}"]
-    if (frame["status"] == "ok").any():
-        lines.append(geomean_table(frame).to_string())
-    failed = frame[frame["status"] != "ok"]
-    if len(failed):
-        lines.append(f"{len(failed)} rows not ok:")
-        lines.append(
-            failed[["kernel", "mode", "shape_label", "status", "reason"]].to_string(index=False)
-        )
+    lines = ["", f"sweep: {len(rows)} rows in {merged}", report_text(records_frame(rows))]
     if unreadable:
         lines.append(f"{unreadable} unreadable lines skipped")
     return "\n".join(lines)

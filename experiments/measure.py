@@ -166,6 +166,7 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
             example = eager(*inputs)
         grad_out = torch.randn(example.shape, generator=generator, device=device).to(job.dtype)
     grad_tensors = [*inputs, *params]
+    random_tensors = [*params, *inputs] + ([grad_out] if fwd_bwd else [])  # refilled per seed
 
     faults.inject(cfg.get("fault"), index)
 
@@ -203,7 +204,7 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
     worst = 0.0
     for i in range(bench.correctness_seeds):
         seeded = torch.Generator(device=device).manual_seed(cfg.seed + 1 + i)
-        refill([*params, *inputs] + ([grad_out] if fwd_bwd else []), seeded)
+        refill(random_tensors, seeded)
         got = outputs_of(step, inputs, params, fwd_bwd)
         want = reference_outputs(eager, inputs, grad_out, fwd_bwd)
         for out, ref in zip(got, want, strict=True):
@@ -218,10 +219,7 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
         raise_correctness(
             record, f"relative error {worst:.3g} > tolerance {record.tolerance:.3g}", worst
         )
-    refill(
-        [*params, *inputs] + ([grad_out] if fwd_bwd else []),
-        torch.Generator(device=device).manual_seed(cfg.seed),
-    )
+    refill(random_tensors, torch.Generator(device=device).manual_seed(cfg.seed))
 
     # ---- warm up, then time: latency first, since it sizes the GPU timer's lead ----
     record.stage = "timing"

@@ -30,7 +30,7 @@ from experiments.measure import Job, measure_shape
 from experiments.records import JsonlWriter, format_table, geomean, recorded_keys
 from experiments.tracking import Tracker, find_secret_keys, redact, scrub_hydra_dir
 from experiments.workloads import make_workload, resolve_shapes
-from kernels._common import is_interpreter
+from kernels._common import SUPPORTED_DTYPES, is_interpreter
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # absolute: see the end of this file
@@ -53,7 +53,7 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(dtype_cfg) -> torch.dtype:
     dtype = getattr(torch, str(dtype_cfg.torch_dtype), None)
-    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if dtype not in SUPPORTED_DTYPES:
         raise ConfigError(f"dtype {dtype_cfg.name!r} maps to unsupported {dtype_cfg.torch_dtype!r}")
     return dtype
 
@@ -214,7 +214,6 @@ def measure_job(plan: Plan) -> list[dict]:
         torch._inductor.config.compile_threads = 1
     set_tf32(bool(cfg.dtype.tf32))
     cache_dir = use_fresh_compile_cache() if cfg.compile.fresh_cache else None
-    torch.compiler.reset()
 
     inductor_options = (
         modes.resolved_options(cfg.mode.compile_mode, dict(cfg.compile.options))
