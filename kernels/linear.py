@@ -90,23 +90,42 @@ def activation_grad(z, ACTIVATION: tl.constexpr):
 
 @triton.jit
 def activation_backward_kernel(
-    # pointers: upstream gradient dY, saved pre-activation Z, output dZ
-    dy_ptr, z_ptr, dz_ptr,
-    # sizes: all three are M×N
-    M, N,
+    # pointers: upstream gradient dY, saved pre-activation Z, output dZ, and the fp32 column sums
+    # of dZ (one row of them per row-split; None when db is not needed)
+    dy_ptr, z_ptr, dz_ptr, colsum_ptr,
+    # sizes: all three are M×N; each program covers rows_per_program rows of BLOCK_N columns
+    M, N, rows_per_program,
     # strides in elements (dY from autograd may be any view, even stride 0)
-    stride_dym, stride_dyn, stride_zm, stride_zn, stride_dzm, stride_dzn,
+    stride_dym, stride_dyn, stride_zm, stride_zn, stride_dzm, stride_dzn, stride_cm,
     # meta-parameters
-    ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACTIVATION: tl.constexpr, COLUMN_SUMS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    dy = tl.load(dy_ptr + offs_m[:, None] * stride_dym + offs_n[None, :] * stride_dyn, mask=mask)
-    z = tl.load(z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn, mask=mask)
-    dz = dy.to(tl.float32) * activation_grad(z.to(tl.float32), ACTIVATION)
-    dz_ptrs = dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :] * stride_dzn
-    tl.store(dz_ptrs, dz.to(dz_ptr.dtype.element_ty), mask=mask)
+    # dZ = dY * act'(Z), and db's partial column sums from the same registers: dZ is written
+    # once and never read back for the bias gradient.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_start = tl.program_id(1) * rows_per_program
+    row_end = min(M, row_start + rows_per_program)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for m_start in range(row_start, row_end, BLOCK_M):
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < N)
+        dy = tl.load(
+            dy_ptr + offs_m[:, None] * stride_dym + offs_n[None, :] * stride_dyn, mask=mask
+        )
+        z = tl.load(z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn, mask=mask)
+        dz = (dy.to(tl.float32) * activation_grad(z.to(tl.float32), ACTIVATION)).to(
+            dz_ptr.dtype.element_ty
+        )
+        dz_ptrs = dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :] * stride_dzn
+        tl.store(dz_ptrs, dz, mask=mask)
+        if COLUMN_SUMS:
+            # Sum dZ as stored (rounded), as a separate pass over dZ would.
+            acc += tl.where(mask, dz.to(tl.float32), 0.0)
+    if COLUMN_SUMS:
+        total = tl.sum(acc, axis=0)
+        out_ptrs = colsum_ptr + tl.program_id(1) * stride_cm + offs_n
+        tl.store(out_ptrs, total.to(colsum_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 @triton.jit
@@ -145,19 +164,36 @@ def column_sum_kernel(
 COLUMN_SUM_ROWS = 512
 
 
-def _activation_backward(dy, z, act_id, launch):
+# Rows one activation_backward_kernel program covers: enough programs to fill the GPU for the
+# decode-to-prefill range of M, few enough partial column sums to make their reduction negligible.
+ACTIVATION_BACKWARD_ROWS = 256
+
+
+def _activation_backward(dy, z, act_id, need_db, launch):
+    """(dZ, db | None): dZ = dY * act'(Z), with db = column sums of dZ fused in when need_db."""
     M, N = dy.shape
     dz = torch.empty((M, N), device=dy.device, dtype=dy.dtype)
+    db = torch.empty((N,), device=dy.device, dtype=dy.dtype) if need_db else None
     if dz.numel() == 0:
-        return dz
-    grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]), triton.cdiv(N, META["BLOCK_N"]))
-    launch(activation_backward_kernel)[grid](
-        dy, z, dz,
-        M, N,
+        if db is not None:
+            db.zero_()
+        return dz, db
+    splits = triton.cdiv(M, ACTIVATION_BACKWARD_ROWS)
+    partial = None
+    if need_db:
+        partial = (
+            db if splits == 1 else torch.empty((splits, N), device=dy.device, dtype=torch.float32)
+        )
+    launch(activation_backward_kernel)[(triton.cdiv(N, 128), splits)](
+        dy, z, dz, partial,
+        M, N, ACTIVATION_BACKWARD_ROWS,
         dy.stride(0), dy.stride(1), z.stride(0), z.stride(1), dz.stride(0), dz.stride(1),
-        ACTIVATION=act_id, BLOCK_M=16, BLOCK_N=128,
+        partial.stride(0) if partial is not None and partial.dim() == 2 else 0,
+        ACTIVATION=act_id, COLUMN_SUMS=need_db, BLOCK_M=16, BLOCK_N=128,
     )  # fmt: skip
-    return dz
+    if need_db and splits > 1:
+        _launch_column_sum(partial, db, splits, launch)
+    return dz, db
 
 
 def _launch_column_sum(x, out, rows_per_program, launch):
@@ -193,10 +229,13 @@ def linear_forward(x2d, weight, bias, act_id, save_preact, *, launch=direct):
 
 
 def linear_backward(dy, x2d, weight, z, act_id, need_dx, need_dw, need_db, *, launch=direct):
-    dz = dy if act_id == ACTIVATIONS["none"] else _activation_backward(dy, z, act_id, launch)
+    if act_id == ACTIVATIONS["none"]:
+        dz = dy
+        db = _column_sum(dz, launch) if need_db else None
+    else:
+        dz, db = _activation_backward(dy, z, act_id, need_db, launch)
     dx = fused_matmul(dz, weight, launch=launch)[0] if need_dx else None
     dw = fused_matmul(dz.t(), x2d, launch=launch)[0] if need_dw else None
-    db = _column_sum(dz, launch) if need_db else None
     return dx, dw, db
 
 

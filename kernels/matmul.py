@@ -1,9 +1,23 @@
 """C = A @ B, with an optional bias + activation epilogue fused into the write-back.
 
-This is the repo's one GEMM kernel. As `matmul` it has to keep up with cuBLAS (torch.matmul) on
-Hopper; `kernels.linear` reuses it for its forward and both backward products, passing weight.T
-as swapped strides and fusing the bias add and activation into the store, which eager PyTorch
-does as separate passes over the output.
+This is the repo's one GEMM. As `matmul` it has to keep up with cuBLAS (torch.matmul) on Hopper;
+`kernels.linear` reuses it for its forward and both backward products, passing weight.T as
+swapped strides and fusing the bias add and activation into the store, which eager PyTorch does
+as separate passes over the output.
+
+Two kernels, one epilogue:
+    matmul_tma_kernel      Hopper (sm_90+): TMA tensor descriptors built on the device, a
+                           persistent grid of at most one program per SM walking the output tiles
+                           in grouped order, wgmma fed from a multi-stage shared-memory pipeline.
+                           Each operand is read through a descriptor over its stored layout, so a
+                           transposed view (weight.t() in linear, dZ.t() in its backward) costs
+                           nothing. Needs 16-byte aligned storage offsets and row strides.
+    matmul_kernel          Pointer loads, one program per tile: every other GPU, the interpreter,
+                           and inputs whose strides or offsets TMA cannot take.
+Both take split_k: with split_k > 1 the K range is cut into slices that run as separate work
+items writing fp32 partial tiles, and splitk_reduce_kernel sums them and applies the epilogue.
+That is for skinny (decode) shapes, M of a few dozen rows with large K, where the output tiles
+alone are too few to stream the weight through every SM.
 
 Functions:
     matmul(a, b) -> c
@@ -11,9 +25,13 @@ Functions:
     _matmul(a, b, *, launch=direct) -> c
         Checks the inputs, then launches through `launch` (kernels/ops.py passes
         torch.library.wrap_triton); allocates with torch ops only.
-    fused_matmul(a, b, bias=None, act_id=0, save_preact=False, *, launch=direct) -> (c, z | None)
+    fused_matmul(a, b, bias=None, act_id=0, save_preact=False, *, launch=direct, path=None,
+                 split_k=None) -> (c, z | None)
         The launch behind both, with no input checks: c = act(a @ b + bias); z is the
         pre-activation a @ b + bias, returned only when save_preact (for linear's backward).
+        path ("tma" or "pointer") and split_k override the automatic choice (tests, probes).
+    plan(a, b) -> (path, split_k)
+        The automatic choice: shapes, strides and the device's capability, never its name.
     check_matmul_args(a, b)
         The TypeError/ValueError checks `_matmul` runs.
     apply_activation(x, ACTIVATION)
@@ -24,6 +42,8 @@ Functions:
 The ids of ACTIVATIONS are also exported as tl.constexpr globals (NONE, RELU, GELU, GELU_TANH,
 SILU) so kernels can name them.
 """
+
+import functools
 
 import torch
 import triton
@@ -49,6 +69,12 @@ SQRT_HALF = tl.constexpr(0.7071067811865476)  # 1/sqrt(2), for exact gelu
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)  # sqrt(2/pi), for tanh-approximate gelu
 GELU_TANH_CUBIC = tl.constexpr(0.044715)
 
+# Host-side switches of the Hopper kernel (module globals so a probe can flip them; both are part
+# of the autotuning key). FLATTEN lets the software pipeline run across tile boundaries of the
+# persistent loop; WARP_SPECIALIZE asks for producer/consumer warps where Triton supports them.
+FLATTEN = True
+WARP_SPECIALIZE = False
+
 
 def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # 2·M·N·K FLOPs; reads (M·K + K·N)·bytes and writes M·N·bytes, so it is compute-bound
@@ -56,36 +82,103 @@ def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
+# ---------------------------------------------------------------------------------------------
+# Autotuning configurations
+# ---------------------------------------------------------------------------------------------
+def _config(block_m, block_n, block_k, num_stages, num_warps, **extra):
+    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, **extra}
+    return triton.Config(meta, num_stages=num_stages, num_warps=num_warps)
+
+
+# Rows of A at or below which a GEMM counts as skinny (decode): small-BLOCK_M tiles and split-K.
+SKINNY_M = 128
+
+
 def hopper_configs() -> list[triton.Config]:
-    """Tiles for H100/H200 (sm_90), fp16/bf16 first.
+    """Pointer-kernel tiles for sm_80/sm_90 (the fallback path on Hopper), fp16/bf16 first.
 
-    The 128-wide tiles keep the wgmma units fed on large problems; the 64-wide ones cover small or
-    skinny ones. Configs whose shared memory does not fit (128x256 in fp32) fail to compile, and
-    the autotuner then skips them.
+    Configs whose shared memory does not fit (128x256 in fp32) fail to compile, and the
+    autotuner then skips them; _prune_pointer drops the ones that do not suit the shape.
     """
-
-    def config(block_m, block_n, block_k, num_stages, num_warps):
-        meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8}
-        return triton.Config(meta, num_stages=num_stages, num_warps=num_warps)
-
     return [
-        config(128, 256, 64, 3, 8),
-        config(256, 128, 64, 3, 8),
-        config(128, 128, 64, 4, 8),
-        config(128, 128, 64, 3, 4),
-        config(64, 128, 64, 4, 4),
-        config(128, 64, 64, 4, 4),
-        config(64, 64, 32, 5, 4),
+        _config(128, 256, 64, 3, 8),
+        _config(256, 128, 64, 3, 8),
+        _config(128, 128, 64, 4, 8),
+        _config(128, 128, 64, 3, 4),
+        _config(64, 128, 64, 4, 4),
+        _config(128, 64, 64, 4, 4),
+        _config(64, 64, 32, 5, 4),
+        # skinny
+        _config(16, 128, 128, 4, 4),
+        _config(64, 64, 128, 4, 4),
     ]
 
 
-def interpreter_configs() -> list[triton.Config]:
+def tma_configs() -> list[triton.Config]:
+    """Hopper TMA tiles. 16-bit: 128x256 and 256x128 with two consumer warpgroups for the large
+    problems (EPILOGUE_SUBTILE halves the epilogue's shared-memory staging so a fourth stage
+    fits), 128x128 for mid sizes, BLOCK_M 64 and below for skinny ones. fp32 (tf32) gets BLOCK_K 32
+    tiles: the same bytes per stage as BLOCK_K 64 in 16-bit. _prune_tma picks by dtype and M."""
+
+    def cfg(bm, bn, bk, stages, warps, subtile=False):
+        return _config(bm, bn, bk, stages, warps, EPILOGUE_SUBTILE=subtile)
+
+    return [
+        # 16-bit, large
+        cfg(128, 256, 64, 3, 8),
+        cfg(128, 256, 64, 4, 8, subtile=True),
+        cfg(256, 128, 64, 3, 8),
+        cfg(128, 128, 64, 4, 8),
+        cfg(128, 128, 64, 4, 4),
+        # 16-bit, skinny (M <= SKINNY_M)
+        cfg(64, 128, 128, 4, 4),
+        cfg(64, 64, 128, 6, 4),
+        cfg(64, 256, 64, 4, 4),
+        cfg(16, 128, 256, 4, 4),
+        # fp32 / tf32
+        cfg(128, 128, 32, 4, 8),
+        cfg(128, 256, 32, 3, 8),
+        cfg(64, 128, 32, 4, 4),
+    ]
+
+
+def interpreter_configs(**extra) -> list[triton.Config]:
     """One small tile for TRITON_INTERPRET=1: with a single config the autotuner benchmarks
     nothing, and small tiles keep masked edge tiles cheap in numpy."""
-    meta = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
+    meta = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, **extra}
     return [triton.Config(meta, num_stages=1, num_warps=4)]
 
 
+def _element_size(named_args) -> int:
+    return named_args["a_ptr"].element_size()
+
+
+def _prune_by_m(configs, M):
+    """Skinny M (<= SKINNY_M): the tiles of at most 64 rows; otherwise those of 128 and more."""
+    if M <= SKINNY_M:
+        kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 64]
+    else:
+        kept = [c for c in configs if c.kwargs["BLOCK_M"] >= 128]
+    return kept or configs
+
+
+def _prune_tma(configs, named_args, **kwargs):
+    if is_interpreter():
+        return configs
+    wide = _element_size(named_args) == 4
+    by_dtype = [c for c in configs if (c.kwargs["BLOCK_K"] == 32) == wide]
+    return _prune_by_m(by_dtype or configs, named_args["M"])
+
+
+def _prune_pointer(configs, named_args, **kwargs):
+    if is_interpreter():
+        return configs
+    return _prune_by_m(configs, named_args["M"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared @triton.jit helpers
+# ---------------------------------------------------------------------------------------------
 @triton.jit
 def apply_activation(x, ACTIVATION: tl.constexpr):
     """act(x) for fp32 x; ACTIVATION is an id from ACTIVATIONS, so untaken branches compile away."""
@@ -116,26 +209,44 @@ def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+@triton.jit
+def _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias,
+              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):  # fmt: skip
+    """(z, act(z)) with z = acc + bias, all fp32."""
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    return acc, apply_activation(acc, ACTIVATION)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pointer kernel (any GPU, the interpreter, unaligned inputs)
+# ---------------------------------------------------------------------------------------------
 @triton.autotune(
     configs=interpreter_configs() if is_interpreter() else hopper_configs(),
-    key=["M", "N", "K"],
+    key=["M", "N", "K", "split_k"],
+    prune_configs_by={"early_config_prune": _prune_pointer},
 )
 @triton.jit
 def matmul_kernel(
-    # pointers: operands, output, then the epilogue's bias and pre-activation (None when unused)
-    a_ptr, b_ptr, c_ptr, bias_ptr, preact_ptr,
-    # sizes: A is M×K, B is K×N, C is M×N
-    M, N, K,
+    # pointers: operands, output, the epilogue's bias and pre-activation (None when unused), and
+    # the fp32 (split_k, M, N) partial sums when SPLIT
+    a_ptr, b_ptr, c_ptr, bias_ptr, preact_ptr, partial_ptr,
+    # sizes: A is M×K, B is K×N, C is M×N; K is cut into split_k slices (1: no split)
+    M, N, K, split_k,
     # strides in elements, so transposed and sliced views need no copy; preact shares C's
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_bias,
-    # meta-parameters: epilogue switches, dot precision, then the tile shape
+    # meta-parameters: epilogue switches, dot precision, K split, then the tile shape
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    # ---- program-id mapping: grouped, for L2 reuse ----
-    pid_m, pid_n = grouped_tile(
-        tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    # ---- program-id mapping: grouped, for L2 reuse; axis 1 is the K slice ----
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    k_per_split = tl.cdiv(k_tiles, split_k)
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = min(k_lo + k_per_split, k_tiles)
 
     # ---- pointer setup ----
     # Rows and columns past the edge wrap back into the matrix, so A and B loads need only a K
@@ -143,12 +254,13 @@ def matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
+    offs_k0 = k_lo * BLOCK_K + offs_k
+    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k0[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k0[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
 
-    # ---- main loop: fp32 accumulation over K ----
+    # ---- main loop: fp32 accumulation over this program's K slice ----
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(k_lo, k_hi):
         k_left = K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
@@ -160,18 +272,165 @@ def matmul_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    # ---- epilogue in fp32, then write-back ----
-    c_offsets = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    # ---- write-back: fp32 partial tile, or the epilogue in fp32 then C (and Z) ----
     c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
-        acc += bias.to(tl.float32)[None, :]
+    if SPLIT:
+        p_offsets = tl.program_id(1) * M * N + offs_m[:, None] * N + offs_n[None, :]
+        tl.store(partial_ptr + p_offsets, acc, mask=c_mask)
+    else:
+        c_offsets = offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS, ACTIVATION)
+        if STORE_PREACT:
+            tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty), mask=c_mask)
+        tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hopper kernel: TMA descriptors, persistent grouped tiles
+# ---------------------------------------------------------------------------------------------
+@triton.autotune(
+    configs=interpreter_configs(EPILOGUE_SUBTILE=False) if is_interpreter() else tma_configs(),
+    key=["M", "N", "K", "split_k", "A_COL_MAJOR", "B_COL_MAJOR", "FLATTEN", "WARP_SPECIALIZE"],
+    prune_configs_by={"early_config_prune": _prune_tma},
+)
+@triton.jit
+def matmul_tma_kernel(
+    # pointers: as matmul_kernel's
+    a_ptr, b_ptr, c_ptr, bias_ptr, preact_ptr, partial_ptr,
+    # sizes: A is M×K, B is K×N, C is M×N; K is cut into split_k slices (1: no split)
+    M, N, K, split_k,
+    # the one non-unit stride of each operand's storage (elements), then the bias stride
+    stride_a, stride_b, stride_c, stride_bias,
+    # storage layouts: A_COL_MAJOR means A is stored (K, M) row-major (a.t() of a contiguous
+    # tensor), B_COL_MAJOR that B is stored (N, K) row-major (weight.t() in linear)
+    A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
+    # epilogue switches; TMA_STORE is False when C's rows are not 16-byte aligned
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+    TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
+    SPLIT: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+):  # fmt: skip
+    # ---- descriptors over the operands as stored: TMA zero-fills reads past the edges ----
+    if A_COL_MAJOR:
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[K, M], strides=[stride_a, 1], block_shape=[BLOCK_K, BLOCK_M]
+        )
+    else:
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BLOCK_M, BLOCK_K]
+        )
+    if B_COL_MAJOR:
+        b_desc = tl.make_tensor_descriptor(
+            b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BLOCK_N, BLOCK_K]
+        )
+    else:
+        b_desc = tl.make_tensor_descriptor(
+            b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BLOCK_K, BLOCK_N]
+        )
+    STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
+    if TMA_STORE:
+        c_desc = tl.make_tensor_descriptor(
+            c_ptr, shape=[M, N], strides=[stride_c, 1], block_shape=[BLOCK_M, STORE_N]
+        )
+        if STORE_PREACT:
+            z_desc = tl.make_tensor_descriptor(
+                preact_ptr, shape=[M, N], strides=[stride_c, 1], block_shape=[BLOCK_M, STORE_N]
+            )
+
+    # ---- persistent loop over (tile, K slice) work items in grouped order ----
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    k_per_split = tl.cdiv(k_tiles, split_k)
+    num_work = num_pid_m * num_pid_n * split_k
+    for work in tl.range(tl.program_id(0), num_work, tl.num_programs(0), flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):  # fmt: skip
+        pid_m, pid_n = grouped_tile(work // split_k, num_pid_m, num_pid_n, GROUP_M)
+        split = work % split_k
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        k_lo = split * k_per_split
+        k_hi = min(k_lo + k_per_split, k_tiles)
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_lo, k_hi):
+            off_k = ki * BLOCK_K
+            if A_COL_MAJOR:
+                a = a_desc.load([off_k, off_m]).T
+            else:
+                a = a_desc.load([off_m, off_k])
+            if B_COL_MAJOR:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST_TO_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+        # ---- write-back ----
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        if SPLIT:
+            p_offsets = split * M * N + offs_m[:, None] * N + offs_n[None, :]
+            p_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            tl.store(partial_ptr + p_offsets, acc, mask=p_mask)
+        else:
+            z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
+                             ACTIVATION)  # fmt: skip
+            if TMA_STORE:
+                if EPILOGUE_SUBTILE:
+                    # Two (BLOCK_M, BLOCK_N/2) stores: half the shared-memory staging.
+                    y0, y1 = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, 2, STORE_N)), (0, 2, 1)))
+                    c_desc.store([off_m, off_n], y0.to(c_ptr.dtype.element_ty))
+                    c_desc.store([off_m, off_n + STORE_N], y1.to(c_ptr.dtype.element_ty))
+                    if STORE_PREACT:
+                        z0, z1 = tl.split(
+                            tl.permute(tl.reshape(z, (BLOCK_M, 2, STORE_N)), (0, 2, 1))
+                        )
+                        z_desc.store([off_m, off_n], z0.to(preact_ptr.dtype.element_ty))
+                        z_desc.store([off_m, off_n + STORE_N], z1.to(preact_ptr.dtype.element_ty))
+                else:
+                    c_desc.store([off_m, off_n], y.to(c_ptr.dtype.element_ty))
+                    if STORE_PREACT:
+                        z_desc.store([off_m, off_n], z.to(preact_ptr.dtype.element_ty))
+            else:
+                c_offsets = offs_m[:, None] * stride_c + offs_n[None, :]
+                c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+                if STORE_PREACT:
+                    tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty),
+                             mask=c_mask)  # fmt: skip
+                tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Split-K reduction with the epilogue
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def splitk_reduce_kernel(
+    # pointers: fp32 partial sums (SPLIT_K, M, N) contiguous, C and Z (contiguous M×N), bias
+    partial_ptr, c_ptr, bias_ptr, preact_ptr,
+    M, N, stride_bias,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offsets = offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(partial_ptr + M * N * s + offsets, mask=mask, other=0.0)
+    z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS, ACTIVATION)
     if STORE_PREACT:
-        tl.store(preact_ptr + c_offsets, acc.to(preact_ptr.dtype.element_ty), mask=c_mask)
-    acc = apply_activation(acc, ACTIVATION)
-    tl.store(c_ptr + c_offsets, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+        tl.store(preact_ptr + offsets, z.to(preact_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offsets, y.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
 def check_matmul_args(a, b) -> None:
     check_tensor("a", a, ndim=2)
     check_tensor("b", b, ndim=2)
@@ -183,6 +442,60 @@ def check_matmul_args(a, b) -> None:
         )
 
 
+@functools.cache
+def _device_info(device_type: str, index: int | None) -> tuple[bool, int]:
+    """(has TMA, SM count) of a device, asked once: capability >= 9.0, never the GPU's name."""
+    if device_type != "cuda" or is_interpreter():
+        return False, 1
+    index = torch.cuda.current_device() if index is None else index
+    props = torch.cuda.get_device_properties(index)
+    return (props.major, props.minor) >= (9, 0), props.multi_processor_count
+
+
+def _tma_layout(t: torch.Tensor) -> tuple[bool, int] | None:
+    """(column-major?, the non-unit stride) when TMA can read the 2-D t as stored, else None.
+
+    TMA wants a unit last stride, the other stride and the start 16-byte aligned. The start is
+    judged by the storage offset: torch's allocators align storages to far more than 16 bytes,
+    and unlike data_ptr() the offset is known while torch.compile traces with fake tensors.
+    """
+    size = t.element_size()
+    if (t.storage_offset() * size) % 16:
+        return None
+    rows, cols = t.shape
+    if t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.stride(0) >= cols:
+        return False, t.stride(0)
+    if t.stride(0) == 1 and (t.stride(1) * size) % 16 == 0 and t.stride(1) >= rows:
+        return True, t.stride(1)
+    return None
+
+
+def _auto_split_k(M: int, N: int, K: int, num_sms: int) -> int:
+    """K slices for skinny GEMMs: enough (tile, slice) work items to give every SM its own stream
+    of B, with each slice still at least 512 deep so the pipeline runs at full depth."""
+    if M > SKINNY_M:
+        return 1
+    tiles = triton.cdiv(M, 64) * triton.cdiv(N, 128)
+    split = 1
+    while tiles * split * 2 <= 2 * num_sms and K // (split * 2) >= 512 and split < 16:
+        split *= 2
+    return split
+
+
+def plan(a: torch.Tensor, b: torch.Tensor) -> tuple[str, int]:
+    """("tma" or "pointer", split_k) for a @ b: by capability, layout and shape."""
+    has_tma, num_sms = _device_info(a.device.type, a.device.index)
+    M, K = a.shape
+    N = b.shape[1]
+    path = "tma" if has_tma and _tma_layout(a) and _tma_layout(b) else "pointer"
+    return path, _auto_split_k(M, N, K, num_sms if has_tma else 132)
+
+
+def _alloc_scratch(size: int, alignment: int, stream):
+    # Device-side TMA descriptors live in a global scratch buffer that Triton asks for per launch.
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
 def fused_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -191,6 +504,8 @@ def fused_matmul(
     save_preact: bool = False,
     *,
     launch=direct,
+    path: str | None = None,
+    split_k: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """c = act(a @ b + bias) as a new contiguous (M, N) tensor of a's dtype, plus the
     pre-activation z when save_preact. Callers check the inputs (check_matmul_args)."""
@@ -200,19 +515,66 @@ def fused_matmul(
     preact = torch.empty_like(c) if save_preact else None
     if c.numel() == 0:  # an empty grid is an error on some launch paths; nothing to write anyway
         return c, preact
-
-    grid = lambda META: (triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),)
-    launch(matmul_kernel)[grid](
-        a, b, c, bias, preact,
-        M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        bias.stride(0) if bias is not None else 0,
+    auto_path, auto_split = plan(a, b)
+    path = path or auto_path
+    if K == 0:  # an empty sum, the epilogue of zeros; TMA cannot describe an empty operand
+        path, split_k = "pointer", 1
+    split_k = max(1, min(split_k or auto_split, max(1, K)))
+    partial = (
+        torch.empty((split_k, M, N), device=a.device, dtype=torch.float32) if split_k > 1 else None
+    )
+    common = dict(
         HAS_BIAS=bias is not None,
         ACTIVATION=act_id,
         STORE_PREACT=save_preact,
         INPUT_PRECISION=dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32),
         UPCAST_TO_FP32=is_interpreter() and a.dtype == torch.bfloat16,
-    )  # fmt: skip
+        SPLIT=split_k > 1,
+    )
+    stride_bias = bias.stride(0) if bias is not None else 0
+
+    if path == "tma":
+        a_layout, b_layout = _tma_layout(a), _tma_layout(b)
+        if a_layout is None or b_layout is None:
+            raise ValueError("the TMA path needs 16-byte aligned operands with a unit stride")
+        _, num_sms = _device_info(a.device.type, a.device.index)
+        if not is_interpreter():
+            triton.set_allocator(_alloc_scratch)
+
+        def grid(META):
+            work = triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]) * split_k
+            return (min(num_sms, work) if not is_interpreter() else min(4, work),)
+
+        launch(matmul_tma_kernel)[grid](
+            a, b, c, bias, preact, partial,
+            M, N, K, split_k,
+            a_layout[1], b_layout[1], c.stride(0), stride_bias,
+            A_COL_MAJOR=a_layout[0], B_COL_MAJOR=b_layout[0],
+            TMA_STORE=(N * c.element_size()) % 16 == 0,
+            FLATTEN=FLATTEN, WARP_SPECIALIZE=WARP_SPECIALIZE,
+            **common,
+        )  # fmt: skip
+    else:
+        grid = lambda META: (
+            triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),
+            split_k,
+        )
+        launch(matmul_kernel)[grid](
+            a, b, c, bias, preact, partial,
+            M, N, K, split_k,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+            stride_bias,
+            **common,
+        )  # fmt: skip
+
+    if split_k > 1:
+        block_m, block_n = 16, 256
+        launch(splitk_reduce_kernel)[(triton.cdiv(N, block_n), triton.cdiv(M, block_m))](
+            partial, c, bias, preact,
+            M, N, stride_bias,
+            HAS_BIAS=bias is not None, ACTIVATION=act_id, STORE_PREACT=save_preact,
+            SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n,
+        )  # fmt: skip
     return c, preact
 
 
