@@ -1,167 +1,372 @@
 """Softmax over any dim of a tensor with any strides, forward and backward.
 
-Softmax is memory-bound, so the target is eager torch.softmax's bandwidth: a row that fits on
-chip is read once and written once; a longer row is read twice (online max/sum, then write).
+Softmax is memory-bound: the target is the copy bandwidth, reading each input once and writing
+the output once. Three designs share the work (kernels/notes/softmax.md has the measurements):
+
+- tile: rows that fit on chip. A program holds a (BLOCK_ROWS, BLOCK_COLS) tile in registers,
+  several short rows at once so each thread loads 16 bytes at a time; optionally persistent
+  (a grid of SM count × programs per SM walking the tiles).
+- split: longer rows are cut into chunks, one program per chunk. Each program reduces its chunk
+  to a partial (max and sum of exp for the forward, y·dy for the backward) and publishes it in a
+  workspace slot. "coop" (GPU): the program then waits, chunk still in registers, until every
+  chunk of its row has published, combines the partials and writes its chunk, so the row is read
+  once. Programs take their chunk from an atomic ticket, so chunks start in ticket order and a
+  row's chunks are never left waiting on a chunk that cannot start (a row has fewer chunks than
+  the GPU holds programs). "split2" (the interpreter, which runs programs one after another and
+  cannot wait): one launch publishes, a second re-reads the row and writes it.
+- online: a loop over the row, read twice; the fallback for rows too long to split.
+
 Rows are addressed through the tensor's own strides, so softmax over a middle dim or over a
 sliced view needs no transposing copy.
 """
+
+import functools
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._common import Launcher, check_same, check_tensor, direct
+from kernels._common import Launcher, check_same, check_tensor, direct, is_interpreter
 
-# A program holds at most this many elements in registers for the one-pass kernel (16384 fp32
-# values over 16 warps is 32 registers a thread); a longer row, or a block of rows that cannot
-# fit, takes the two-pass loop. Tests lower it to reach the loop at small sizes.
+# A tile program holds at most this many elements (16384 fp32 values over 16 warps is 32
+# registers a thread); a longer row takes the split or online path. Tests lower it to reach
+# those paths at small sizes.
 ONE_PASS_MAX_ELEMS = 16384
-# Tile of the two-pass loop: big enough to keep many loads in flight per program.
+# Short rows share a tile program until it holds this many elements.
+TILE_ELEMS = 8192
+# Chunk of one split program (capped by ONE_PASS_MAX_ELEMS).
+SPLIT_CHUNK_ELEMS = 8192
+# More chunks than this per row and the split path gives way to the online loop: the
+# cooperative wait needs every chunk of a row resident at once (132 SMs hold at least one each).
+MAX_SPLIT_CHUNKS = 128
+# Tile of the online loop: big enough to keep many loads in flight per program.
 LOOP_TILE_ELEMS = 4096
-# Short rows share a program until its tile holds this many elements, so N=7 is not 7 lanes busy.
-MIN_TILE_ELEMS = 2048
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
 ADJACENT_ROWS = 32
+# Persistent tile grids: programs per SM come from this register budget (see _programs_per_sm).
+REGISTERS_PER_SM = 65536
+MAX_WARPS_PER_SM = 64
+# SM count used under the interpreter, small so the persistent loop runs several tiles.
+INTERPRETER_SMS = 3
+
+
+class Config(NamedTuple):
+    """How one launch covers the rows; _pick_config chooses it, the probe passes its own."""
+
+    design: str  # "tile", "coop", "split2" or "online"
+    block_rows: int
+    block_cols: int  # tile: the padded row; coop/split2: the chunk; online: the loop tile
+    num_warps: int
+    per_sm: int = 0  # tile: persistent programs per SM, -1 from the register estimate, 0 = off
+    num_stages: int = 1  # tile: software pipelining of the persistent loop's loads
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
-    # reads MN, writes MN: 2·MN·bytes; rows too long for one pass read x twice: 3·MN·bytes
+    # reads MN, writes MN: 2·MN·bytes
     x32 = x.float()
     exp = torch.exp(x32 - x32.amax(dim, keepdim=True))
     return (exp / exp.sum(dim, keepdim=True)).to(x.dtype)
 
 
+# ---------------------------------------------------------------------------------------------
+# Shared pieces
+# ---------------------------------------------------------------------------------------------
 @triton.jit
-def _program_rows(rows_inner, BLOCK_ROWS: tl.constexpr):
-    """One outer row index, BLOCK_ROWS consecutive inner ones, and a (BLOCK_ROWS, 1) row mask.
+def _tile_rows(tile, rows_inner, BLOCK_ROWS: tl.constexpr):
+    """Tile index -> one outer row index, BLOCK_ROWS consecutive inner ones, and their mask.
 
-    Splitting the program id rather than each row index keeps the inner indices an arange, so
+    Splitting the tile index rather than each row index keeps the inner indices an arange, so
     the compiler sees contiguous addresses when the inner row stride is 1.
     """
     blocks_per_outer = tl.cdiv(rows_inner, BLOCK_ROWS)
-    pid = tl.program_id(0)
-    outer = (pid // blocks_per_outer).to(tl.int64)
-    first_inner = ((pid % blocks_per_outer) * BLOCK_ROWS).to(tl.int64)
-    inner = first_inner + tl.arange(0, BLOCK_ROWS)
-    return outer, inner, (inner < rows_inner)[:, None]
+    outer = (tile // blocks_per_outer).to(tl.int64)
+    inner = ((tile % blocks_per_outer) * BLOCK_ROWS).to(tl.int64) + tl.arange(0, BLOCK_ROWS)
+    return outer, inner, inner < rows_inner
 
 
 @triton.jit
-def softmax_kernel(
-    # pointers
+def _pack(lo, hi):
+    """Two fp32 tensors -> one int64 each, so a partial is published with one atomic."""
+    lo_bits = lo.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    hi_bits = hi.to(tl.int32, bitcast=True).to(tl.int64)
+    return (hi_bits << 32) | lo_bits
+
+
+@triton.jit
+def _unpack(packed):
+    lo = (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    hi = (packed >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _split_position(ws_ptr, ticket_index, n_chunks, WAIT: tl.constexpr, REVERSE: tl.constexpr):
+    """(row block, chunk) of this split program."""
+    if WAIT:
+        # Tickets are handed out in the order programs start: a row's chunks start together.
+        ticket = tl.atomic_add(ws_ptr + ticket_index, 1).to(tl.int32)
+    else:
+        ticket = tl.program_id(0)
+        if REVERSE:
+            # the finishing launch walks back, so it starts on rows the first left in L2
+            ticket = tl.num_programs(0) - 1 - ticket
+    return ticket // n_chunks, ticket % n_chunks
+
+
+@triton.jit
+def _split_partials(slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+    """Gather the packed partials of each row (waiting until all are published if WAIT).
+
+    Returns a (BLOCK_ROWS, MAX_CHUNKS) int64 tile of packed partials, 0 where masked. A
+    published partial is never 0 (see the callers), so 0 marks a slot not yet written; the
+    volatile loads go to memory each time round the loop.
+    """
+    k = tl.arange(0, MAX_CHUNKS)
+    slot_ok = row_ok[:, None] & (k < n_chunks)[None, :]
+    ptrs = slots[:, None] + k[None, :]
+    packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
+    if WAIT:
+        missing = tl.sum(tl.where(packed == 0, 1, 0))
+        while missing > 0:
+            packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
+            missing = tl.sum(tl.where(packed == 0, 1, 0))
+    return tl.where(slot_ok, packed, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def softmax_tile_kernel(
     x_ptr, y_ptr,
     # sizes: rows are indexed (outer, inner), inner < rows_inner; each is n_cols long
-    rows_inner, n_cols,
+    rows_inner, n_cols, n_tiles,
     # strides, in elements: outer row dim, inner row dim, column
     x_stride_outer, x_stride_inner, x_stride_col,
     y_stride_outer, y_stride_inner, y_stride_col,
-    # meta
-    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, ONE_PASS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
-    # -- program-id mapping and pointer setup --
-    outer, inner, row_ok = _program_rows(rows_inner, BLOCK_ROWS)
-    x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
-    y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
     # int64 so that column × stride cannot overflow when softmax runs over an outer dim
     cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
-    # Masked columns read -inf, which exp turns into 0. Rows past the end read 0 instead: an
-    # all -inf row would compute NaNs (never stored, but the interpreter warns about them).
-    fill = tl.where(row_ok, -float("inf"), 0.0)
-
-    if ONE_PASS:
-        # -- whole row in registers --
-        col_ok = cols < n_cols
+    col_ok = cols < n_cols
+    # a persistent grid walks the tiles; a grid of n_tiles programs runs this loop once
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
+        outer, inner, row_ok = _tile_rows(tile, rows_inner, BLOCK_ROWS)
+        row_ok = row_ok[:, None]
+        x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
+        y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+        # Masked columns read -inf, which exp turns into 0. Rows past the end read 0 instead: an
+        # all -inf row would compute NaNs (never stored, but the interpreter warns about them).
+        fill = tl.where(row_ok, -float("inf"), 0.0)
         x = tl.load(x_rows + cols * x_stride_col, mask=row_ok & col_ok, other=fill)
         x = x.to(tl.float32)
         # A row of only -inf gives -inf - -inf = NaN everywhere, as torch.softmax does.
         exp = tl.exp(x - tl.max(x, axis=1)[:, None])
-        y = exp / tl.sum(exp, axis=1)[:, None]
-        tl.store(
-            y_rows + cols * y_stride_col,
-            y.to(y_ptr.dtype.element_ty),
-            mask=row_ok & col_ok,
-        )
-    else:
-        # -- main loop: online softmax, running max and a sum rescaled whenever the max grows --
-        row_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
-        row_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
-        for start in range(0, n_cols, BLOCK_COLS):
-            col_ok = start + cols < n_cols
-            x = tl.load(x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill)
-            x = x.to(tl.float32)
-            new_max = tl.maximum(row_max, tl.max(x, axis=1))
-            # Until a row has seen a finite value, shift by 0 rather than -inf: exp(-inf - 0) = 0
-            # keeps the sum at 0, where exp(-inf - -inf) would poison it with NaN.
-            shift = tl.where(new_max == -float("inf"), 0.0, new_max)
-            row_sum = row_sum * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
-            row_max = new_max
-        # -- write-back: second read of the row --
-        # An all -inf row keeps row_max = -inf, so exp(x - row_max) is NaN, matching torch.
-        inv_sum = 1.0 / row_sum
-        for start in range(0, n_cols, BLOCK_COLS):
-            col_ok = start + cols < n_cols
-            x = tl.load(x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill)
-            y = tl.exp(x.to(tl.float32) - row_max[:, None]) * inv_sum[:, None]
-            tl.store(
-                y_rows + (start + cols) * y_stride_col,
-                y.to(y_ptr.dtype.element_ty),
-                mask=row_ok & col_ok,
-            )
+        y = exp * (1.0 / tl.sum(exp, axis=1))[:, None]
+        tl.store(y_rows + cols * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok)
 
 
 @triton.jit
-def softmax_backward_kernel(
-    # pointers
-    y_ptr, dy_ptr, dx_ptr,
-    # sizes: as in softmax_kernel
+def softmax_split_kernel(
+    x_ptr, y_ptr, ws_ptr,
+    rows_inner, n_cols, n_chunks, ticket_index,
+    x_stride_outer, x_stride_inner, x_stride_col,
+    y_stride_outer, y_stride_inner, y_stride_col,
+    BLOCK_ROWS: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    # 0: publish partials only, 1: finish only (partials from an earlier launch), 2: both (coop)
+    PHASE: tl.constexpr, REVERSE: tl.constexpr,
+):  # fmt: skip
+    block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
+    outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
+    cols = chunk.to(tl.int64) * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
+    fill = tl.where(row_ok, -float("inf"), 0.0)[:, None]
+    x = tl.load(x_rows + cols[None, :] * x_stride_col, mask=mask, other=fill).to(tl.float32)
+    # one slot per (row, chunk): row r's slots start at r * n_chunks
+    slots = ws_ptr + (outer * rows_inner + inner) * n_chunks
+
+    if PHASE != 1:
+        chunk_max = tl.max(x, axis=1)
+        # An all -inf chunk shifts by 0: its sum is 0, not NaN; its max (-inf) keeps it nonzero
+        # when packed. Any other chunk's sum is at least 1, so no packed partial is 0.
+        shift = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+        chunk_sum = tl.sum(tl.exp(x - shift[:, None]), axis=1)
+        partial = _pack(chunk_max, chunk_sum)
+    if PHASE != 1:
+        tl.atomic_xchg(slots + chunk, partial, mask=row_ok, sem="relaxed")
+    if PHASE != 0:
+        packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS)
+        maxes, sums = _unpack(packed)
+        k_ok = (tl.arange(0, MAX_CHUNKS) < n_chunks)[None, :]
+        maxes = tl.where(k_ok, maxes, -float("inf"))
+        row_max = tl.max(maxes, axis=1)
+        # rows past the end combine with max 0, so no NaN is computed for them
+        row_max = tl.where(row_ok, row_max, 0.0)
+        # an all -inf row: row_max = -inf and exp(-inf - -inf) = NaN, as torch gives
+        row_sum = tl.sum(tl.where(k_ok, sums * tl.exp(maxes - row_max[:, None]), 0.0), axis=1)
+        y = tl.exp(x - row_max[:, None]) * (1.0 / row_sum)[:, None]
+        y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+        tl.store(y_rows + cols[None, :] * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_online_kernel(
+    x_ptr, y_ptr,
     rows_inner, n_cols,
-    # strides, in elements: outer row dim, inner row dim, column
+    x_stride_outer, x_stride_inner, x_stride_col,
+    y_stride_outer, y_stride_inner, y_stride_col,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+):  # fmt: skip
+    outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS)
+    row_ok = row_ok[:, None]
+    x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
+    y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+    cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
+    fill = tl.where(row_ok, -float("inf"), 0.0)
+    # -- main loop: online softmax, running max and a sum rescaled whenever the max grows --
+    row_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
+    row_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
+    for start in range(0, n_cols, BLOCK_COLS):
+        col_ok = start + cols < n_cols
+        x = tl.load(x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill)
+        x = x.to(tl.float32)
+        new_max = tl.maximum(row_max, tl.max(x, axis=1))
+        # Until a row has seen a finite value, shift by 0 rather than -inf: exp(-inf - 0) = 0
+        # keeps the sum at 0, where exp(-inf - -inf) would poison it with NaN.
+        shift = tl.where(new_max == -float("inf"), 0.0, new_max)
+        row_sum = row_sum * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
+        row_max = new_max
+    # -- write-back: second read of the row --
+    # An all -inf row keeps row_max = -inf, so exp(x - row_max) is NaN, matching torch.
+    inv_sum = 1.0 / row_sum
+    for start in range(0, n_cols, BLOCK_COLS):
+        col_ok = start + cols < n_cols
+        x = tl.load(x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill)
+        y = tl.exp(x.to(tl.float32) - row_max[:, None]) * inv_sum[:, None]
+        tl.store(
+            y_rows + (start + cols) * y_stride_col,
+            y.to(y_ptr.dtype.element_ty),
+            mask=row_ok & col_ok,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward: dx = y * (dy - sum(y * dy)) along each row
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def softmax_backward_tile_kernel(
+    y_ptr, dy_ptr, dx_ptr,
+    rows_inner, n_cols, n_tiles,
     y_stride_outer, y_stride_inner, y_stride_col,
     dy_stride_outer, dy_stride_inner, dy_stride_col,
     dx_stride_outer, dx_stride_inner, dx_stride_col,
-    # meta
-    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, ONE_PASS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
-    # dx = y * (dy - sum(y * dy)) along each row.
-    # -- program-id mapping and pointer setup --
-    outer, inner, row_ok = _program_rows(rows_inner, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
+    col_ok = cols < n_cols
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
+        outer, inner, row_ok = _tile_rows(tile, rows_inner, BLOCK_ROWS)
+        mask = row_ok[:, None] & col_ok
+        y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+        dy_rows = dy_ptr + (outer * dy_stride_outer + inner * dy_stride_inner)[:, None]
+        dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
+        y = tl.load(y_rows + cols * y_stride_col, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_rows + cols * dy_stride_col, mask=mask, other=0.0).to(tl.float32)
+        dx = y * (dy - tl.sum(y * dy, axis=1)[:, None])
+        tl.store(dx_rows + cols * dx_stride_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_backward_split_kernel(
+    y_ptr, dy_ptr, dx_ptr, ws_ptr,
+    rows_inner, n_cols, n_chunks, ticket_index,
+    y_stride_outer, y_stride_inner, y_stride_col,
+    dy_stride_outer, dy_stride_inner, dy_stride_col,
+    dx_stride_outer, dx_stride_inner, dx_stride_col,
+    BLOCK_ROWS: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    PHASE: tl.constexpr, REVERSE: tl.constexpr,
+):  # fmt: skip
+    block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
+    outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
+    cols = chunk.to(tl.int64) * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+    dy_rows = dy_ptr + (outer * dy_stride_outer + inner * dy_stride_inner)[:, None]
+    y = tl.load(y_rows + cols[None, :] * y_stride_col, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_rows + cols[None, :] * dy_stride_col, mask=mask, other=0.0).to(tl.float32)
+    slots = ws_ptr + (outer * rows_inner + inner) * n_chunks
+
+    if PHASE != 1:
+        # the dot product packed with 1.0 beside it, so a published partial is never 0
+        dot = tl.sum(y * dy, axis=1)
+        partial = _pack(dot, tl.full(dot.shape, 1.0, tl.float32))
+    if PHASE != 1:
+        tl.atomic_xchg(slots + chunk, partial, mask=row_ok, sem="relaxed")
+    if PHASE != 0:
+        packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS)
+        dots, _ = _unpack(packed)
+        # summed in chunk order, whatever order the chunks finished in: deterministic
+        row_dot = tl.sum(dots, axis=1)
+        dx = y * (dy - row_dot[:, None])
+        dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
+        tl.store(dx_rows + cols[None, :] * dx_stride_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_backward_online_kernel(
+    y_ptr, dy_ptr, dx_ptr,
+    rows_inner, n_cols,
+    y_stride_outer, y_stride_inner, y_stride_col,
+    dy_stride_outer, dy_stride_inner, dy_stride_col,
+    dx_stride_outer, dx_stride_inner, dx_stride_col,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+):  # fmt: skip
+    outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS)
+    row_ok = row_ok[:, None]
     y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
     dy_rows = dy_ptr + (outer * dy_stride_outer + inner * dy_stride_inner)[:, None]
     dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
     cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
-
-    if ONE_PASS:
-        col_ok = cols < n_cols
-        y = tl.load(y_rows + cols * y_stride_col, mask=row_ok & col_ok, other=0.0).to(tl.float32)
-        dy = tl.load(dy_rows + cols * dy_stride_col, mask=row_ok & col_ok, other=0.0).to(tl.float32)
-        dx = y * (dy - tl.sum(y * dy, axis=1)[:, None])
+    # -- main loop: the row's dot product y·dy --
+    row_dot = tl.zeros((BLOCK_ROWS,), tl.float32)
+    for start in range(0, n_cols, BLOCK_COLS):
+        col_ok = start + cols < n_cols
+        y = tl.load(y_rows + (start + cols) * y_stride_col, mask=row_ok & col_ok, other=0.0)
+        dy = tl.load(dy_rows + (start + cols) * dy_stride_col, mask=row_ok & col_ok, other=0.0)
+        row_dot += tl.sum(y.to(tl.float32) * dy.to(tl.float32), axis=1)
+    # -- write-back --
+    for start in range(0, n_cols, BLOCK_COLS):
+        col_ok = start + cols < n_cols
+        y = tl.load(y_rows + (start + cols) * y_stride_col, mask=row_ok & col_ok, other=0.0)
+        dy = tl.load(dy_rows + (start + cols) * dy_stride_col, mask=row_ok & col_ok, other=0.0)
+        dx = y.to(tl.float32) * (dy.to(tl.float32) - row_dot[:, None])
         tl.store(
-            dx_rows + cols * dx_stride_col,
+            dx_rows + (start + cols) * dx_stride_col,
             dx.to(dx_ptr.dtype.element_ty),
             mask=row_ok & col_ok,
         )
-    else:
-        # -- main loop: the row's dot product y·dy --
-        row_dot = tl.zeros((BLOCK_ROWS,), tl.float32)
-        for start in range(0, n_cols, BLOCK_COLS):
-            col_ok = start + cols < n_cols
-            y = tl.load(y_rows + (start + cols) * y_stride_col, mask=row_ok & col_ok, other=0.0)
-            dy = tl.load(dy_rows + (start + cols) * dy_stride_col, mask=row_ok & col_ok, other=0.0)
-            row_dot += tl.sum(y.to(tl.float32) * dy.to(tl.float32), axis=1)
-        # -- write-back --
-        for start in range(0, n_cols, BLOCK_COLS):
-            col_ok = start + cols < n_cols
-            y = tl.load(y_rows + (start + cols) * y_stride_col, mask=row_ok & col_ok, other=0.0)
-            dy = tl.load(dy_rows + (start + cols) * dy_stride_col, mask=row_ok & col_ok, other=0.0)
-            dx = y.to(tl.float32) * (dy.to(tl.float32) - row_dot[:, None])
-            tl.store(
-                dx_rows + (start + cols) * dx_stride_col,
-                dx.to(dx_ptr.dtype.element_ty),
-                mask=row_ok & col_ok,
-            )
 
 
+_KERNELS = {
+    False: {
+        "tile": softmax_tile_kernel,
+        "split": softmax_split_kernel,
+        "online": softmax_online_kernel,
+    },
+    True: {
+        "tile": softmax_backward_tile_kernel,
+        "split": softmax_backward_split_kernel,
+        "online": softmax_backward_online_kernel,
+    },
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
 def _normalize_dim(dim, ndim: int, shape: tuple) -> int:
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
@@ -200,8 +405,54 @@ def _row_dims(moved: list[torch.Tensor]):
     return (outer, inner), strides
 
 
-def _launch_rows(launch: Launcher, kernel, moved: list[torch.Tensor]) -> None:
-    """Launch `kernel` over the rows of `moved` (inputs first, output last, same shape)."""
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda" or is_interpreter():
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs_per_sm(tile_elems: int, num_warps: int, n_inputs: int) -> int:
+    """Tile programs one SM holds at once, from an estimate of registers per thread.
+
+    Each thread keeps tile_elems / threads fp32 values per input tensor, plus about 24
+    registers of addresses and indices; registers are allocated in steps of 8 per thread.
+    The warp limit (64 per SM) caps it too. Shared memory is not counted: the loads of a
+    pipelined loop stage through it, at most a few tiles' worth, well under 228 KB.
+    """
+    threads = 32 * num_warps
+    regs = -(-(n_inputs * tile_elems // threads + 24) // 8) * 8
+    by_regs = REGISTERS_PER_SM // (threads * min(regs, 255))
+    return max(1, min(by_regs, MAX_WARPS_PER_SM // num_warps))
+
+
+def _tile_warps(tile_elems: int) -> int:
+    # 32 fp32 values a thread: 16-byte loads, several of them in flight per thread
+    return max(4, min(16, tile_elems // 1024))
+
+
+def _pick_config(
+    n_cols: int, rows_inner: int, rows_adjacent: bool, backward: bool, device: torch.device
+) -> Config:
+    min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, triton.next_power_of_2(rows_inner))
+    padded_cols = triton.next_power_of_2(n_cols)
+    if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
+        block_rows = max(min_rows, min(TILE_ELEMS, ONE_PASS_MAX_ELEMS) // padded_cols)
+        block_rows = min(block_rows, triton.next_power_of_2(rows_inner))
+        block_rows = max(block_rows, min_rows)
+        return Config("tile", block_rows, padded_cols, _tile_warps(block_rows * padded_cols))
+    chunk_cols = max(1, min(SPLIT_CHUNK_ELEMS, ONE_PASS_MAX_ELEMS) // min_rows)
+    if triton.cdiv(n_cols, chunk_cols) <= MAX_SPLIT_CHUNKS:
+        design = "split2" if is_interpreter() or device.type != "cuda" else "coop"
+        return Config(design, min_rows, chunk_cols, _tile_warps(min_rows * chunk_cols))
+    block_cols = min(LOOP_TILE_ELEMS, ONE_PASS_MAX_ELEMS) // min_rows
+    return Config("online", min_rows, block_cols, 4 if block_cols * min_rows <= 2048 else 8)
+
+
+def _launch_rows(
+    launch: Launcher, moved: list[torch.Tensor], backward: bool, config: Config | None = None
+) -> None:
+    """Launch the forward or backward over the rows of `moved` (inputs, then the output)."""
     n_cols = moved[0].shape[-1]
     if moved[0].numel() == 0:
         return
@@ -213,47 +464,76 @@ def _launch_rows(launch: Launcher, kernel, moved: list[torch.Tensor]) -> None:
         layout = _row_dims(moved)
     (rows_outer, rows_inner), strides = layout
     _, first_inner_stride, first_col_stride = strides[0]
-
     rows_adjacent = first_col_stride != 1 and first_inner_stride == 1
-    min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, triton.next_power_of_2(rows_inner))
-    padded_cols = triton.next_power_of_2(n_cols)
-    one_pass = min_rows * padded_cols <= ONE_PASS_MAX_ELEMS
-    if one_pass:
-        block_cols = padded_cols
-        block_rows = max(min_rows, MIN_TILE_ELEMS // padded_cols)
-        block_rows = min(block_rows, triton.next_power_of_2(rows_inner))
+    device = moved[0].device
+    if config is None:
+        config = _pick_config(n_cols, rows_inner, rows_adjacent, backward, device)
+    kernels = _KERNELS[backward]
+    flat_strides = [s for tensor_strides in strides for s in tensor_strides]
+    row_blocks = rows_outer * triton.cdiv(rows_inner, config.block_rows)
+
+    if config.design == "tile":
+        if config.block_cols < n_cols:
+            raise ValueError(f"tile of {config.block_cols} columns for rows of {n_cols}")
+        grid = row_blocks
+        if config.per_sm:
+            per_sm = config.per_sm
+            if per_sm < 0:
+                tile = config.block_rows * config.block_cols
+                per_sm = _programs_per_sm(tile, config.num_warps, 2 if backward else 1)
+            grid = min(row_blocks, _sm_count(device) * per_sm)
+        launch(kernels["tile"])[(grid,)](
+            *moved, rows_inner, n_cols, row_blocks, *flat_strides,
+            BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
+            NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+        )  # fmt: skip
+    elif config.design in ("coop", "split2", "split2r"):
+        n_chunks = triton.cdiv(n_cols, config.block_cols)
+        n_slots = rows_outer * rows_inner * n_chunks
+        grid = (row_blocks * n_chunks,)
+        common = dict(
+            BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
+            MAX_CHUNKS=triton.next_power_of_2(n_chunks), num_warps=config.num_warps,
+        )  # fmt: skip
+        if config.design == "coop":
+            if is_interpreter():
+                # the interpreter runs programs one after another: a waiting one never returns
+                raise ValueError("the coop design needs a GPU; the interpreter takes split2")
+            # zeroed: 0 marks an unpublished slot; the last element is the ticket counter
+            ws = torch.zeros(n_slots + 1, device=device, dtype=torch.int64)
+            launch(kernels["split"])[grid](
+                *moved, ws, rows_inner, n_cols, n_chunks, n_slots, *flat_strides,
+                PHASE=2, REVERSE=False, **common,
+            )  # fmt: skip
+        else:
+            ws = torch.empty(n_slots, device=device, dtype=torch.int64)
+            for phase, reverse in ((0, False), (1, config.design == "split2r")):
+                launch(kernels["split"])[grid](
+                    *moved, ws, rows_inner, n_cols, n_chunks, n_slots, *flat_strides,
+                    PHASE=phase, REVERSE=reverse, **common,
+                )  # fmt: skip
+    elif config.design == "online":
+        launch(kernels["online"])[(row_blocks,)](
+            *moved, rows_inner, n_cols, *flat_strides,
+            BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
+            num_warps=config.num_warps,
+        )  # fmt: skip
     else:
-        block_rows = min_rows
-        block_cols = min(LOOP_TILE_ELEMS, ONE_PASS_MAX_ELEMS) // block_rows
-    tile = block_rows * block_cols
-    num_warps = 4 if tile <= 2048 else 8 if tile <= 8192 else 16
-
-    grid = (rows_outer * triton.cdiv(rows_inner, block_rows),)
-    launch(kernel)[grid](
-        *moved,
-        rows_inner, n_cols,
-        *(s for tensor_strides in strides for s in tensor_strides),
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, ONE_PASS=one_pass,
-        num_warps=num_warps,
-    )  # fmt: skip
+        raise ValueError(f"unknown softmax design {config.design!r}")
 
 
-def softmax_forward(x: torch.Tensor, dim: int, *, launch: Launcher = direct) -> torch.Tensor:
-    """torch.softmax(x, dim) without autograd; the output is a view of a row-major buffer."""
+def _forward(x: torch.Tensor, dim: int, launch: Launcher, config: Config | None) -> torch.Tensor:
     check_tensor("x", x)
     dim = _normalize_dim(dim, x.dim(), tuple(x.shape))
     if x.dim() == 0:
-        return softmax_forward(x.unsqueeze(0), 0, launch=launch).squeeze(0)
+        return _forward(x.unsqueeze(0), 0, launch, config).squeeze(0)
     x_moved = x.movedim(dim, -1)
     y_moved = torch.empty(x_moved.shape, device=x.device, dtype=x.dtype)
-    _launch_rows(launch, softmax_kernel, [x_moved, y_moved])
+    _launch_rows(launch, [x_moved, y_moved], False, config)
     return y_moved.movedim(-1, dim)
 
 
-def softmax_backward(
-    y: torch.Tensor, dy: torch.Tensor, dim: int, *, launch: Launcher = direct
-) -> torch.Tensor:
-    """Gradient of softmax_forward: dx = y * (dy - sum(y * dy, dim)), y being its output."""
+def _backward(y, dy, dim, launch: Launcher, config: Config | None) -> torch.Tensor:
     check_tensor("y", y)
     check_tensor("dy", dy)
     check_same({"y": y, "dy": dy})
@@ -261,11 +541,23 @@ def softmax_backward(
         raise ValueError(f"dy has shape {tuple(dy.shape)} but y has {tuple(y.shape)}")
     dim = _normalize_dim(dim, y.dim(), tuple(y.shape))
     if y.dim() == 0:
-        return softmax_backward(y.unsqueeze(0), dy.unsqueeze(0), 0, launch=launch).squeeze(0)
+        return _backward(y.unsqueeze(0), dy.unsqueeze(0), 0, launch, config).squeeze(0)
     y_moved, dy_moved = y.movedim(dim, -1), dy.movedim(dim, -1)
     dx_moved = torch.empty(y_moved.shape, device=y.device, dtype=y.dtype)
-    _launch_rows(launch, softmax_backward_kernel, [y_moved, dy_moved, dx_moved])
+    _launch_rows(launch, [y_moved, dy_moved, dx_moved], True, config)
     return dx_moved.movedim(-1, dim)
+
+
+def softmax_forward(x: torch.Tensor, dim: int, *, launch: Launcher = direct) -> torch.Tensor:
+    """torch.softmax(x, dim) without autograd; the output is a view of a row-major buffer."""
+    return _forward(x, dim, launch, None)
+
+
+def softmax_backward(
+    y: torch.Tensor, dy: torch.Tensor, dim: int, *, launch: Launcher = direct
+) -> torch.Tensor:
+    """Gradient of softmax_forward: dx = y * (dy - sum(y * dy, dim)), y being its output."""
+    return _backward(y, dy, dim, launch, None)
 
 
 class _Softmax(torch.autograd.Function):
