@@ -1,9 +1,26 @@
-"""2-D convolution as an implicit GEMM, with bias and activation fused into the epilogue.
+"""2-D convolution as an implicit GEMM on channels-last data, bias and activation fused.
 
-The output pixels (N·P·Q) are the GEMM rows, the output channels (K) its columns and the filter
-taps (C·R·S) its reduction; the input patches are gathered on the fly from the tensor's own
-strides instead of materialising im2col, so NCHW and channels_last inputs both run without a
-layout copy. It must beat cuDNN's F.conv2d followed by a separate bias + activation pass.
+GEMM view: rows are the output pixels (M = N·P·Q), columns the output channels (K), and the
+reduction runs over the filter taps (R·S·C). The input patches are gathered on the fly (no
+im2col buffer). The weight is used as a (K, R·S·C) row-major matrix with the reduction ordered
+(r, s, c): that is exactly the memory of a channels_last weight (K, C, R, S), so "packing" is
+`weight.contiguous(memory_format=torch.channels_last)` and costs nothing when the weight already is
+channels_last (see pack_conv_weight). Three paths, picked per call:
+
+    gemm      1x1, stride 1, no padding, on an NHWC input: x is then an (N·H·W, C) matrix and the
+              conv is one plain GEMM (conv_gemm_kernel); on Hopper both operands come in by TMA.
+    implicit  everything else with C >= 16 (conv_implicit_kernel): one flat loop over
+              (r, s, c-block) steps, so Triton's software pipeliner sees a single loop. Each step
+              loads, per output pixel, one contiguous run of BLOCK_K channels (NHWC), with the
+              pixel's (n, p, q) decoded once before the loop and the step's (r, s, c0) decoded as
+              scalars. On Hopper the weight tile comes in by TMA.
+    flat      few input channels (the C=3 stem, conv_flat_kernel): the reduction is the flat
+              index over (r, s, c), padded only to BLOCK_K, not C padded to 16 per tap.
+
+The epilogue adds the bias and applies the activation in fp32, then rounds once to the output
+dtype. NCHW inputs are converted to channels_last first (one pass over x, timed as part of the
+call; `nchw="native"` reads them with strided loads instead), and the output follows the input's
+layout.
 """
 
 import torch
@@ -11,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
+    ACTIVATIONS,
     Launcher,
     activation_id,
     check_same,
@@ -19,7 +37,27 @@ from kernels._common import (
     dot_precision,
     is_interpreter,
 )
-from kernels.matmul import apply_activation, grouped_tile
+
+try:  # host-side TMA descriptors (triton >= 3.3)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: pointer loads only
+    TensorDescriptor = None
+
+# Kernels may only read globals that are tl.constexpr (a local copy of kernels.matmul's ids, so
+# this module does not depend on that file's internals).
+RELU = tl.constexpr(ACTIVATIONS["relu"])
+GELU = tl.constexpr(ACTIVATIONS["gelu"])
+GELU_TANH = tl.constexpr(ACTIVATIONS["gelu_tanh"])
+SILU = tl.constexpr(ACTIVATIONS["silu"])
+SQRT_HALF = tl.constexpr(0.7071067811865476)
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+GELU_TANH_CUBIC = tl.constexpr(0.044715)
+
+PATHS = ("gemm", "implicit", "flat")
+
+# The last directly launched kernel: (autotuned kernel, compiled kernel), for the probe's report of
+# the winning config and its registers, spills and shared memory.
+last_launch: list = [None]
 
 
 def conv2d_reference(x, weight, bias, stride, padding, dilation):
@@ -27,104 +65,315 @@ def conv2d_reference(x, weight, bias, stride, padding, dilation):
     return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation)
 
 
-def hopper_configs():
-    """Tensor-core tiles for H100: 64-128 row/column tiles, 32-64 channels per step."""
-    tiles = [
-        # BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps
-        (128, 128, 64, 3, 8),
-        (128, 128, 32, 4, 8),
-        (128, 64, 32, 4, 4),
-        (64, 128, 32, 4, 4),
-        (64, 64, 64, 4, 4),
-        (128, 256, 32, 3, 8),
-        (64, 32, 32, 4, 4),  # small K (out channels) or tiny images
-    ]
-    return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8},
-                      num_stages=stages, num_warps=warps)
-        for m, n, k, stages, warps in tiles
-    ]  # fmt: skip
-
-
-def interpreter_configs():
-    """One small tile: the CPU interpreter has nothing to tune, and tl.dot needs dims >= 16."""
-    return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 1})]
-
-
-@triton.autotune(
-    configs=interpreter_configs() if is_interpreter() else hopper_configs(),
-    # geometry, plus the channel strides: they decide which operand loads coalesce
-    key=["N", "C", "K", "P", "Q", "R", "S", "stride_xc", "stride_wc"],
-)
+# ---------------------------------------------------------------------------------------------
+# Shared @triton.jit helpers
+# ---------------------------------------------------------------------------------------------
 @triton.jit
-def conv2d_kernel(
-    # pointers (bias_ptr is None without bias)
-    x_ptr, w_ptr, bias_ptr, y_ptr,
-    # sizes: x is (N, C, H, W), weight (K, C, R, S), y (N, K, P, Q)
-    N, C, H, W, K, P, Q, R, S,
-    # convolution geometry
-    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
-    # strides, in elements, in the index order above
-    stride_xn, stride_xc, stride_xh, stride_xw,
-    stride_wk, stride_wc, stride_wr, stride_ws,
-    stride_yn, stride_yk, stride_yp, stride_yq,
-    # meta
-    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):  # fmt: skip
-    # -- program-id mapping: GROUP_M row tiles share each weight column tile while it is in L2 --
-    pid_m, pid_n = grouped_tile(
-        tl.program_id(0), tl.cdiv(N * P * Q, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+def _tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program `pid`: GROUP_M row tiles walk the columns together, so
+    the weight tiles they share stay in L2."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
 
-    # -- pointer setup: row m is output pixel (n, p, q), column k is output channel k --
+
+@triton.jit
+def _activation(x, ACTIVATION: tl.constexpr):
+    if ACTIVATION == RELU:
+        x = tl.maximum(x, 0.0)
+    elif ACTIVATION == GELU:
+        x = 0.5 * x * (1.0 + tl.erf(x * SQRT_HALF))
+    elif ACTIVATION == GELU_TANH:
+        x = x * tl.sigmoid((x + x * x * x * GELU_TANH_CUBIC) * (2.0 * SQRT_2_OVER_PI))
+    elif ACTIVATION == SILU:
+        x = x * tl.sigmoid(x)
+    return x
+
+
+@triton.jit
+def _epilogue(acc, y_ptr, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk,
+              HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):  # fmt: skip
+    """bias + activation in fp32, one rounding, masked store; y_row is each row's offset."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    acc = _activation(acc, ACTIVATION)
+    y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * stride_yk
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------
+def _config(block_m, block_n, block_k, num_stages, num_warps, group_m=8):
+    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m}
+    return triton.Config(meta, num_stages=num_stages, num_warps=num_warps,
+                         pre_hook=_set_tma_blocks)  # fmt: skip
+
+
+def _set_tma_blocks(nargs):
+    """Autotune pre-hook: give the TMA descriptors (when used) the block shape of this config."""
+    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    for name, shape in (("x", [block_m, block_k]), ("w", [block_n, block_k])):
+        arg = nargs.get(name)
+        if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
+            arg.block_shape = shape
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps). fp16/bf16 on H100: 64 channels per step
+# (128-byte rows, the widest TMA/wgmma swizzle); fp32 configs with the same tiles fit only with
+# fewer stages, and the autotuner skips those that run out of shared memory.
+IMPLICIT_TILES = [
+    (128, 128, 64, 4, 8),
+    (128, 256, 64, 3, 8),
+    (256, 128, 64, 3, 8),
+    (128, 64, 64, 4, 4),
+    (256, 64, 64, 4, 8),
+    (64, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4),
+    (128, 128, 32, 4, 4),
+]
+GEMM_TILES = [
+    (128, 256, 64, 3, 8),
+    (256, 128, 64, 3, 8),
+    (128, 128, 64, 4, 8),
+    (128, 128, 64, 4, 4),
+    (128, 64, 64, 4, 4),
+    (256, 64, 64, 4, 8),
+    (64, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4),
+]
+FLAT_TILES = [
+    (128, 64, 32, 4, 4),
+    (128, 64, 64, 3, 4),
+    (256, 64, 32, 3, 8),
+    (256, 64, 64, 3, 8),
+    (64, 64, 32, 4, 4),
+    (128, 128, 32, 3, 8),
+]
+
+
+def _configs(tiles):
+    if is_interpreter():  # nothing to tune; tl.dot needs dims >= 16
+        return [_config(32, 32, 16, 1, 4, group_m=2)]
+    return [_config(*tile) for tile in tiles]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles far wider than the problem (K output channels, M rows) and, under TMA, tiles
+    whose channel step does not divide C (the weight tile would run into the next tap)."""
+    K, M = named_args["K"], named_args["M"]
+    c_gemm = named_args.get("C")
+    # the implicit kernel's weight tile spans C only within one tap; past C it would read the
+    # next tap's weights (the gemm kernel's descriptors end at C and zero-fill instead)
+    split_taps = kwargs.get("B_TMA", False) and "R" in named_args
+    kept = []
+    for config in configs:
+        meta = config.kwargs
+        if meta["BLOCK_N"] > max(64, triton.next_power_of_2(K)):
+            continue
+        if meta["BLOCK_M"] > max(64, triton.next_power_of_2(M)):
+            continue
+        if split_taps and c_gemm % meta["BLOCK_K"] != 0:
+            continue
+        kept.append(config)
+    return kept or configs[-1:]
+
+
+_TUNE_REP_MS = [40]
+
+
+def _tune_bench(kernel_call, quantiles):
+    """The autotuner's timer: shorter than the default 25 + 100 ms, which adds up over ~25
+    layers and 8 configs."""
+    return triton.testing.do_bench(kernel_call, warmup=10, rep=_TUNE_REP_MS[0], quantiles=quantiles)
+
+
+def _autotune(tiles, key):
+    return triton.autotune(
+        configs=_configs(tiles),
+        key=key,
+        prune_configs_by={"early_config_prune": _prune},
+        do_bench=_tune_bench,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+_CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "conv_stride_h", "conv_stride_w",
+             "dil_h", "stride_xc", "stride_yk", "B_TMA"]  # fmt: skip
+# Sizes that only bound loops and masks: not specialised on (== 1, % 16), so the ResNet layers
+# share compiled kernels instead of compiling every config again per spatial size. Channel counts,
+# strides and R, S stay specialised: they decide load vectorisation and the 1x1 shortcuts.
+_SIZES_ONLY = ["M", "N", "H", "W", "P", "Q", "pad_h", "pad_w", "dil_h", "dil_w"]
+
+
+@_autotune(IMPLICIT_TILES, _CONV_KEY)
+@triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
+@triton.jit(do_not_specialize=_SIZES_ONLY)
+def conv_implicit_kernel(
+    # x: (N, C, H, W) by strides; w: packed (K, R·S·C) matrix or its TMA descriptor; y by strides
+    x, w, bias_ptr, y,
+    M, N, C, H, W, K, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk,
+    stride_yn, stride_yk, stride_yp, stride_yq,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    B_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_C: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+
+    # -- per output pixel, once: (n, p, q), the window's corner and the image's base pointer --
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_c = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < N * P * Q
-    k_ok = offs_k < K
-    n = (offs_m // (P * Q)).to(tl.int64)  # int64: batch × image stride can pass 2^31
-    p = (offs_m // Q) % P
-    q = offs_m % Q
+    m_ok = offs_m < M
+    n = offs_m // (P * Q)
+    pq = offs_m - n * (P * Q)
+    p = pq // Q
+    q = pq - p * Q
     ih0 = p * conv_stride_h - pad_h
     iw0 = q * conv_stride_w - pad_w
-    x_img = x_ptr + n * stride_xn
-    w_out = w_ptr + offs_k * stride_wk
+    x_img = x + n.to(tl.int64) * stride_xn  # int64: batch × image stride can pass 2^31
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < K
+    offs_c = tl.arange(0, BLOCK_K)
 
-    # -- main loop: one filter tap (r, s) at a time, BLOCK_K input channels per step --
+    # -- one flat loop over (r, s, channel block): a single loop the pipeliner can overlap --
+    c_blocks = tl.cdiv(C, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r in range(R):
+    for step in range(0, R * S * c_blocks):
+        rs = step // c_blocks
+        c0 = (step - rs * c_blocks) * BLOCK_K
+        r = rs // S
+        s = rs - r * S
         ih = ih0 + r * dil_h
-        h_ok = m_ok & (ih >= 0) & (ih < H)
-        for s in range(S):
-            iw = iw0 + s * dil_w
-            # taps that land in the zero padding load 0 instead
-            pix_ok = h_ok & (iw >= 0) & (iw < W)
-            x_tap = x_img + ih * stride_xh + iw * stride_xw
-            w_tap = w_out + r * stride_wr + s * stride_ws
-            for c0 in range(0, C, BLOCK_K):
-                c = c0 + offs_c
-                c_ok = c < C
-                a = tl.load(
-                    x_tap[:, None] + c[None, :] * stride_xc,
-                    mask=pix_ok[:, None] & c_ok[None, :],
-                    other=0.0,
-                )
-                b = tl.load(
-                    w_tap[None, :] + c[:, None] * stride_wc,
-                    mask=c_ok[:, None] & k_ok[None, :],
-                    other=0.0,
-                )
-                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        iw = iw0 + s * dil_w
+        pix_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)  # zero padding reads 0
+        c = c0 + offs_c
+        pix_off = ih * stride_xh + iw * stride_xw
+        a_ptrs = x_img[:, None] + pix_off[:, None] + c[None, :] * stride_xc
+        if EVEN_C:
+            a = tl.load(a_ptrs, mask=pix_ok[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=pix_ok[:, None] & (c < C)[None, :], other=0.0)
+        col = rs * C + c0  # the packed weight's column of (r, s, c0)
+        if B_TMA:
+            b = w.load([pid_n * BLOCK_N, col]).T
+        else:
+            b_ptrs = w + offs_n[None, :] * stride_wk + (col + offs_c)[:, None]
+            b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    # -- write-back: bias and activation in fp32, then one rounding to the output dtype --
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-    acc = apply_activation(acc, ACTIVATION)
-    y_pix = n * stride_yn + p * stride_yp + q * stride_yq
-    y_ptrs = y_ptr + y_pix[:, None] + offs_k[None, :] * stride_yk
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & k_ok[None, :])
+    y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+    _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
 
 
+@_autotune(FLAT_TILES, _CONV_KEY)
+@triton.jit(do_not_specialize=_SIZES_ONLY)
+def conv_flat_kernel(
+    x, w, bias_ptr, y,
+    M, N, C, H, W, K, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk,
+    stride_yn, stride_yk, stride_yp, stride_yq,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    B_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """Few input channels: reduce over the flat (r, s, c) index, BLOCK_K taps at a time.
+
+    Each step decodes its BLOCK_K reduction indices into (r, s, c) (a vector, not per element);
+    the per-element cost is the 2-D bounds mask. B_TMA is unused: the packed weight's row of
+    R·S·C elements is rarely 16-byte aligned here, and it is small enough to stay in L1/L2.
+    """
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    n = offs_m // (P * Q)
+    pq = offs_m - n * (P * Q)
+    p = pq // Q
+    q = pq - p * Q
+    ih0 = p * conv_stride_h - pad_h
+    iw0 = q * conv_stride_w - pad_w
+    x_win = x + n.to(tl.int64) * stride_xn + ih0 * stride_xh + iw0 * stride_xw
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < K
+
+    taps = R * S * C
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, taps, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < taps
+        rs = kk // C
+        c = kk - rs * C
+        r = rs // S
+        s = rs - r * S
+        dh = r * dil_h
+        dw = s * dil_w
+        ih = ih0[:, None] + dh[None, :]
+        iw = iw0[:, None] + dw[None, :]
+        ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (m_ok[:, None] & k_ok[None, :])
+        k_off = dh * stride_xh + dw * stride_xw + c * stride_xc
+        a = tl.load(x_win[:, None] + k_off[None, :], mask=ok, other=0.0)
+        b_ptrs = w + offs_n[None, :] * stride_wk + kk[:, None]
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+    _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+
+
+@_autotune(GEMM_TILES, ["M", "C", "K", "stride_xm", "stride_yk", "A_TMA", "B_TMA"])
+@triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
+@triton.jit(do_not_specialize=["M"])
+def conv_gemm_kernel(
+    # x: (M, C) matrix (or TMA descriptor); w: (K, C) matrix (or descriptor); y: (M, K) strides
+    x, w, bias_ptr, y,
+    M, C, K,
+    stride_xm, stride_wk, stride_ym, stride_yk,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    A_TMA: tl.constexpr, B_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_C: tl.constexpr,
+):  # fmt: skip
+    """A 1x1 stride-1 conv on NHWC: y(M, K) = x(M, C) @ w(K, C)^T, + bias, activation."""
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_K):
+        c = c0 + offs_c
+        if A_TMA:
+            a = x.load([pid_m * BLOCK_M, c0])
+        else:
+            a_ptrs = x + offs_m.to(tl.int64)[:, None] * stride_xm + c[None, :]
+            if EVEN_C:
+                a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=m_ok[:, None] & (c < C)[None, :], other=0.0)
+        if B_TMA:
+            b = w.load([pid_n * BLOCK_N, c0]).T
+        else:
+            b_ptrs = w + offs_n[None, :] * stride_wk + c[:, None]
+            b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    y_row = offs_m.to(tl.int64) * stride_ym
+    _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
 def _pair(name: str, value, minimum: int) -> tuple[int, int]:
     if isinstance(value, str):
         raise ValueError(f"{name}={value!r} is not supported; pass an int or a pair of ints")
@@ -145,6 +394,56 @@ def _channels_last_output(x: torch.Tensor) -> bool:
     return not x.is_contiguous() and x.stride(1) == 1 and x.shape[1] > 1
 
 
+def pack_conv_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The weight in the layout the kernels read: channels_last, i.e. a (K, R·S·C) row-major
+    matrix with the reduction ordered (r, s, c). Same shape and values as `weight`; a no-op
+    (returns `weight` itself) when it already is channels_last. Pack once and pass the result as
+    conv2d's weight (or as packed_weight=) to keep the copy out of every call."""
+    check_tensor("weight", weight, ndim=4)
+    return weight.contiguous(memory_format=torch.channels_last)
+
+
+def _weight_matrix(weight: torch.Tensor) -> torch.Tensor:
+    """(K, R·S·C) row-major view of a channels_last weight (a copy, per call, otherwise)."""
+    K, C, R, S = weight.shape
+    w2d = weight.permute(0, 2, 3, 1).reshape(K, R * S * C)
+    if w2d.stride(1) != 1 or w2d.stride(0) < R * S * C:
+        w2d = w2d.contiguous()
+    return w2d
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A 2-D operand TMA can describe: 16-bit dtype, unit inner stride, 16-byte aligned rows."""
+    return (
+        t.dtype in (torch.float16, torch.bfloat16)
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def _hopper(device: torch.device) -> bool:
+    return (
+        TensorDescriptor is not None
+        and device.type == "cuda"
+        and not is_interpreter()
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
+
+
+def _as_matrix(t: torch.Tensor) -> bool:
+    """t (N, C, H, W) is an (N·H·W, C) matrix: unit channel stride, pixels evenly spaced."""
+    N, C, H, W = t.shape
+    sn, sc, sh, sw = t.stride()
+    return sc == 1 and (H == 1 or sh == W * sw) and (N == 1 or sn == H * W * sw) and sw >= C
+
+
+def _gemm_ok(x, y, R, S, stride_hw, padding_hw) -> bool:
+    """A 1x1, stride-1, unpadded conv between NHWC tensors is the GEMM y(M, K) = x(M, C) w^T."""
+    unit = (R, S) == (1, 1) and stride_hw == (1, 1) and padding_hw == (0, 0)
+    return unit and _as_matrix(x) and _as_matrix(y)
+
+
 def conv2d_forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -155,22 +454,42 @@ def conv2d_forward(
     activation: str | None = None,
     *,
     launch: Launcher = direct,
+    packed_weight: torch.Tensor | None = None,
+    path: str | None = None,
+    tma: bool | None = None,
+    nchw: str = "convert",
 ) -> torch.Tensor:
-    """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d."""
+    """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d.
+
+    path ('gemm' | 'implicit' | 'flat'), tma and nchw ('convert' | 'native') override the
+    automatic choices, for the probe and the tests.
+    """
     check_tensor("x", x)
     if x.dim() not in (3, 4):
         raise ValueError(f"x must be 3-D (C, H, W) or 4-D (N, C, H, W), got shape {tuple(x.shape)}")
     check_tensor("weight", weight, ndim=4)
     if bias is not None:
         check_tensor("bias", bias, ndim=1)
-    check_same({"x": x, "weight": weight, "bias": bias})
+    if packed_weight is not None:
+        check_tensor("packed_weight", packed_weight, ndim=4)
+        if packed_weight.shape != weight.shape:
+            raise ValueError(
+                f"packed_weight has shape {tuple(packed_weight.shape)} but weight has "
+                f"{tuple(weight.shape)}; pass pack_conv_weight(weight)"
+            )
+    check_same({"x": x, "weight": weight, "bias": bias, "packed_weight": packed_weight})
     stride_hw = _pair("stride", stride, 1)
     padding_hw = _pair("padding", padding, 0)
     dilation_hw = _pair("dilation", dilation, 1)
     act = activation_id(activation)
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path={path!r}; choose one of {PATHS}")
+    if nchw not in ("convert", "native"):
+        raise ValueError(f"nchw={nchw!r}; choose 'convert' or 'native'")
+    options = dict(launch=launch, packed_weight=packed_weight, path=path, tma=tma, nchw=nchw)
     if x.dim() == 3:  # unbatched, as F.conv2d allows
         y = conv2d_forward(x.unsqueeze(0), weight, bias, stride_hw, padding_hw, dilation_hw,
-                           activation, launch=launch)  # fmt: skip
+                           activation, **options)  # fmt: skip
         return y.squeeze(0)
 
     N, C, H, W = x.shape
@@ -200,25 +519,60 @@ def conv2d_forward(
         def up(t):
             return None if t is None else t.float()
 
+        options["packed_weight"] = up(packed_weight)
         y = conv2d_forward(up(x), up(weight), up(bias), stride_hw, padding_hw, dilation_hw,
-                           activation, launch=launch)  # fmt: skip
+                           activation, **options)  # fmt: skip
         return y.to(torch.bfloat16)
 
     memory_format = torch.channels_last if _channels_last_output(x) else torch.contiguous_format
     y = torch.empty((N, K, P, Q), device=x.device, dtype=x.dtype, memory_format=memory_format)
     if y.numel() == 0:
         return y
+    if x.stride(1) != 1 and nchw == "convert" and C > 1:
+        # NCHW (or any layout without unit channel stride): one copy to NHWC, so that every
+        # A-tile load is a contiguous channel vector; the output keeps the caller's layout.
+        x = x.contiguous(memory_format=torch.channels_last)
+    w2d = _weight_matrix(packed_weight if packed_weight is not None else weight)
+    gemm_ok = _gemm_ok(x, y, R, S, stride_hw, padding_hw)
+    chosen = path or ("gemm" if gemm_ok else "flat" if C < 16 else "implicit")
+    if chosen == "gemm" and not gemm_ok:
+        raise ValueError("path='gemm' needs a 1x1, stride-1, unpadded conv from and to NHWC")
+    use_tma = _hopper(x.device) and launch is direct if tma is None else tma
+    precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
+    common = dict(HAS_BIAS=bias is not None, ACTIVATION=act, DOT_PRECISION=precision)
+    M = N * P * Q
 
-    grid = lambda META: (triton.cdiv(N * P * Q, META["BLOCK_M"]) * triton.cdiv(K, META["BLOCK_N"]),)
-    launch(conv2d_kernel)[grid](
-        x, weight, bias, y,
-        N, C, H, W, K, P, Q, R, S,
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"]),)
+
+    if chosen == "gemm":
+        x2d = x.as_strided((M, C), (x.stride(3), 1))
+        a_tma = bool(use_tma and _tma_ok(x2d))
+        b_tma = bool(use_tma and _tma_ok(w2d))
+        dummy = [64, 64]  # the pre-hook sets each config's block shape
+        a = TensorDescriptor.from_tensor(x2d, dummy) if a_tma else x2d
+        b = TensorDescriptor.from_tensor(w2d, dummy) if b_tma else w2d
+        compiled = launch(conv_gemm_kernel)[grid](
+            a, b, bias, y, M, C, K,
+            x2d.stride(0), w2d.stride(0), y.stride(3), y.stride(1),
+            A_TMA=a_tma, B_TMA=b_tma, **common,
+        )  # fmt: skip
+        if launch is direct:
+            last_launch[0] = (conv_gemm_kernel, compiled)
+        return y
+
+    kernel = conv_flat_kernel if chosen == "flat" else conv_implicit_kernel
+    b_tma = bool(use_tma and chosen == "implicit" and C % 32 == 0 and _tma_ok(w2d))
+    b = TensorDescriptor.from_tensor(w2d, [64, 64]) if b_tma else w2d
+    compiled = launch(kernel)[grid](
+        x, b, bias, y,
+        M, N, C, H, W, K, P, Q, R, S,
         *stride_hw, *padding_hw, *dilation_hw,
-        *x.stride(), *weight.stride(), *y.stride(),
-        HAS_BIAS=bias is not None,
-        ACTIVATION=act,
-        DOT_PRECISION=dot_precision(x.dtype, torch.backends.cudnn.allow_tf32),
+        *x.stride(), w2d.stride(0), *y.stride(),
+        B_TMA=b_tma, **common,
     )  # fmt: skip
+    if launch is direct:
+        last_launch[0] = (kernel, compiled)
     return y
 
 
@@ -230,10 +584,15 @@ def conv2d(
     padding=0,
     dilation=1,
     activation: str | None = None,
+    *,
+    packed_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.conv2d(x, weight, bias, stride, padding, dilation) with groups=1, then `activation`.
 
     padding takes ints only (not 'same'/'valid'). The output is channels_last when x is, else
-    NCHW. Forward only: the result carries no autograd graph.
+    NCHW. Forward only: the result carries no autograd graph. The kernels read the weight as
+    channels_last; pass packed_weight=pack_conv_weight(weight) (or a channels_last weight) to
+    keep that copy out of the call.
     """
-    return conv2d_forward(x, weight, bias, stride, padding, dilation, activation)
+    return conv2d_forward(x, weight, bias, stride, padding, dilation, activation,
+                          packed_weight=packed_weight)  # fmt: skip
