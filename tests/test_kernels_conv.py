@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.correctness import relative_error, tolerance
-from kernels.conv import conv2d, conv2d_reference
+from kernels.conv import conv2d, conv2d_forward, conv2d_reference, pack_conv_weight
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -228,3 +228,110 @@ def test_resnet50_layers_on_gpu(name, dtype_name, channels_last):
     bias = torch.randn(k, device="cuda", dtype=dtype)
     y = check(x, weight, bias, stride, padding, activation="relu", dtype_name=dtype_name)
     assert y.is_contiguous(memory_format=fmt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths (gemm / implicit / flat), TMA descriptors, packed weights, NCHW handling
+# ---------------------------------------------------------------------------------------------
+def check_forward(x, weight, bias, stride, padding, dilation, activation=None, *, dtype_name,
+                  **options):  # fmt: skip
+    y = conv2d_forward(x, weight, bias, stride, padding, dilation, activation, **options)
+    ref = reference(x, weight, bias, stride, padding, dilation, activation)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    err = relative_error(y, ref)
+    assert err < budget(dtype_name), f"relative error {err:.2e} for {dtype_name} {options}"
+    return y
+
+
+# (geometry, paths that apply to it on a channels_last input)
+PATH_CASES = {
+    "1x1": ("1x1", ["gemm", "implicit", "flat"]),
+    "3x3-C20-K40": ("3x3-C20-K40", ["implicit", "flat"]),
+    "7x7-stride2-pad3-C3": ("7x7-stride2-pad3-C3", ["implicit", "flat"]),
+    "2x5-mixed-pairs": ("2x5-mixed-pairs", ["implicit", "flat"]),
+    "1x1-stride2": (((2, 16, 9, 7), (12, 1, 1), 2, 0, 1), ["implicit", "flat"]),
+}
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("case", PATH_CASES)
+def test_paths(case, tma, device):
+    geometry, paths = PATH_CASES[case]
+    geometry = GEOMETRIES.get(geometry, geometry)
+    # TMA descriptors take 16-bit operands (fp32 always loads by pointer)
+    dtype_name = "fp16" if tma else "fp32"
+    x, weight, bias = make_inputs(geometry, DTYPES[dtype_name], device)
+    x = x.contiguous(memory_format=torch.channels_last)
+    for path in paths:
+        y = check_forward(x, weight, bias, *geometry[2:], activation="relu", dtype_name=dtype_name,
+                          path=path, tma=tma)  # fmt: skip
+        assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("channels", [32, 48])  # 48: the TMA weight tile may not cross a tap
+def test_tma_weight_tiles_stay_in_their_tap(channels, device):
+    geometry = ((1, channels, 5, 6), (20, 3, 3), 1, 1, 1)
+    x, weight, bias = make_inputs(geometry, torch.float16, device)
+    x = x.contiguous(memory_format=torch.channels_last)
+    check_forward(x, weight, bias, 1, 1, 1, dtype_name="fp16", path="implicit", tma=True)
+
+
+@pytest.mark.parametrize("nchw", ["convert", "native"])
+@pytest.mark.parametrize("name", ["3x3-odd-7x9", "1x1", "7x7-stride2-pad3-C3"])
+def test_nchw_modes(name, nchw, device):
+    geometry = GEOMETRIES[name]
+    x, weight, bias = make_inputs(geometry, torch.float32, device)
+    y = check_forward(x, weight, bias, *geometry[2:], dtype_name="fp32", nchw=nchw)
+    assert y.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_packed_weight(dtype_name, device):
+    geometry = GEOMETRIES["2x5-mixed-pairs"]
+    x, weight, bias = make_inputs(geometry, DTYPES[dtype_name], device)
+    packed = pack_conv_weight(weight)
+    assert packed.shape == weight.shape and torch.equal(packed, weight)
+    assert packed.is_contiguous(memory_format=torch.channels_last)
+    assert pack_conv_weight(packed) is packed  # already packed: no copy
+    x = x.contiguous(memory_format=torch.channels_last)
+    y1 = check(x, weight, bias, *geometry[2:], dtype_name=dtype_name)
+    y2 = conv2d(x, weight, bias, *geometry[2:], packed_weight=packed)
+    y3 = conv2d(x, packed, bias, *geometry[2:])
+    assert torch.equal(y1, y2) and torch.equal(y1, y3)
+
+
+def test_bad_options(device):
+    x = torch.randn(1, 4, 8, 8, device=device)
+    weight = torch.randn(6, 4, 3, 3, device=device)
+    with pytest.raises(ValueError, match=r"packed_weight has shape \(6, 4, 1, 1\)"):
+        conv2d(x, weight, packed_weight=torch.randn(6, 4, 1, 1, device=device))
+    with pytest.raises(TypeError, match="packed_weight has dtype torch.float16"):
+        conv2d(x, weight, packed_weight=weight.half())
+    with pytest.raises(ValueError, match="path='gemm' needs a 1x1"):
+        conv2d_forward(x, weight, path="gemm")
+    with pytest.raises(ValueError, match="path='im2col'"):
+        conv2d_forward(x, weight, path="im2col")
+    with pytest.raises(ValueError, match="nchw='copy'"):
+        conv2d_forward(x, weight, nchw="copy")
+    with pytest.raises(ValueError, match="weight must be 4-D"):
+        pack_conv_weight(weight[0])
+    with pytest.raises(ValueError, match=r"x has 4 channels .* weight expects 3"):
+        conv2d(x, torch.randn(6, 3, 1, 1, device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", RESNET50_LAYERS)
+def test_resnet50_layers_every_path_on_gpu(name):
+    """The non-default paths (TMA off, implicit instead of gemm, flat) on the real layer sizes."""
+    (c, h, w), (k, r, s), stride, padding = RESNET50_LAYERS[name]
+    x = torch.randn(4, c, h, w, device="cuda", dtype=torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(k, c, r, s, device="cuda", dtype=torch.bfloat16) / (c * r * s) ** 0.5
+    bias = torch.randn(k, device="cuda", dtype=torch.bfloat16)
+    paths = ["implicit"] + (["flat"] if c < 64 else [])
+    if (r, s, stride) == (1, 1, 1):
+        paths.append("gemm")
+    for path in paths:
+        for tma in (False, True):
+            check_forward(x, weight, bias, stride, padding, 1, "relu", dtype_name="bf16",
+                          path=path, tma=tma)  # fmt: skip
