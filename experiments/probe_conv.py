@@ -70,11 +70,12 @@ def kernel_report():
     kernel, compiled = info
     cfg = getattr(kernel, "best_config", None)
     meta = cfg.kwargs if cfg is not None else {}
-    tile = f"{meta.get('BLOCK_M')}x{meta.get('BLOCK_N')}x{meta.get('BLOCK_K')}"
+    block_m = meta.get("BLOCK_M") or f"{meta.get('BLOCK_H')}*{meta.get('BLOCK_W')}"
+    tile = f"{block_m}x{meta.get('BLOCK_N')}x{meta.get('BLOCK_K')}"
     if cfg is not None:
         tile += f" s{cfg.num_stages} w{cfg.num_warps}"
     names = {id(conv.conv_gemm_kernel): "gemm", id(conv.conv_implicit_kernel): "implicit",
-             id(conv.conv_flat_kernel): "flat"}  # fmt: skip
+             id(conv.conv_flat_kernel): "flat", id(conv.conv_window_kernel): "window"}  # fmt: skip
     name = names.get(id(kernel), "?")
     try:
         regs, spills = compiled.n_regs, compiled.n_spills
@@ -146,6 +147,8 @@ def alternates(s):
         alts += [("implicit(C pad)", dict(path="implicit"))]
     else:
         alts += [("implicit-noTMA", dict(path="implicit", tma=False))]
+        if s["stride"] == 1:
+            alts += [("window(TMA A)", dict(path="window"))]
     return alts
 
 

@@ -53,7 +53,7 @@ SQRT_HALF = tl.constexpr(0.7071067811865476)
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 GELU_TANH_CUBIC = tl.constexpr(0.044715)
 
-PATHS = ("gemm", "implicit", "flat")
+PATHS = ("gemm", "implicit", "flat", "window")
 
 # The last directly launched kernel: (autotuned kernel, compiled kernel), for the probe's report of
 # the winning config and its registers, spills and shared memory.
@@ -113,10 +113,21 @@ def _config(block_m, block_n, block_k, num_stages, num_warps, group_m=8):
                          pre_hook=_set_tma_blocks)  # fmt: skip
 
 
+def _window_config(block_h, block_w, block_n, block_k, num_stages, num_warps, group_m=8):
+    meta = {"BLOCK_H": block_h, "BLOCK_W": block_w, "BLOCK_N": block_n, "BLOCK_K": block_k,
+            "GROUP_M": group_m}  # fmt: skip
+    return triton.Config(meta, num_stages=num_stages, num_warps=num_warps,
+                         pre_hook=_set_tma_blocks)  # fmt: skip
+
+
 def _set_tma_blocks(nargs):
     """Autotune pre-hook: give the TMA descriptors (when used) the block shape of this config."""
-    block_m, block_n, block_k = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
-    for name, shape in (("x", [block_m, block_k]), ("w", [block_n, block_k])):
+    block_n, block_k = nargs["BLOCK_N"], nargs["BLOCK_K"]
+    if "BLOCK_H" in nargs:  # the window kernel's 4-D input box: one image, BLOCK_H x BLOCK_W pixels
+        x_block = [1, nargs["BLOCK_H"], nargs["BLOCK_W"], block_k]
+    else:
+        x_block = [nargs["BLOCK_M"], block_k]
+    for name, shape in (("x", x_block), ("w", [block_n, block_k])):
         arg = nargs.get(name)
         if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
             arg.block_shape = shape
@@ -145,6 +156,18 @@ GEMM_TILES = [
     (64, 128, 64, 4, 4),
     (64, 64, 64, 4, 4),
 ]
+# (BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, num_stages, num_warps): output tiles of BLOCK_H x BLOCK_W
+# pixels of one image (8 | 56 and 7 | 28 leave no ragged edge at 8x8 / 4x... for the big layers)
+WINDOW_TILES = [
+    (8, 16, 128, 64, 4, 8),
+    (16, 8, 128, 64, 4, 8),
+    (8, 8, 128, 64, 4, 4),
+    (8, 16, 64, 64, 4, 4),
+    (16, 16, 64, 64, 3, 8),
+    (8, 16, 256, 64, 3, 8),
+    (4, 32, 128, 64, 4, 8),
+    (8, 8, 64, 64, 4, 4),
+]
 FLAT_TILES = [
     (128, 64, 32, 4, 4),
     (128, 64, 64, 3, 4),
@@ -161,6 +184,12 @@ def _configs(tiles):
     return [_config(*tile) for tile in tiles]
 
 
+def _window_configs():
+    if is_interpreter():
+        return [_window_config(4, 8, 32, 16, 1, 4, group_m=2)]
+    return [_window_config(*tile) for tile in WINDOW_TILES]
+
+
 def _prune(configs, named_args, **kwargs):
     """Drop tiles far wider than the problem (K output channels, M rows) and, under TMA, tiles
     whose channel step does not divide C (the weight tile would run into the next tap)."""
@@ -171,7 +200,9 @@ def _prune(configs, named_args, **kwargs):
     split_taps = kwargs.get("B_TMA", False) and "R" in named_args
     kept = []
     for config in configs:
-        meta = config.kwargs
+        meta = dict(config.kwargs)
+        if "BLOCK_H" in meta:
+            meta["BLOCK_M"] = meta["BLOCK_H"] * meta["BLOCK_W"]
         if meta["BLOCK_N"] > max(64, triton.next_power_of_2(K)):
             continue
         if meta["BLOCK_M"] > max(64, triton.next_power_of_2(M)):
@@ -193,7 +224,7 @@ def _tune_bench(kernel_call, quantiles):
 
 def _autotune(tiles, key):
     return triton.autotune(
-        configs=_configs(tiles),
+        configs=_window_configs() if tiles is WINDOW_TILES else _configs(tiles),
         key=key,
         prune_configs_by={"early_config_prune": _prune},
         do_bench=_tune_bench,
@@ -329,6 +360,68 @@ def conv_flat_kernel(
     _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
 
 
+@_autotune(WINDOW_TILES, _CONV_KEY)
+@triton.jit(do_not_specialize=_SIZES_ONLY)
+def conv_window_kernel(
+    # x: TMA descriptor of the NHWC input as a 4-D (N, H, W, C) tensor; w, bias, y as above
+    x, w, bias_ptr, y,
+    M, N, C, H, W, K, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk,
+    stride_yn, stride_yk, stride_yp, stride_yq,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    B_TMA: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """Stride-1 convs on Hopper: the A tile is one TMA box of the input.
+
+    A row tile is a BLOCK_H x BLOCK_W patch of output pixels of one image. For tap (r, s) its
+    inputs are the same-sized patch shifted by (r·dil - pad, s·dil - pad): one 4-D TMA box
+    [1, BLOCK_H, BLOCK_W, BLOCK_K], whose out-of-range rows and columns (the zero padding, even at
+    negative coordinates) the TMA unit fills with zeros. No address arithmetic or masks per
+    element at all; the price is ragged edge tiles when BLOCK_H, BLOCK_W do not divide P, Q.
+    """
+    BLOCK_M: tl.constexpr = BLOCK_H * BLOCK_W
+    tiles_h = tl.cdiv(P, BLOCK_H)
+    tiles_w = tl.cdiv(Q, BLOCK_W)
+    pid_m, pid_n = _tile_of(tl.program_id(0), N * tiles_h * tiles_w, tl.cdiv(K, BLOCK_N), GROUP_M)
+    n = pid_m // (tiles_h * tiles_w)
+    t = pid_m - n * (tiles_h * tiles_w)
+    th = t // tiles_w
+    p0 = th * BLOCK_H
+    q0 = (t - th * tiles_w) * BLOCK_W
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < K
+    offs_c = tl.arange(0, BLOCK_K)
+
+    c_blocks = tl.cdiv(C, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, R * S * c_blocks):
+        rs = step // c_blocks
+        c0 = (step - rs * c_blocks) * BLOCK_K
+        r = rs // S
+        s = rs - r * S
+        box = x.load([n, p0 + r * dil_h - pad_h, q0 + s * dil_w - pad_w, c0])
+        a = box.reshape(BLOCK_M, BLOCK_K)
+        col = rs * C + c0
+        if B_TMA:
+            b = w.load([pid_n * BLOCK_N, col]).T
+        else:
+            c = c0 + offs_c
+            b_ptrs = w + offs_n[None, :] * stride_wk + (col + offs_c)[:, None]
+            b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    i = tl.arange(0, BLOCK_M)
+    p = p0 + i // BLOCK_W
+    q = q0 + i % BLOCK_W
+    m_ok = (p < P) & (q < Q)
+    y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+    _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+
+
 @_autotune(GEMM_TILES, ["M", "C", "K", "stride_xm", "stride_yk", "A_TMA", "B_TMA"])
 @triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["M"])
@@ -420,6 +513,15 @@ def _tma_ok(t: torch.Tensor) -> bool:
         and (t.stride(0) * t.element_size()) % 16 == 0
         and t.data_ptr() % 16 == 0
     )
+
+
+def _window_ok(x: torch.Tensor, stride_hw) -> bool:
+    """The window kernel's 4-D TMA box can read x: stride 1, NHWC, 16-bit, aligned."""
+    if stride_hw != (1, 1) or TensorDescriptor is None or x.stride(1) != 1:
+        return False
+    if x.dtype not in (torch.float16, torch.bfloat16) or x.data_ptr() % 16:
+        return False
+    return all((x.stride(d) * x.element_size()) % 16 == 0 for d in (0, 2, 3))
 
 
 def _hopper(device: torch.device) -> bool:
@@ -561,11 +663,26 @@ def conv2d_forward(
             last_launch[0] = (conv_gemm_kernel, compiled)
         return y
 
-    kernel = conv_flat_kernel if chosen == "flat" else conv_implicit_kernel
-    b_tma = bool(use_tma and chosen == "implicit" and C % 32 == 0 and _tma_ok(w2d))
+    kernel = {"flat": conv_flat_kernel, "implicit": conv_implicit_kernel,
+              "window": conv_window_kernel}[chosen]  # fmt: skip
+    b_tma = bool(use_tma and chosen != "flat" and C % 32 == 0 and _tma_ok(w2d))
     b = TensorDescriptor.from_tensor(w2d, [64, 64]) if b_tma else w2d
+    a = x
+    if chosen == "window":
+        if not _window_ok(x, stride_hw):
+            raise ValueError(
+                "path='window' needs a stride-1 conv of an fp16/bf16 NHWC input whose pixel rows "
+                "are 16-byte aligned (TMA)"
+            )
+        strides = [x.stride(0), x.stride(2), x.stride(3), 1]
+        a = TensorDescriptor(x, [N, H, W, C], strides, [1, 8, 8, 64])
+
+        def grid(meta):
+            tiles = triton.cdiv(P, meta["BLOCK_H"]) * triton.cdiv(Q, meta["BLOCK_W"])
+            return (N * tiles * triton.cdiv(K, meta["BLOCK_N"]),)
+
     compiled = launch(kernel)[grid](
-        x, b, bias, y,
+        a, b, bias, y,
         M, N, C, H, W, K, P, Q, R, S,
         *stride_hw, *padding_hw, *dilation_hw,
         *x.stride(), w2d.stride(0), *y.stride(),

@@ -268,6 +268,36 @@ def test_paths(case, tma, device):
         assert y.is_contiguous(memory_format=torch.channels_last)
 
 
+# the window path reads x through a 4-D TMA box (fp16/bf16 only), stride 1
+WINDOW_CASES = {
+    "3x3-pad1": ((2, 16, 7, 9), (20, 3, 3), 1, 1, 1),
+    "3x3-pad2-dilation2": ((1, 32, 6, 5), (20, 3, 3), 1, 2, 2),
+    "3x2-pad(1,0)": ((1, 24, 6, 5), (20, 3, 2), 1, (1, 0), 1),
+    "5x5-pad0-C40": ((1, 40, 9, 10), (12, 5, 5), 1, 0, 1),
+}
+
+
+@pytest.mark.parametrize("tma", [False, True])  # the weight by pointer or by descriptor
+@pytest.mark.parametrize("case", WINDOW_CASES)
+def test_window_path(case, tma, device):
+    geometry = WINDOW_CASES[case]
+    x, weight, bias = make_inputs(geometry, torch.float16, device)
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = check_forward(x, weight, bias, *geometry[2:], activation="relu", dtype_name="fp16",
+                      path="window", tma=tma)  # fmt: skip
+    assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_window_path_refuses_what_tma_cannot_read(device):
+    x, weight, bias = make_inputs(GEOMETRIES["3x3-odd-7x9"], torch.float16, device)
+    with pytest.raises(ValueError, match="path='window' needs a stride-1 conv"):
+        conv2d_forward(x.contiguous(memory_format=torch.channels_last), weight, bias, 2, 1,
+                       path="window")  # fmt: skip
+    with pytest.raises(ValueError, match="path='window' needs"):  # C=4: 8-byte pixel rows
+        conv2d_forward(x.contiguous(memory_format=torch.channels_last), weight, bias, 1, 1,
+                       path="window")  # fmt: skip
+
+
 @pytest.mark.parametrize("channels", [32, 48])  # 48: the TMA weight tile may not cross a tap
 def test_tma_weight_tiles_stay_in_their_tap(channels, device):
     geometry = ((1, channels, 5, 6), (20, 3, 3), 1, 1, 1)
@@ -328,7 +358,7 @@ def test_resnet50_layers_every_path_on_gpu(name):
     x = x.contiguous(memory_format=torch.channels_last)
     weight = torch.randn(k, c, r, s, device="cuda", dtype=torch.bfloat16) / (c * r * s) ** 0.5
     bias = torch.randn(k, device="cuda", dtype=torch.bfloat16)
-    paths = ["implicit"] + (["flat"] if c < 64 else [])
+    paths = ["implicit"] + (["flat"] if c < 64 else []) + (["window"] if stride == 1 else [])
     if (r, s, stride) == (1, 1, 1):
         paths.append("gemm")
     for path in paths:
