@@ -6,7 +6,17 @@ import pytest
 import torch
 
 from experiments.correctness import TOLERANCES, relative_error
-from kernels.softmax import softmax, softmax_backward, softmax_forward, softmax_reference
+from kernels.softmax import (
+    Config,
+    _backward,
+    _forward,
+    _programs_per_sm,
+    direct,
+    softmax,
+    softmax_backward,
+    softmax_forward,
+    softmax_reference,
+)
 
 # kernels/__init__.py rebinds the attribute kernels.softmax to the function, so
 # `import kernels.softmax as m` would give the function; the module is needed to patch its knobs.
@@ -24,11 +34,18 @@ def assert_matches_reference(x: torch.Tensor, dim: int, dtype_name: str) -> torc
     return y
 
 
-@pytest.fixture(params=["one_pass", "looped"])
+@pytest.fixture(params=["tile", "split", "online"])
 def row_path(request, monkeypatch):
-    """Run on both paths; "looped" sends rows longer than 512 through the two-pass loop."""
-    if request.param == "looped":
+    """Run on every long-row path at small sizes.
+
+    "split" sends rows longer than 512 through the split design (chunks of 512; on the CPU the
+    two-launch split2, whose partials and combine are the cooperative kernel's); "online"
+    allows one chunk per row, which sends them through the two-pass loop.
+    """
+    if request.param != "tile":
         monkeypatch.setattr(softmax_module, "ONE_PASS_MAX_ELEMS", 512)
+    if request.param == "online":
+        monkeypatch.setattr(softmax_module, "MAX_SPLIT_CHUNKS", 1)
     return request.param
 
 
@@ -88,13 +105,65 @@ def test_broadcast_zero_strides(device):
     assert_matches_reference(x, 0, "fp32")
 
 
+@pytest.mark.parametrize("row_path", ["split", "online"], indirect=True)
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize("dim", [0, -1])
-def test_looped_path(dim, dtype_name, monkeypatch, device):
-    monkeypatch.setattr(softmax_module, "ONE_PASS_MAX_ELEMS", 512)  # blocks of 512 or fewer columns
+def test_long_row_paths(dim, dtype_name, row_path, device):
     shape = (4097, 3) if dim == 0 else (3, 4097)
     x = torch.randn(shape, device=device, dtype=DTYPES[dtype_name])
     assert_matches_reference(x, dim, dtype_name)
+
+
+# Explicit configs: what the probe compares on the GPU, each checked here at small sizes.
+# Under the interpreter the SM count is INTERPRETER_SMS (3), so a persistent grid of 1 or 2
+# programs per SM walks several tiles per program.
+CONFIGS = {
+    "tile_rows8": Config("tile", 8, 128, 4),
+    "tile_persist_estimate": Config("tile", 4, 128, 4, per_sm=-1),
+    "tile_persist_1": Config("tile", 2, 128, 8, per_sm=1),
+    "tile_persist_pipelined": Config("tile", 4, 128, 4, per_sm=2, num_stages=2),
+    "split2": Config("split2", 1, 32, 4),
+    "split2_rows4": Config("split2", 4, 16, 4),
+    "split2r": Config("split2r", 2, 64, 4),
+    "online": Config("online", 2, 32, 4),
+}
+
+
+@pytest.mark.parametrize("config_name", CONFIGS)
+@pytest.mark.parametrize("shape, dim", [((45, 101), -1), ((101, 13), 0), ((3, 21, 7), 1)])
+def test_configs_forward_and_backward(config_name, shape, dim, device):
+    config = CONFIGS[config_name]
+    x = torch.randn(shape, device=device)
+    x.select(dim, 5).fill_(-float("inf"))  # -inf entries, in one chunk or another
+    y = _forward(x, dim, direct, config)
+    y_ref = torch.softmax(x.double(), dim)
+    assert relative_error(y, y_ref) < TOLERANCES["fp32"]
+    torch.testing.assert_close(y.double().sum(dim), torch.ones_like(y_ref.sum(dim)))
+    dy = torch.randn_like(x).transpose(0, -1).contiguous().transpose(0, -1)  # non-contiguous
+    dx = _backward(y, dy, dim, direct, config)
+    y64 = y.double()
+    dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES["fp32"]
+
+
+def test_bad_config(device):
+    x = torch.randn(4, 300, device=device)
+    with pytest.raises(ValueError, match="tile of 256 columns for rows of 300"):
+        _forward(x, -1, direct, Config("tile", 1, 256, 4))
+    with pytest.raises(ValueError, match="unknown softmax design"):
+        _forward(x, -1, direct, Config("nope", 1, 256, 4))
+
+
+def test_programs_per_sm_estimate():
+    # 2048 fp32 values over 4 warps: 16 a thread + 24 = 40 registers; 12 programs by registers
+    # (65536 / (128 · 40)), 16 by warps
+    assert _programs_per_sm(2048, 4, 1) == 12
+    # 8192 values over 8 warps: 56 registers, 4 programs
+    assert _programs_per_sm(8192, 8, 1) == 4
+    # 1024 values over 8 warps: 4 + 24 = 28, rounded to 32 registers: 8 programs by registers
+    # and by warps
+    assert _programs_per_sm(1024, 8, 1) == 8
+    assert _programs_per_sm(2**20, 16, 2) >= 1  # never 0
 
 
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
@@ -138,7 +207,8 @@ def test_all_minus_inf_row_is_nan_like_torch(row_path, device):
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
 @pytest.mark.parametrize(
-    "shape, dim", [((7, 33), -1), ((3, 5, 6), 1), ((3, 1100), -1), ((1100, 3), 0)]
+    "shape, dim",
+    [((7, 33), -1), ((3, 5, 6), 1), ((5, 3), -1), ((3, 1100), -1), ((1100, 3), 0), ((3, 4097), -1)],
 )
 def test_gradient(shape, dim, dtype_name, row_path, device):
     dtype = DTYPES[dtype_name]
@@ -154,6 +224,15 @@ def test_gradient(shape, dim, dtype_name, row_path, device):
     err = relative_error(dx, dx_ref)
     # y is rounded to the dtype before the backward uses it and dx once more: both well in budget
     assert err < TOLERANCES[dtype_name], f"relative error {err:.2e} for {dtype_name}"
+
+
+def test_single_column_rows(device):
+    # N = 1: every output is 1 and every gradient 0, exactly
+    x = torch.randn(7, 1, device=device, requires_grad=True)
+    y = softmax(x, -1)
+    assert (y == 1).all()
+    (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
+    assert (dx == 0).all()
 
 
 def test_backward_function_matches_formula(device):
@@ -231,3 +310,37 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
     y64 = y.detach().double()
     dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
     assert relative_error(dx, rounded(dx_ref)) < TOLERANCES[dtype_name]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config("coop", 1, 4096, 4),
+        Config("coop", 1, 16384, 16),
+        Config("split2r", 1, 8192, 8),
+        Config("online", 1, 4096, 8),
+    ],
+    ids=lambda c: f"{c.design}{c.block_cols}",
+)
+def test_long_row_designs_on_gpu(config, dtype_name):
+    """Each long-row design at N = 262144 (64 chunks of 4096), with -inf entries and rows."""
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(6, 262144, device="cuda", dtype=dtype) * 4
+    x[1, :70000] = -float("inf")  # whole chunks of -inf before the first finite value
+    x[2] = -float("inf")
+    x[3, 123456] = 1e4
+    y = _forward(x, -1, direct, config)
+    ref = torch.softmax(x.double(), -1)
+    assert torch.isnan(y[2]).all()
+    keep = [0, 1, 3, 4, 5]
+    assert relative_error(y[keep], ref[keep]) < TOLERANCES[dtype_name]
+    torch.testing.assert_close(
+        y[keep].double().sum(-1), torch.ones(5, device="cuda", dtype=torch.float64)
+    )
+    dy = torch.randn_like(y)
+    y64 = y[keep].double()
+    dx = _backward(y[keep], dy[keep], -1, direct, config)
+    dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
