@@ -464,6 +464,21 @@ def conv_gemm_kernel(
     _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
 
 
+def _traceable(kernel):
+    """The same jit function under a second autotuner for torch.compile (launch=wrap_triton):
+    plain configs with no pre-hook, the default timer and no pruning, which is what torch can
+    trace in a user-defined Triton kernel. Only the pointer-load variants run there."""
+    configs = [triton.Config(dict(c.kwargs), num_warps=c.num_warps, num_stages=c.num_stages)
+               for c in kernel.configs]  # fmt: skip
+    return triton.autotune(configs=configs, key=list(kernel.keys))(kernel.fn)
+
+
+TRACEABLE = {
+    kernel: _traceable(kernel)
+    for kernel in (conv_implicit_kernel, conv_flat_kernel, conv_gemm_kernel)
+}
+
+
 # ---------------------------------------------------------------------------------------------
 # Host side
 # ---------------------------------------------------------------------------------------------
@@ -654,7 +669,8 @@ def conv2d_forward(
         dummy = [64, 64]  # the pre-hook sets each config's block shape
         a = TensorDescriptor.from_tensor(x2d, dummy) if a_tma else x2d
         b = TensorDescriptor.from_tensor(w2d, dummy) if b_tma else w2d
-        compiled = launch(conv_gemm_kernel)[grid](
+        kernel = conv_gemm_kernel if launch is direct else TRACEABLE[conv_gemm_kernel]
+        compiled = launch(kernel)[grid](
             a, b, bias, y, M, C, K,
             x2d.stride(0), w2d.stride(0), y.stride(3), y.stride(1),
             A_TMA=a_tma, B_TMA=b_tma, **common,
@@ -681,6 +697,10 @@ def conv2d_forward(
             tiles = triton.cdiv(P, meta["BLOCK_H"]) * triton.cdiv(Q, meta["BLOCK_W"])
             return (N * tiles * triton.cdiv(K, meta["BLOCK_N"]),)
 
+    if launch is not direct:
+        if chosen == "window":
+            raise ValueError("path='window' needs TMA descriptors: launch it directly")
+        kernel = TRACEABLE[kernel]
     compiled = launch(kernel)[grid](
         a, b, bias, y,
         M, N, C, H, W, K, P, Q, R, S,

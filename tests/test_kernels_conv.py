@@ -365,3 +365,23 @@ def test_resnet50_layers_every_path_on_gpu(name):
         for tma in (False, True):
             check_forward(x, weight, bias, stride, padding, 1, "relu", dtype_name="bf16",
                           path=path, tma=tma)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["1x1", "3x3-odd-7x9", "7x7-stride2-pad3-C3"])
+def test_traced_launch_uses_hook_free_kernels(name, device):
+    """Through a launcher other than `direct` (kernels/ops.py passes wrap_triton) the kernels run
+    under autotuners with plain configs: torch.compile cannot trace config pre-hooks."""
+    from kernels import conv as conv_module
+
+    launched = []
+
+    def launcher(kernel):
+        launched.append(kernel)
+        return kernel
+
+    geometry = GEOMETRIES[name]
+    x, weight, bias = make_inputs(geometry, torch.float16, device)
+    x = x.contiguous(memory_format=torch.channels_last)
+    check_forward(x, weight, bias, *geometry[2:], dtype_name="fp16", launch=launcher)
+    assert len(launched) == 1 and launched[0] in conv_module.TRACEABLE.values()
+    assert all(config.pre_hook is None for config in launched[0].configs)
