@@ -14,7 +14,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup experiment sweep resume test test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup experiment sweep bench resume test test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -36,6 +36,28 @@ experiment: $(SETUP) ## One run: make experiment kernel=matmul mode=max-autotune
 
 sweep: $(SETUP) ## Hydra multirun over comma lists: make sweep kernel=matmul,softmax mode=eager,triton
 	$(PY) -m experiments.run --multirun $(OVERRIDES)
+
+# The grids behind each kernel issue's speed targets (one quoted Hydra multirun each). Eager is
+# measured inside every job (speedup_vs_eager pairs the mode's calls with eager's), so no eager job.
+# "Best compile mode" means the best of the compile modes listed here: default and
+# max-autotune-no-cudagraphs (the CUDA-graph modes add input copies in the default view).
+BENCH_matmul = "kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm"
+BENCH_linear = "kernel=linear mode=triton,default,max-autotune-no-cudagraphs pass=fwd dtype=bf16,fp16" \
+               "kernel=linear mode=triton pass=fwd_bwd dtype=bf16,fp16"
+BENCH_softmax = "kernel=softmax mode=triton,default,max-autotune-no-cudagraphs dtype=bf16,fp32 shapes=rows" \
+                "kernel=softmax mode=triton pass=fwd_bwd dtype=bf16,fp32 shapes=rows" \
+                "kernel=softmax mode=eager,triton,default,reduce-overhead shapes=small"
+BENCH_conv = "kernel=conv mode=triton shapes=resnet50,resnet50_b128" \
+             "kernel=conv kernel.activation=relu mode=triton,default,max-autotune-no-cudagraphs shapes=resnet50_core"
+BENCH_STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)
+BENCH_DIR ?= multirun/bench-$(kernel)/$(BENCH_STAMP)
+
+bench: $(SETUP) ## A kernel's speed-target sweeps + ratio table: make bench kernel=matmul|linear|softmax|conv
+	@$(if $(BENCH_$(kernel)),,echo "error: make bench needs kernel=matmul|linear|softmax|conv" >&2; exit 2)
+	@rc=0; i=0; for grid in $(BENCH_$(kernel)); do i=$$((i+1)); \
+	  echo "bench $(kernel) [$$i]: $$grid $(ARGS)"; \
+	  $(PY) -m experiments.run --multirun $$grid hydra.sweep.dir=$(BENCH_DIR)/$$i $(ARGS) || rc=$$?; \
+	done; $(PY) -m analysis.targets $(BENCH_DIR) --kernel $(kernel) | tee $(BENCH_DIR)/targets.txt; exit $$rc
 
 resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
 	$(PY) -m experiments.resume $(SWEEP) $(ARGS)

@@ -5,7 +5,8 @@
     results.frame, results.problems           # the rows; lines that could not be read, and why
 
 One row per record (the fields of experiments.records.Record, `pass` spelled as in the JSONL),
-plus where it ran, from the env.json beside each results.jsonl: gpu_name, torch, triton, git_sha,
+plus from the env.json beside each results.jsonl: what the job fused (`epilogue`, e.g. "bias+gelu",
+for linear and conv) and its conv `memory_format`; where it ran: gpu_name, torch, triton, git_sha,
 git_short_sha, peak_copy_gbps, peak_bf16_tflops; `job_dir`; and `activations`: "static" when every
 activation of the workload was marked static (bench.static_inputs=true), else "inputs" (the
 default view, in which CUDA-graph modes copy their inputs on every call).
@@ -27,6 +28,8 @@ __all__ = [
 ]
 
 ENV_COLUMNS = [
+    "epilogue",
+    "memory_format",
     "gpu_name",
     "torch",
     "triton",
@@ -45,13 +48,16 @@ class Results:
     problems: list[str] = field(default_factory=list)
 
 
-def env_columns(env: dict | None) -> dict:
+def env_columns(env: dict | None, config: dict | None = None) -> dict:
     """The env.json entries a figure or table names: where and with what the rows were made."""
     if not env:
         return {name: math.nan for name in ENV_COLUMNS}
     peaks = env.get("peaks") or {}
     sha = env.get("git_sha")
+    kernel_cfg = ((config if config is not None else env.get("config")) or {}).get("kernel") or {}
     return {
+        "epilogue": epilogue(kernel_cfg),
+        "memory_format": kernel_cfg.get("memory_format", math.nan),
         "gpu_name": env.get("gpu_name", math.nan),
         "torch": env.get("torch", math.nan),
         "triton": env.get("triton", math.nan),
@@ -60,6 +66,17 @@ def env_columns(env: dict | None) -> dict:
         "peak_copy_gbps": peaks.get("copy_gbps", math.nan),
         "peak_bf16_tflops": peaks.get("bf16_matmul_tflops", math.nan),
     }
+
+
+def epilogue(kernel_cfg: dict):
+    """What a linear or conv job fused after its GEMM: "bias+gelu", "bias", "relu", "none";
+    NaN for kernels without the options (matmul, softmax)."""
+    if "bias" not in kernel_cfg and "activation" not in kernel_cfg:
+        return math.nan
+    parts = ["bias"] if kernel_cfg.get("bias") else []
+    if kernel_cfg.get("activation") not in (None, "none"):
+        parts.append(str(kernel_cfg["activation"]))
+    return "+".join(parts) or "none"
 
 
 def activations(kernel: str, static_inputs) -> str:
@@ -169,7 +186,7 @@ def load_wandb(project: str, entity: str | None = None, api=None) -> pd.DataFram
         if table is None:
             problems.append(f"wandb:{path}/{run.id}: no rows table")
             continue
-        env = env_columns((run.config or {}).get("env"))
+        env = env_columns((run.config or {}).get("env"), config=run.config or {})
         for index, cells in enumerate(table.data):
             row = {
                 name: _parse_cell(name, value)

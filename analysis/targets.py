@@ -1,0 +1,294 @@
+"""The kernel issues' speed targets, checked against the records of a benchmark sweep.
+
+    make bench-matmul                                   # runs the sweep below, then prints this
+    python -m analysis.targets multirun/bench-matmul/2026-11-22_10-00-00 --kernel matmul
+
+Every figure is a ratio measured in the same run or a rate against the device's own measured
+peaks (env.json), never a number typed in:
+- speedup_vs_eager pairs each mode's calls with eager's calls in the same job (GPU time);
+- "vs best compile" divides Triton's speedup_vs_eager by the best compile mode's, shape by shape,
+  so each side is normalised by the eager run of its own job;
+- % of copy is the row's bandwidth (minimum bytes: read once, write once) over the copy bandwidth
+  measured on that device.
+
+A target prints its value, its threshold and PASS or MISS; one with no rows prints "n/a" and counts
+as a miss. These are benchmarks: the exit status is 0 unless --strict is given.
+"""
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.summary import load_rows
+from experiments.records import geomean
+
+# The torch.compile modes a Triton kernel is held against: whichever of them the sweep measured.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class Check:
+    target: str
+    value: float | None
+    threshold: float
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        value = self.value
+        return value is not None and not math.isnan(value) and value >= self.threshold
+
+    def line(self) -> str:
+        shown = "n/a" if self.value is None or math.isnan(self.value) else f"{self.value:.3f}"
+        verdict = "PASS" if self.passed else "MISS"
+        return f"  {verdict}  {self.target}: {shown} (target >= {self.threshold:g}){self.detail}"
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+    tables: list[tuple[str, pd.DataFrame]]
+
+
+def _ok(frame: pd.DataFrame, **where) -> pd.DataFrame:
+    rows = frame[(frame["status"] == "ok") & (frame["activations"] == "inputs")]
+    for column, value in where.items():
+        allowed = value if isinstance(value, list | tuple | set) else [value]
+        rows = rows[rows[column].isin(allowed)]
+    return rows
+
+
+def _gm(values) -> float:
+    result = geomean([v for v in values if v is not None and not pd.isna(v)])
+    return math.nan if result is None else result
+
+
+def _worst(rows: pd.DataFrame, column: str) -> tuple[float, str]:
+    if rows.empty or rows[column].isna().all():
+        return math.nan, ""
+    index = rows[column].idxmin()
+    return float(rows.loc[index, column]), f" at {rows.loc[index, 'shape_label']}"
+
+
+def vs_best_compile(frame: pd.DataFrame, **where) -> pd.DataFrame:
+    """Per shape: Triton's speedup_vs_eager over the best compile mode's (> 1: Triton is faster)."""
+    triton = _ok(frame, mode="triton", **where).set_index("shape_label")["speedup_vs_eager"]
+    compiled = _ok(frame, mode=list(COMPILE_MODES), **where)
+    if compiled.empty or triton.empty:
+        return pd.DataFrame(columns=["triton", "best_compile", "best_mode", "ratio"])
+    best = compiled.loc[compiled.groupby("shape_label")["speedup_vs_eager"].idxmax()]
+    best = best.set_index("shape_label")
+    table = pd.DataFrame({
+        "triton": triton,
+        "best_compile": best["speedup_vs_eager"],
+        "best_mode": best["mode"],
+    }).dropna(subset=["triton", "best_compile"])
+    table["ratio"] = table["triton"] / table["best_compile"]
+    return table
+
+
+def _mode_table(rows: pd.DataFrame, value: str) -> pd.DataFrame:
+    """shape_label x mode of one column, shapes in the order they were measured."""
+    order = list(dict.fromkeys(rows["shape_label"]))
+    table = rows.pivot_table(index="shape_label", columns="mode", values=value, aggfunc="first")
+    return table.reindex(order)
+
+
+def _worst_note(worst: float, where: str) -> str:
+    return f"; worst {worst:.3f}{where}" if where else ""
+
+
+def _paired_table(triton: pd.DataFrame) -> pd.DataFrame:
+    """Per shape, Triton's rate and the eager rate measured beside it, from the Triton rows."""
+    rows = triton.set_index("shape_label")
+    return pd.DataFrame({
+        "eager TFLOP/s": rows["flops"] / (rows["eager_time_ms_p50"] * 1e-3) / 1e12,
+        "triton TFLOP/s": rows["tflops"],
+        "speedup": rows["speedup_vs_eager"],
+        "noisy": rows["noisy"],
+    })
+
+
+def _dtypes(rows: pd.DataFrame) -> list[str]:
+    return sorted(rows["dtype"].dropna().unique())
+
+
+def matmul_report(frame: pd.DataFrame) -> Report:
+    checks, tables = [], []
+    rows = _ok(frame, kernel="matmul", **{"pass": "fwd"})
+    for dtype in _dtypes(rows):
+        sets = _ok(rows, dtype=dtype, shape_set=["square", "llm"])
+        triton = sets[sets["mode"] == "triton"].drop_duplicates("shape_label")
+        tag = f"matmul {dtype} triton vs eager"
+        if dtype in ("bf16", "fp16"):
+            checks.append(Check(f"{tag}, geomean over square+llm", _gm(triton["speedup_vs_eager"]),
+                                1.00, f" ({len(triton)} shapes)"))
+            worst, where = _worst(triton, "speedup_vs_eager")
+            checks.append(Check(f"{tag}, worst shape", worst, 0.85, where))
+        big = triton[triton["shape_label"] == "8192x8192x8192"]
+        if dtype == "bf16":
+            checks.append(Check("matmul bf16 8192^3 TFLOP/s", float(big["tflops"].iloc[0])
+                                if len(big) else math.nan, 750))
+        tables.append((f"matmul {dtype} (square, llm): triton against eager in the same job",
+                       _paired_table(triton)))
+    return Report(checks, tables)
+
+
+def linear_report(frame: pd.DataFrame) -> Report:
+    checks, tables = [], []
+    rows = _ok(frame, kernel="linear", epilogue="bias+gelu")
+    for dtype in _dtypes(rows):
+        fwd = _ok(rows, dtype=dtype, **{"pass": "fwd"})
+        triton = fwd[fwd["mode"] == "triton"]
+        checks.append(Check(f"linear {dtype} bias+gelu fwd: triton vs eager (geomean)",
+                            _gm(triton["speedup_vs_eager"]), 1.15, f" ({len(triton)} shapes)"))
+        best = vs_best_compile(frame, kernel="linear", epilogue="bias+gelu", dtype=dtype,
+                               **{"pass": "fwd"})
+        worst, where = _worst(best.reset_index(), "ratio")
+        checks.append(Check(f"linear {dtype} bias+gelu fwd: triton vs best compile mode (geomean)",
+                            _gm(best["ratio"]), 1.0, _worst_note(worst, where)))
+        both = _ok(rows, dtype=dtype, mode="triton", **{"pass": "fwd_bwd"})
+        checks.append(Check(f"linear {dtype} bias+gelu fwd_bwd: triton vs eager (geomean)",
+                            _gm(both["speedup_vs_eager"]), 1.05, f" ({len(both)} shapes)"))
+        for pass_name in ("fwd", "fwd_bwd"):
+            part = _ok(rows, dtype=dtype, **{"pass": pass_name})
+            if not part.empty:
+                tables.append((f"linear {dtype} {pass_name}: speedup_vs_eager by mode",
+                               _mode_table(part, "speedup_vs_eager")))
+    return Report(checks, tables)
+
+
+def _row_length(frame: pd.DataFrame) -> pd.Series:
+    return frame["shape"].map(lambda shape: shape["n"])
+
+
+def softmax_report(frame: pd.DataFrame) -> Report:
+    checks, tables = [], []
+    rows = _ok(frame, kernel="softmax", shape_set="rows")
+    for dtype in _dtypes(rows):
+        fwd = _ok(rows, dtype=dtype, **{"pass": "fwd"})
+        triton = fwd[fwd["mode"] == "triton"].set_index("shape_label")
+        worst, where = _worst(triton.reset_index(), "pct_peak_bw")
+        checks.append(Check(f"softmax {dtype} fwd: triton % of copy bandwidth, every N",
+                            worst, 0.90, where))
+        if dtype == "bf16":
+            checks.append(Check("softmax bf16 fwd: triton vs eager (geomean over rows)",
+                                _gm(triton["speedup_vs_eager"]), 1.3))
+        best = vs_best_compile(frame, kernel="softmax", shape_set="rows", dtype=dtype,
+                               **{"pass": "fwd"})
+        worst_ratio, where = _worst(best.reset_index(), "ratio")
+        checks.append(Check(f"softmax {dtype} fwd: triton vs best compile mode, every N",
+                            worst_ratio, 1.0, where))
+        # The backward alone: the fwd_bwd call's time less the forward's, over y + dy + dx bytes.
+        both = _ok(rows, dtype=dtype, mode="triton", **{"pass": "fwd_bwd"})
+        both = both.set_index("shape_label")
+        bwd_ms = both["time_ms_p50"] - triton["time_ms_p50"].reindex(both.index)
+        bwd_bytes = both["min_bytes"] * 3 / 5
+        bwd_pct = (bwd_bytes / (bwd_ms * 1e-3) / 1e9) / both["peak_copy_gbps"]
+        table = pd.DataFrame({
+            "N": _row_length(triton.reset_index()).values,
+            "triton GB/s": triton["gbps"],
+            "% of copy": triton["pct_peak_bw"] * 100,
+        }, index=triton.index)
+        for mode, speed in _mode_table(fwd, "speedup_vs_eager").items():
+            table[f"{mode} x eager"] = speed
+        table["bwd % of copy"] = bwd_pct * 100
+        worst_bwd = bwd_pct.min() if len(bwd_pct.dropna()) else math.nan
+        where = f" at {bwd_pct.idxmin()}" if len(bwd_pct.dropna()) else ""
+        checks.append(Check(f"softmax {dtype} bwd (fwd_bwd - fwd time): % of copy, every N",
+                            worst_bwd, 0.85, where))
+        tables.append((f"softmax {dtype} rows: forward bandwidth and speedup_vs_eager by mode",
+                       table))
+    small = _ok(frame, kernel="softmax", shape_set="small", **{"pass": "fwd"})
+    for dtype in _dtypes(small):
+        part = small[small["dtype"] == dtype]
+        table = _mode_table(part, "time_ms_p50").mul(1000).add_suffix(" GPU us")
+        latency = _mode_table(part, "call_latency_us_p50").add_suffix(" call us")
+        tables.append((f"softmax {dtype} small (launch-bound): GPU time and call latency, us",
+                       table.join(latency)))
+    return Report(checks, tables)
+
+
+def _is_1x1(shape: dict) -> bool:
+    return shape.get("r") == 1 and shape.get("s") == 1
+
+
+def conv_report(frame: pd.DataFrame) -> Report:
+    checks, tables = [], []
+    rows = _ok(frame, kernel="conv", memory_format="nhwc")
+    for shape_set in ("resnet50", "resnet50_b128"):
+        layers = _ok(rows, shape_set=shape_set, epilogue="bias")
+        for dtype in _dtypes(layers):
+            part = layers[layers["dtype"] == dtype]
+            triton = part[part["mode"] == "triton"]
+            tag = f"conv {dtype} {shape_set} bias: triton vs eager"
+            checks.append(Check(f"{tag} (geomean)", _gm(triton["speedup_vs_eager"]),
+                                0.90 if dtype == "bf16" else 0.0, f" ({len(triton)} layers)"))
+            ones = triton[triton["shape"].map(_is_1x1)]
+            worst, where = _worst(ones, "speedup_vs_eager")
+            checks.append(Check(f"{tag}, worst 1x1 layer", worst,
+                                0.95 if dtype == "bf16" else 0.0, where))
+            tables.append((f"conv {dtype} {shape_set} (bias): triton against eager in the same job",
+                           _paired_table(triton)))
+    fused = _ok(rows, epilogue="bias+relu")
+    for dtype in _dtypes(fused):
+        best = vs_best_compile(frame, kernel="conv", memory_format="nhwc", epilogue="bias+relu",
+                               dtype=dtype)
+        worst, where = _worst(best.reset_index(), "ratio")
+        checks.append(Check(f"conv {dtype} bias+relu: triton vs best compile mode (geomean)",
+                            _gm(best["ratio"]), 1.0, _worst_note(worst, where)))
+        tables.append((f"conv {dtype} bias+relu: speedup_vs_eager by mode",
+                       _mode_table(fused[fused["dtype"] == dtype], "speedup_vs_eager")))
+    return Report(checks, tables)
+
+
+REPORTS = {
+    "matmul": matmul_report,
+    "linear": linear_report,
+    "softmax": softmax_report,
+    "conv": conv_report,
+}
+
+
+def render(frame: pd.DataFrame, kernels: list[str]) -> tuple[str, bool]:
+    """The tables and the target lines for `kernels`; True when every target passed."""
+    out, all_passed = [], True
+    with pd.option_context("display.width", 200, "display.max_columns", 30,
+                           "display.float_format", "{:.3f}".format):
+        for kernel in kernels:
+            report = REPORTS[kernel](frame)
+            for title, table in report.tables:
+                if not table.empty:
+                    out += [f"\n{title}", table.to_string()]
+            out.append(f"\n{kernel} targets:")
+            if not report.checks:
+                out.append(f"  MISS  no {kernel} rows that the targets read")
+                all_passed = False
+            for check in report.checks:
+                out.append(check.line())
+                all_passed &= check.passed
+    gpus = sorted(frame["gpu_name"].dropna().unique())
+    out.insert(0, f"records: {len(frame)} rows; GPU: {', '.join(gpus) or 'unknown'}")
+    return "\n".join(out), all_passed
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="a sweep or results folder")
+    parser.add_argument("--kernel", action="append", choices=sorted(REPORTS),
+                        help="which kernel's targets (repeatable; default: those with rows)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    frame = load_rows(args.results)
+    kernels = args.kernel or [k for k in REPORTS if k in set(frame["kernel"])]
+    text, passed = render(frame, kernels)
+    print(text)
+    if args.strict and not passed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""analysis.targets reads the speed targets off records: ratios, worst shapes, derived rates."""
+
+import json
+import math
+import os
+
+import pytest
+
+from analysis.load import epilogue, records_frame
+from analysis.targets import main, matmul_report, render, softmax_report, vs_best_compile
+from experiments.records import Record
+
+
+def row(kernel, mode, label, **fields):
+    base = {
+        "kernel": kernel, "mode": mode, "shape_label": label, "shape": fields.pop("shape", {}),
+        "shape_set": "default", "dtype": "bf16", "pass": "fwd", "status": "ok",
+        "static_inputs": [], "gpu_name": "TestGPU", "noisy": False,
+    }
+    return {**base, **fields}
+
+
+def square_llm(speedups: dict, tflops_8192=760.0):
+    rows = []
+    for label, speedup in speedups.items():
+        tflops = tflops_8192 if label == "8192x8192x8192" else 100.0
+        rows.append(row("matmul", "triton", label, shape_set="square", speedup_vs_eager=speedup,
+                        tflops=tflops, flops=2e12, eager_time_ms_p50=10.0))
+    return records_frame(rows)
+
+
+def test_matmul_targets_name_the_geomean_the_worst_shape_and_the_big_rate():
+    frame = square_llm({"1024x1024x1024": 1.2, "8192x8192x8192": 1.05, "16x4096x4096": 0.8})
+    checks = {c.target: c for c in matmul_report(frame).checks}
+    geo = checks["matmul bf16 triton vs eager, geomean over square+llm"]
+    assert geo.value == pytest.approx((1.2 * 1.05 * 0.8) ** (1 / 3)) and geo.passed
+    worst = checks["matmul bf16 triton vs eager, worst shape"]
+    assert worst.value == pytest.approx(0.8) and not worst.passed and "16x4096x4096" in worst.detail
+    assert checks["matmul bf16 8192^3 TFLOP/s"].passed
+
+
+def test_failed_and_static_rows_do_not_count():
+    frame = records_frame([
+        row("matmul", "triton", "a", shape_set="square", speedup_vs_eager=2.0),
+        row("matmul", "triton", "b", shape_set="square", speedup_vs_eager=0.1, status="failed"),
+        row("matmul", "triton", "c", shape_set="square", speedup_vs_eager=0.1,
+            static_inputs=["a", "b"]),
+    ])
+    checks = {c.target: c for c in matmul_report(frame).checks}
+    assert checks["matmul bf16 triton vs eager, worst shape"].value == pytest.approx(2.0)
+
+
+def test_vs_best_compile_divides_by_the_fastest_compile_mode_per_shape():
+    frame = records_frame([
+        row("linear", "triton", "s1", speedup_vs_eager=1.2),
+        row("linear", "default", "s1", speedup_vs_eager=1.0),
+        row("linear", "max-autotune-no-cudagraphs", "s1", speedup_vs_eager=1.5),
+        row("linear", "triton", "s2", speedup_vs_eager=0.9),
+        row("linear", "default", "s2", speedup_vs_eager=0.6),
+        row("linear", "eager", "s2", speedup_vs_eager=3.0),  # eager is no compile mode
+    ])
+    table = vs_best_compile(frame, kernel="linear")
+    assert table.loc["s1", "ratio"] == pytest.approx(0.8)
+    assert table.loc["s1", "best_mode"] == "max-autotune-no-cudagraphs"
+    assert table.loc["s2", "ratio"] == pytest.approx(1.5)
+
+
+def test_softmax_backward_rate_is_derived_from_fwd_bwd_less_fwd():
+    gb = 1e9
+    common = {"shape_set": "rows", "shape": {"m": 8, "n": 128}, "peak_copy_gbps": 1000.0}
+    frame = records_frame([
+        row("softmax", "triton", "8x128", time_ms_p50=1.0, gbps=900.0, pct_peak_bw=0.9,
+            speedup_vs_eager=1.4, min_bytes=2 * gb, **common),
+        row("softmax", "default", "8x128", time_ms_p50=1.1, speedup_vs_eager=1.3, **common),
+        row("softmax", "triton", "8x128", time_ms_p50=2.5, min_bytes=5 * gb,
+            **{"pass": "fwd_bwd"}, **common),
+    ])
+    checks = {c.target: c for c in softmax_report(frame).checks}
+    # backward: 3 GB (y, dy, dx) in 1.5 ms = 2000 GB/s, twice the measured copy rate
+    assert checks["softmax bf16 bwd (fwd_bwd - fwd time): % of copy, every N"].value == \
+        pytest.approx(2.0)
+    assert checks["softmax bf16 fwd: triton % of copy bandwidth, every N"].passed
+    assert checks["softmax bf16 fwd: triton vs best compile mode, every N"].value == \
+        pytest.approx(1.4 / 1.3)
+
+
+def test_no_rows_is_a_miss_and_strict_exits_1(tmp_path, capsys):
+    frame = square_llm({"1024x1024x1024": 1.2})
+    text, passed = render(frame, ["conv"])
+    assert "MISS" in text and not passed
+    text, _ = render(frame, ["matmul"])
+    assert "n/a" in text  # no 8192^3 row
+    record = Record(kernel="matmul", mode="triton", shape={"m": 8, "n": 8, "k": 8},
+                    shape_label="8x8x8", shape_set="square", dtype="bf16", pass_="fwd", tf32=False,
+                    device="cuda", static_inputs=[], run_name="r", job_id="j",
+                    time_ms_p50=0.01, max_rel_err=1e-3, speedup_vs_eager=1.3)
+    (tmp_path / "results.jsonl").write_text(json.dumps(record.to_json()) + "\n")
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path), "--kernel", "matmul", "--strict"])
+    assert exc.value.code == 1
+    out = capsys.readouterr().out
+    assert "PASS  matmul bf16 triton vs eager, geomean over square+llm: 1.300" in out
+    assert "MISS  matmul bf16 8192^3 TFLOP/s: n/a" in out
+
+
+def test_epilogue_names_what_a_job_fused():
+    assert epilogue({"bias": True, "activation": "gelu"}) == "bias+gelu"
+    assert epilogue({"bias": False, "activation": "relu"}) == "relu"
+    assert epilogue({"bias": False, "activation": "none"}) == "none"
+    assert math.isnan(epilogue({"name": "matmul"}))
+
+
+def test_make_bench_runs_the_grid_and_prints_the_targets(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    def make(*args):
+        return subprocess.run(["make", "bench", f"PY={sys.executable}", *args], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "TRITON_INTERPRET": "1"})
+
+    result = make()
+    assert result.returncode == 2 and "make bench needs kernel=" in result.stderr
+    result = make("kernel=matmul", f"BENCH_DIR={tmp_path}",
+                  "ARGS=shapes=cpu dtype=fp32 bench=quick wandb.mode=disabled")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "bench matmul [1]: kernel=matmul mode=triton" in result.stdout
+    assert "matmul targets:" in (tmp_path / "targets.txt").read_text()
+    assert len((tmp_path / "1" / "sweep_results.jsonl").read_text().splitlines()) == 2
