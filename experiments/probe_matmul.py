@@ -47,6 +47,7 @@ LLM = [
     (4096, 14336, 4096),
     (16384, 4096, 4096),
 ]
+BT_SHAPES = [(4096, 4096, 4096), (16, 4096, 4096), (2048, 14336, 4096)]  # a @ W.t()
 LINEAR = [(16, 4096, 4096), (2048, 4096, 4096), (2048, 14336, 4096), (2048, 4096, 14336)]
 
 ROWS: list[str] = []
@@ -169,7 +170,7 @@ def section_mm(shapes, quick):
         )
     emit("== B given transposed (a @ W.t(), the linear layout) ==")
     header()
-    for M, N, K in [(4096, 4096, 4096), (16, 4096, 4096), (2048, 14336, 4096)]:
+    for M, N, K in BT_SHAPES:
         matmul_case(M, N, K, torch.bfloat16, [("auto", {})], b_transposed=True)
 
 

@@ -1,12 +1,16 @@
 """kernels.linear against float64 autograd: every activation, bias on and off, 3-D and strided
 inputs, gradients of x, weight and bias, and bad input."""
 
+import importlib
+
 import pytest
 import torch
 
 from experiments.correctness import relative_error, tolerance
 from kernels._common import ACTIVATIONS, dot_precision
 from kernels.linear import linear, linear_reference
+
+km = importlib.import_module("kernels.matmul")  # the module; kernels.matmul is also a function
 
 # The interpreter evaluates sigmoid as 1 / (1 + exp(-x)) in numpy, which warns when exp(-x)
 # overflows to inf for x < -88 even though the result, 0, is right.
@@ -188,3 +192,43 @@ def test_large_on_gpu(size, dtype_name):
         t.requires_grad_()
     check_forward(x.detach(), weight.detach(), bias.detach(), "gelu", dtype_name)
     check_backward(x, weight, bias, "gelu", dtype_name)
+
+
+@pytest.fixture
+def tma_everywhere(monkeypatch):
+    """Route every GEMM whose operands TMA can read to the Hopper kernel, with split_k 2, as if
+    on an sm_90 GPU: the interpreter runs it, so its layouts (weight.T as a column-major B in the
+    forward, dZ.T as a column-major A for dW) are checked without one."""
+
+    def plan(a, b):
+        aligned = km._tma_layout(a) and km._tma_layout(b)
+        return ("tma" if aligned else "pointer"), 2
+
+    monkeypatch.setattr(km, "plan", plan)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "none"])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_tma_path_forward_backward(dtype_name, activation, device, tma_everywhere):
+    x, weight, bias = make_inputs((2, 8, 64), 48, dtype_name, device)
+    check_forward(x, weight, bias, activation, dtype_name)
+    for t in (x, weight, bias):
+        t.requires_grad_()
+    check_backward(x, weight, bias, activation, dtype_name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize(
+    "x_shape, out_features, activation",
+    [((4, 4, 4096), 4096, "gelu"), ((2, 300, 1024), 2048, "silu"), ((128, 1823), 640, "relu"),
+     ((2048, 1024), 4096, "gelu_tanh")],
+    ids=["decode", "3d-prefill", "odd-k", "prefill"],
+)  # fmt: skip
+def test_llm_shapes_on_gpu(x_shape, out_features, activation, dtype_name):
+    x, weight, bias = make_inputs(x_shape, out_features, dtype_name, "cuda")
+    weight = weight / x_shape[-1] ** 0.5  # keep activations in their interesting range
+    check_forward(x, weight, bias, activation, dtype_name)
+    for t in (x, weight, bias):
+        t.requires_grad_()
+    check_backward(x, weight, bias, activation, dtype_name)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from experiments.correctness import relative_error, tolerance
-from kernels._common import dot_precision
-from kernels.matmul import matmul, matmul_reference
+from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision
+from kernels.matmul import _tma_layout, fused_matmul, matmul, matmul_reference, plan
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -106,3 +106,109 @@ def test_large_on_gpu(size, dtype_name):
     a = random_matrix(size, size, "contiguous", DTYPES[dtype_name], "cuda", gen)
     b = random_matrix(size, size, "transposed", DTYPES[dtype_name], "cuda", gen)
     check(a, b, dtype_name)
+
+
+# ---- both kernels and every epilogue through fused_matmul (the launch linear uses) ----
+ACT_NAMES = ["none", "relu", "gelu", "gelu_tanh", "silu"]
+
+
+def fused_reference(a, b, bias, activation):
+    z = a.double() @ b.double()
+    if bias is not None:
+        z = z + bias.double()
+    return TORCH_ACTIVATIONS[activation](z), z
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("path", ["pointer", "tma"])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(
+    "a_layout, b_layout, N",
+    # N = 24 keeps C's rows 16-byte aligned (TMA store); N = 7 takes the masked-store epilogue.
+    [("contiguous", "contiguous", 24), ("transposed", "transposed", 7),
+     ("contiguous", "transposed", 24), ("transposed", "contiguous", 24)],
+)  # fmt: skip
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+def test_fused_epilogue_paths(a_layout, b_layout, N, dtype_name, path, split_k, device):
+    """The TMA kernel runs here in the interpreter too (descriptors over each operand's stored
+    layout); split_k 3 leaves one K slice short and goes through splitk_reduce_kernel."""
+    M, K = 40, 104
+    gen = torch.Generator().manual_seed(4)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(M, K, a_layout, dtype, device, gen)
+    b = random_matrix(K, N, b_layout, dtype, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=dtype)
+    for act in ACT_NAMES:
+        c, z = fused_matmul(a, b, bias, ACTIVATIONS[act], True, path=path, split_k=split_k)
+        ref_c, ref_z = fused_reference(a, b, bias, act)
+        assert c.shape == z.shape == (M, N) and c.is_contiguous() and c.dtype == dtype
+        for out, ref, what in [(c, ref_c, f"{act} c"), (z, ref_z, f"{act} z")]:
+            err = relative_error(out, ref)
+            assert err < tol(dtype_name), f"{what}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("path", ["pointer", "tma"])
+def test_fused_no_bias_no_preact(path, device):
+    gen = torch.Generator().manual_seed(5)
+    a = random_matrix(40, 64, "contiguous", torch.float32, device, gen)
+    b = random_matrix(64, 32, "transposed", torch.float32, device, gen)
+    c, z = fused_matmul(a, b, None, ACTIVATIONS["relu"], False, path=path, split_k=2)
+    assert z is None
+    err = relative_error(c, fused_reference(a, b, None, "relu")[0])
+    assert err < tol("fp32")
+
+
+@pytest.mark.parametrize(
+    "make, ok",
+    [
+        (lambda: torch.randn(8, 16), (False, 16)),
+        (lambda: torch.randn(16, 8).t(), (True, 8)),
+        (lambda: torch.randn(8, 19)[:, 3:], None),  # offset start: 12 bytes
+        (lambda: torch.randn(8, 20)[:, 4:], (False, 20)),  # offset 16 bytes, row stride 80 bytes
+        (lambda: torch.randn(8, 7), None),  # 28-byte rows
+        (lambda: torch.randn(16).expand(8, 16), None),  # stride 0
+        (lambda: torch.randn(8, 32)[:, ::2], None),  # no unit stride
+    ],
+    ids=["row-major", "col-major", "offset", "aligned-slice", "odd-rows", "expand", "step"],
+)
+def test_tma_layout_rules(make, ok):
+    assert _tma_layout(make()) == ok
+
+
+def test_tma_path_refuses_unaligned(device):
+    a = torch.randn(8, 7, device=device)
+    b = torch.randn(7, 16, device=device)
+    with pytest.raises(ValueError, match="TMA path needs 16-byte aligned"):
+        fused_matmul(a, b, path="tma")
+
+
+def test_plan_without_tma_is_pointer(device):
+    a, b = torch.randn(16, 4096, device="cpu"), torch.randn(4096, 64, device="cpu")
+    path, split_k = plan(a, b)
+    assert path == "pointer" and split_k > 1  # skinny and deep: K is split
+    assert plan(torch.randn(512, 64), torch.randn(64, 64)) == ("pointer", 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize(
+    "shape, b_layout",
+    [((16, 4096, 4096), "contiguous"), ((128, 1024, 4096), "transposed"),
+     ((1000, 1536, 520), "contiguous"), ((257, 1823, 1823), "contiguous"),
+     ((512, 768, 1024), "transposed")],
+    ids=["decode-splitk", "skinny-bT", "odd-m", "odd-k-fallback", "bT"],
+)  # fmt: skip
+def test_paths_on_gpu(shape, b_layout, dtype_name):
+    """The automatic path on the GPU (TMA on sm_90+, split-K for skinny shapes, the pointer kernel
+    for 1823-wide rows) with a fused bias + gelu epilogue, against float64."""
+    M, N, K = shape
+    gen = torch.Generator().manual_seed(6)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(M, K, "contiguous", dtype, "cuda", gen)
+    b = random_matrix(K, N, b_layout, dtype, "cuda", gen)
+    bias = torch.randn(N, generator=gen).to(device="cuda", dtype=dtype)
+    c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True)
+    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
+    assert relative_error(c, ref_c) < tol(dtype_name)
+    assert relative_error(z, ref_z) < tol(dtype_name)
+    assert relative_error(matmul(a, b), a.double() @ b.double()) < tol(dtype_name)
