@@ -1,14 +1,18 @@
 """y = act(x @ weight.T + bias), differentiable, with every FLOP in Triton.
 
-The forward is one launch of kernels.matmul's GEMM: weight.T is weight with swapped strides, and
-the bias add and activation run in its epilogue, where eager PyTorch (addmm, then the activation)
-writes and re-reads the output. The backward is built from the same GEMM plus two small kernels:
+The forward is one launch of kernels.matmul's GEMM (two for skinny split-K shapes): weight.T is
+weight with swapped strides, which the Hopper TMA kernel reads as a K-major B through a descriptor
+over the weight as stored, and the bias add and activation run in its epilogue, where eager
+PyTorch (addmm, then the activation) writes and re-reads the output. The backward is the same
+GEMM plus one small kernel:
 
-    dZ = dY * act'(Z)       activation_backward_kernel (skipped for activation "none": dZ = dY)
-    dX = dZ @ W             matmul_kernel, W as stored
-    dW = dZ^T @ X           matmul_kernel, dZ^T as swapped strides: no transposed copies
-    db = column sums of dZ  column_sum_kernel, fp32 accumulation (a second pass adds the fp32
-                            partial sums of row-splits when dZ has more than COLUMN_SUM_ROWS rows)
+    dZ = dY * act'(Z)       activation_backward_kernel, which also sums dZ's columns for db from
+    db = column sums of dZ  the same registers (fp32; a column_sum_kernel pass adds the partial
+                            sums of row-splits of ACTIVATION_BACKWARD_ROWS rows). For activation
+                            "none" dZ = dY and column_sum_kernel alone gives db.
+    dX = dZ @ W             fused_matmul, W as stored
+    dW = dZ^T @ X           fused_matmul, dZ^T as swapped strides (a column-major A for TMA): no
+                            transposed copies
 
 Z, the pre-activation x @ weight.T + bias, is written by the forward epilogue in the input dtype
 (a second store of the output tile) when an activation is used and a gradient is needed: that
