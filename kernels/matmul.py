@@ -346,12 +346,19 @@ def matmul_tma_kernel(
     num_work = num_pid_m * num_pid_n * split_k
     for work in tl.range(tl.program_id(0), num_work, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):  # fmt: skip
-        pid_m, pid_n = grouped_tile(work // split_k, num_pid_m, num_pid_n, GROUP_M)
-        split = work % split_k
+        if SPLIT:
+            tile = work // split_k
+            split = work % split_k
+            k_lo = split * k_per_split
+            k_hi = min(k_lo + k_per_split, k_tiles)
+        else:  # the full K range, with bounds the compiler can see
+            tile = work
+            split = 0
+            k_lo = 0
+            k_hi = k_tiles
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        k_lo = split * k_per_split
-        k_hi = min(k_lo + k_per_split, k_tiles)
 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_lo, k_hi):
