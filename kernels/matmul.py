@@ -74,6 +74,8 @@ GELU_TANH_CUBIC = tl.constexpr(0.044715)
 # persistent loop; WARP_SPECIALIZE asks for producer/consumer warps where Triton supports them.
 FLATTEN = True
 WARP_SPECIALIZE = False
+# One program per SM looping over the tiles; False launches one program per tile instead.
+PERSISTENT = True
 
 
 def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -550,7 +552,9 @@ def fused_matmul(
 
         def grid(META):
             work = triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]) * split_k
-            return (min(num_sms, work) if not is_interpreter() else min(4, work),)
+            if is_interpreter():
+                return (min(4, work),)
+            return (min(num_sms, work) if PERSISTENT else work,)
 
         launch(matmul_tma_kernel)[grid](
             a, b, c, bias, preact, partial,
