@@ -33,10 +33,12 @@ from kernels._common import Launcher, check_same, check_tensor, direct, is_inter
 # registers a thread); a longer row takes the split or online path. Tests lower it to reach
 # those paths at small sizes.
 ONE_PASS_MAX_ELEMS = 16384
-# Short rows share a tile program until it holds this many elements.
-TILE_ELEMS = 8192
-# Chunk of one split program (capped by ONE_PASS_MAX_ELEMS).
-SPLIT_CHUNK_ELEMS = 8192
+# Short rows share a tile program until its tile of each input holds this many bytes (capped
+# by ONE_PASS_MAX_ELEMS): 8192 fp32 values in the forward, 4096 in the backward.
+TILE_BYTES = 32768
+BWD_TILE_BYTES = 16384
+# Bytes of one input in the chunk of one split program (capped by ONE_PASS_MAX_ELEMS).
+SPLIT_CHUNK_BYTES = 16384
 # More chunks than this per row and the split path gives way to the online loop: the
 # cooperative wait needs every chunk of a row resident at once (132 SMs hold at least one each).
 MAX_SPLIT_CHUNKS = 128
@@ -132,6 +134,10 @@ def _split_partials(slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.
         while missing > 0:
             packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
             missing = tl.sum(tl.where(packed == 0, 1, 0))
+        # A slot is held by several threads, and the sum above counted one copy of each: a
+        # copy that another thread loaded a moment earlier can still be 0. Every slot is now
+        # published (seen in L2 before the sum's barrier), so one more load sees them all.
+        packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
     return tl.where(slot_ok, packed, 0)
 
 
@@ -415,36 +421,51 @@ def _sm_count(device: torch.device) -> int:
 def _programs_per_sm(tile_elems: int, num_warps: int, n_inputs: int) -> int:
     """Tile programs one SM holds at once, from an estimate of registers per thread.
 
-    Each thread keeps tile_elems / threads fp32 values per input tensor, plus about 24
-    registers of addresses and indices; registers are allocated in steps of 8 per thread.
-    The warp limit (64 per SM) caps it too. Shared memory is not counted: the loads of a
-    pipelined loop stage through it, at most a few tiles' worth, well under 228 KB.
+    With e = tile_elems / threads values per thread, ptxas (sm_90, Triton 3.8) gave the tile
+    kernels about e·(n_inputs + 0.5) + 24 registers: the loaded values, half as many again
+    for the exp/products, and ~24 for addresses and indices (forward e=32: 52-83, e=64:
+    111-122; backward e=32: 72-128, e=64: 163-185). Registers go in steps of 8 per thread
+    out of 65536 per SM; the warp limit (64 per SM) caps it too. Shared memory is not
+    counted: a pipelined loop stages a few tiles through it, well under 228 KB.
     """
     threads = 32 * num_warps
-    regs = -(-(n_inputs * tile_elems // threads + 24) // 8) * 8
+    per_thread = tile_elems // threads
+    regs = -(-(per_thread * (2 * n_inputs + 1) // 2 + 24) // 8) * 8
     by_regs = REGISTERS_PER_SM // (threads * min(regs, 255))
     return max(1, min(by_regs, MAX_WARPS_PER_SM // num_warps))
 
 
-def _tile_warps(tile_elems: int) -> int:
-    # 32 fp32 values a thread: 16-byte loads, several of them in flight per thread
-    return max(4, min(16, tile_elems // 1024))
+def _warps_for(tile_bytes: int) -> int:
+    # 128 bytes a thread: eight 16-byte loads in flight per thread (4 to 16 warps)
+    return max(4, min(16, tile_bytes // (128 * 32)))
 
 
 def _pick_config(
-    n_cols: int, rows_inner: int, rows_adjacent: bool, backward: bool, device: torch.device
+    n_cols: int,
+    rows_inner: int,
+    rows_adjacent: bool,
+    backward: bool,
+    device: torch.device,
+    itemsize: int = 4,
 ) -> Config:
+    """The measured best design and sizes for these rows (kernels/notes/softmax.md).
+
+    Sizes are in bytes of one input: the same bytes in flight whatever the dtype.
+    """
     min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, triton.next_power_of_2(rows_inner))
     padded_cols = triton.next_power_of_2(n_cols)
     if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
-        block_rows = max(min_rows, min(TILE_ELEMS, ONE_PASS_MAX_ELEMS) // padded_cols)
-        block_rows = min(block_rows, triton.next_power_of_2(rows_inner))
-        block_rows = max(block_rows, min_rows)
-        return Config("tile", block_rows, padded_cols, _tile_warps(block_rows * padded_cols))
-    chunk_cols = max(1, min(SPLIT_CHUNK_ELEMS, ONE_PASS_MAX_ELEMS) // min_rows)
+        tile_bytes = BWD_TILE_BYTES if backward else TILE_BYTES
+        tile_elems = min(tile_bytes // itemsize, ONE_PASS_MAX_ELEMS)
+        block_rows = max(min_rows, tile_elems // padded_cols)
+        block_rows = max(min(block_rows, triton.next_power_of_2(rows_inner)), min_rows)
+        warps = _warps_for(block_rows * padded_cols * itemsize)
+        return Config("tile", block_rows, padded_cols, warps)
+    chunk_elems = min(SPLIT_CHUNK_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
+    chunk_cols = max(1, chunk_elems // min_rows)
     if triton.cdiv(n_cols, chunk_cols) <= MAX_SPLIT_CHUNKS:
         design = "split2" if is_interpreter() or device.type != "cuda" else "coop"
-        return Config(design, min_rows, chunk_cols, _tile_warps(min_rows * chunk_cols))
+        return Config(design, min_rows, chunk_cols, _warps_for(min_rows * chunk_cols * itemsize))
     block_cols = min(LOOP_TILE_ELEMS, ONE_PASS_MAX_ELEMS) // min_rows
     return Config("online", min_rows, block_cols, 4 if block_cols * min_rows <= 2048 else 8)
 
@@ -467,7 +488,8 @@ def _launch_rows(
     rows_adjacent = first_col_stride != 1 and first_inner_stride == 1
     device = moved[0].device
     if config is None:
-        config = _pick_config(n_cols, rows_inner, rows_adjacent, backward, device)
+        itemsize = moved[0].element_size()
+        config = _pick_config(n_cols, rows_inner, rows_adjacent, backward, device, itemsize)
     kernels = _KERNELS[backward]
     flat_strides = [s for tensor_strides in strides for s in tensor_strides]
     row_blocks = rows_outer * triton.cdiv(rows_inner, config.block_rows)

@@ -155,13 +155,14 @@ def test_bad_config(device):
 
 
 def test_programs_per_sm_estimate():
-    # 2048 fp32 values over 4 warps: 16 a thread + 24 = 40 registers; 12 programs by registers
-    # (65536 / (128 · 40)), 16 by warps
-    assert _programs_per_sm(2048, 4, 1) == 12
-    # 8192 values over 8 warps: 56 registers, 4 programs
-    assert _programs_per_sm(8192, 8, 1) == 4
-    # 1024 values over 8 warps: 4 + 24 = 28, rounded to 32 registers: 8 programs by registers
-    # and by warps
+    # 2048 fp32 values over 4 warps: 16 a thread, 16 · 1.5 + 24 = 48 registers; 10 programs
+    # by registers (65536 / (128 · 48)), 16 by warps
+    assert _programs_per_sm(2048, 4, 1) == 10
+    # 8192 values over 8 warps: 72 registers, 3 programs; the backward (two inputs): 104, 2
+    assert _programs_per_sm(8192, 8, 1) == 3
+    assert _programs_per_sm(8192, 8, 2) == 2
+    # 1024 values over 8 warps: 4 · 1.5 + 24 = 30, rounded to 32 registers: 8 programs by
+    # registers and by warps
     assert _programs_per_sm(1024, 8, 1) == 8
     assert _programs_per_sm(2**20, 16, 2) >= 1  # never 0
 
