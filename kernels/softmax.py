@@ -39,8 +39,9 @@ TILE_BYTES = 32768
 BWD_TILE_BYTES = 16384
 # Bytes of one input in the chunk of one split program (capped by ONE_PASS_MAX_ELEMS).
 SPLIT_CHUNK_BYTES = 16384
-# More chunks than this per row and the split path gives way to the online loop: the
-# cooperative wait needs every chunk of a row resident at once (132 SMs hold at least one each).
+# At most this many chunks per row (longer rows take longer chunks, up to ONE_PASS_MAX_ELEMS,
+# then the online loop): the cooperative wait needs every chunk of a row resident at once,
+# and 132 SMs hold at least one program each.
 MAX_SPLIT_CHUNKS = 128
 # Tile of the online loop: big enough to keep many loads in flight per program.
 LOOP_TILE_ELEMS = 4096
@@ -463,7 +464,9 @@ def _pick_config(
         return Config("tile", block_rows, padded_cols, warps)
     chunk_elems = min(SPLIT_CHUNK_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
     chunk_cols = max(1, chunk_elems // min_rows)
-    if triton.cdiv(n_cols, chunk_cols) <= MAX_SPLIT_CHUNKS:
+    # rows of more than MAX_SPLIT_CHUNKS chunks take bigger chunks, up to the on-chip limit
+    chunk_cols = max(chunk_cols, triton.next_power_of_2(triton.cdiv(n_cols, MAX_SPLIT_CHUNKS)))
+    if min_rows * chunk_cols <= ONE_PASS_MAX_ELEMS:
         design = "split2" if is_interpreter() or device.type != "cuda" else "coop"
         return Config(design, min_rows, chunk_cols, _warps_for(min_rows * chunk_cols * itemsize))
     block_cols = min(LOOP_TILE_ELEMS, ONE_PASS_MAX_ELEMS) // min_rows

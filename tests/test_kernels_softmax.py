@@ -146,6 +146,24 @@ def test_configs_forward_and_backward(config_name, shape, dim, device):
     assert relative_error(dx, dx_ref) < TOLERANCES["fp32"]
 
 
+def test_pick_config_chunks(monkeypatch, device):
+    pick = softmax_module._pick_config
+    monkeypatch.setattr(softmax_module, "ONE_PASS_MAX_ELEMS", 512)
+    monkeypatch.setattr(softmax_module, "SPLIT_CHUNK_BYTES", 256)  # 64 fp32 values
+    monkeypatch.setattr(softmax_module, "MAX_SPLIT_CHUNKS", 16)
+    cpu = torch.device("cpu")
+    assert pick(600, 3, False, False, cpu) == Config("split2", 1, 64, 4)
+    # 2000 columns in chunks of 64 would be 32 > 16 chunks: chunks of 128 instead
+    assert pick(2000, 3, False, False, cpu) == Config("split2", 1, 128, 4)
+    assert pick(9000, 3, False, False, cpu).design == "online"  # chunks would pass 512
+    # the same rows, long chunks on the path
+    x = torch.randn(3, 2000, device=device)
+    y = softmax(x, -1)
+    assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES["fp32"]
+    (dx,) = torch.autograd.grad(softmax(x.requires_grad_(), -1).sum(), x)
+    assert dx.abs().max() < 1e-6  # the gradient of a constant sum is 0
+
+
 def test_bad_config(device):
     x = torch.randn(4, 300, device=device)
     with pytest.raises(ValueError, match="tile of 256 columns for rows of 300"):
