@@ -23,6 +23,8 @@ call; `nchw="native"` reads them with strided loads instead), and the output fol
 layout.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -213,13 +215,43 @@ def _prune(configs, named_args, **kwargs):
     return kept or configs[-1:]
 
 
-_TUNE_REP_MS = [40]
+_TUNE_CALLS = [20]
 
 
 def _tune_bench(kernel_call, quantiles):
-    """The autotuner's timer: shorter than the default 25 + 100 ms, which adds up over ~25
-    layers and 8 configs."""
-    return triton.testing.do_bench(kernel_call, warmup=10, rep=_TUNE_REP_MS[0], quantiles=quantiles)
+    """The autotuner's timer: GPU time per call over back-to-back calls, behind a sleep kernel
+    that holds the GPU while the CPU enqueues them all. triton's default do_bench counts the
+    launch path whenever it outlasts the kernel, which for these 10-50 us convolutions ranks
+    configs by Python overhead rather than by speed."""
+    kernel_call()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    calls = _TUNE_CALLS[0]
+    torch.cuda._sleep(_sleep_cycles(calls * 100.0))  # ~100 us of CPU path per call, at most
+    start.record()
+    for _ in range(calls):
+        kernel_call()
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / calls
+    return [ms for _ in quantiles] if quantiles else ms
+
+
+_CYCLES_PER_US = []
+
+
+def _sleep_cycles(us: float) -> int:
+    if not _CYCLES_PER_US:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        _CYCLES_PER_US.append(1_000_000 / (start.elapsed_time(end) * 1e3))
+    return int(us * _CYCLES_PER_US[0])
 
 
 def _autotune(tiles, key):
@@ -544,8 +576,13 @@ def _hopper(device: torch.device) -> bool:
         TensorDescriptor is not None
         and device.type == "cuda"
         and not is_interpreter()
-        and torch.cuda.get_device_capability(device)[0] >= 9
+        and _capability(device.index)[0] >= 9
     )
+
+
+@functools.cache
+def _capability(index) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def _as_matrix(t: torch.Tensor) -> bool:
