@@ -96,12 +96,19 @@ def _activation(x, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS: tl.constexpr,
+                     ACTIVATION: tl.constexpr):  # fmt: skip
+    """bias + activation on the fp32 accumulator."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    return _activation(acc, ACTIVATION)
+
+
+@triton.jit
 def _epilogue(acc, y_ptr, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk,
               HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):  # fmt: skip
     """bias + activation in fp32, one rounding, masked store; y_row is each row's offset."""
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    acc = _activation(acc, ACTIVATION)
+    acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
     y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * stride_yk
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -125,11 +132,13 @@ def _window_config(block_h, block_w, block_n, block_k, num_stages, num_warps, gr
 def _set_tma_blocks(nargs):
     """Autotune pre-hook: give the TMA descriptors (when used) the block shape of this config."""
     block_n, block_k = nargs["BLOCK_N"], nargs["BLOCK_K"]
-    if "BLOCK_H" in nargs:  # the window kernel's 4-D input box: one image, BLOCK_H x BLOCK_W pixels
+    if "BLOCK_H" in nargs:  # the window kernel's 4-D boxes: one image, BLOCK_H x BLOCK_W pixels
         x_block = [1, nargs["BLOCK_H"], nargs["BLOCK_W"], block_k]
+        y_block = [1, nargs["BLOCK_H"], nargs["BLOCK_W"], block_n]
     else:
         x_block = [nargs["BLOCK_M"], block_k]
-    for name, shape in (("x", x_block), ("w", [block_n, block_k])):
+        y_block = [nargs["BLOCK_M"], block_n]
+    for name, shape in (("x", x_block), ("w", [block_n, block_k]), ("y", y_block)):
         arg = nargs.get(name)
         if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
             arg.block_shape = shape
@@ -286,7 +295,7 @@ def conv_implicit_kernel(
     stride_wk,
     stride_yn, stride_yk, stride_yp, stride_yq,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_C: tl.constexpr,
 ):  # fmt: skip
@@ -332,8 +341,12 @@ def conv_implicit_kernel(
             b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
-    _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+    if Y_TMA:  # y is an (M, K) matrix: one TMA store, clipped at its edges
+        acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+        y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
+    else:
+        y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+        _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
 
 
 @_autotune(FLAT_TILES, _CONV_KEY)
@@ -346,7 +359,7 @@ def conv_flat_kernel(
     stride_wk,
     stride_yn, stride_yk, stride_yp, stride_yq,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """Few input channels: reduce over the flat (r, s, c) index, BLOCK_K taps at a time.
@@ -388,8 +401,12 @@ def conv_flat_kernel(
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
-    _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+    if Y_TMA:  # y is an (M, K) matrix: one TMA store, clipped at its edges
+        acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+        y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
+    else:
+        y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+        _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
 
 
 @_autotune(WINDOW_TILES, _CONV_KEY)
@@ -403,7 +420,7 @@ def conv_window_kernel(
     stride_wk,
     stride_yn, stride_yk, stride_yp, stride_yq,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -450,8 +467,13 @@ def conv_window_kernel(
     p = p0 + i // BLOCK_W
     q = q0 + i % BLOCK_W
     m_ok = (p < P) & (q < Q)
-    y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
-    _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+    if Y_TMA:  # y as 4-D (N, P, Q, K): the same pixel patch, clipped at the image's edges
+        acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+        box = acc.to(y.dtype).reshape(1, BLOCK_H, BLOCK_W, BLOCK_N)
+        y.store([n, p0, q0, pid_n * BLOCK_N], box)
+    else:
+        y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+        _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
 
 
 @_autotune(GEMM_TILES, ["M", "C", "K", "stride_xm", "stride_yk", "A_TMA", "B_TMA"])
@@ -463,7 +485,7 @@ def conv_gemm_kernel(
     M, C, K,
     stride_xm, stride_wk, stride_ym, stride_yk,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    A_TMA: tl.constexpr, B_TMA: tl.constexpr,
+    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_C: tl.constexpr,
 ):  # fmt: skip
@@ -492,8 +514,12 @@ def conv_gemm_kernel(
             b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    y_row = offs_m.to(tl.int64) * stride_ym
-    _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+    if Y_TMA:
+        acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+        y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
+    else:
+        y_row = offs_m.to(tl.int64) * stride_ym
+        _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
 
 
 def _traceable(kernel):
@@ -699,6 +725,10 @@ def conv2d_forward(
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"]),)
 
+    # NHWC output: y is an (M, K) matrix, written by TMA stores on Hopper
+    y2d = y.as_strided((M, K), (y.stride(3), 1)) if _as_matrix(y) else None
+    y_tma = bool(use_tma and y2d is not None and _tma_ok(y2d))
+    out = TensorDescriptor.from_tensor(y2d, [64, 64]) if y_tma else y
     if chosen == "gemm":
         x2d = x.as_strided((M, C), (x.stride(3), 1))
         a_tma = bool(use_tma and _tma_ok(x2d))
@@ -708,9 +738,9 @@ def conv2d_forward(
         b = TensorDescriptor.from_tensor(w2d, dummy) if b_tma else w2d
         kernel = conv_gemm_kernel if launch is direct else TRACEABLE[conv_gemm_kernel]
         compiled = launch(kernel)[grid](
-            a, b, bias, y, M, C, K,
+            a, b, bias, out, M, C, K,
             x2d.stride(0), w2d.stride(0), y.stride(3), y.stride(1),
-            A_TMA=a_tma, B_TMA=b_tma, **common,
+            A_TMA=a_tma, B_TMA=b_tma, Y_TMA=y_tma, **common,
         )  # fmt: skip
         if launch is direct:
             last_launch[0] = (conv_gemm_kernel, compiled)
@@ -729,6 +759,9 @@ def conv2d_forward(
             )
         strides = [x.stride(0), x.stride(2), x.stride(3), 1]
         a = TensorDescriptor(x, [N, H, W, C], strides, [1, 8, 8, 64])
+        if y_tma:
+            y_strides = [y.stride(0), y.stride(2), y.stride(3), 1]
+            out = TensorDescriptor(y, [N, P, Q, K], y_strides, [1, 8, 8, 64])
 
         def grid(meta):
             tiles = triton.cdiv(P, meta["BLOCK_H"]) * triton.cdiv(Q, meta["BLOCK_W"])
@@ -739,11 +772,11 @@ def conv2d_forward(
             raise ValueError("path='window' needs TMA descriptors: launch it directly")
         kernel = TRACEABLE[kernel]
     compiled = launch(kernel)[grid](
-        a, b, bias, y,
+        a, b, bias, out,
         M, N, C, H, W, K, P, Q, R, S,
         *stride_hw, *padding_hw, *dilation_hw,
         *x.stride(), w2d.stride(0), *y.stride(),
-        B_TMA=b_tma, **common,
+        B_TMA=b_tma, Y_TMA=y_tma, **common,
     )  # fmt: skip
     if launch is direct:
         last_launch[0] = (kernel, compiled)

@@ -385,3 +385,18 @@ def test_traced_launch_uses_hook_free_kernels(name, device):
     check_forward(x, weight, bias, *geometry[2:], dtype_name="fp16", launch=launcher)
     assert len(launched) == 1 and launched[0] in conv_module.TRACEABLE.values()
     assert all(config.pre_hook is None for config in launched[0].configs)
+
+
+@pytest.mark.parametrize("path", ["gemm", "implicit", "flat", "window"])
+def test_tma_output_stores(path, device):
+    """K·2 bytes a multiple of 16: the NHWC output goes out through TMA stores, ragged edges
+    (M = 70 rows, 5x7 images, K = 24 of a 32-wide tile) clipped by the descriptor."""
+    r = 1 if path == "gemm" else 3
+    x = torch.randn(2, 32, 5, 7, device=device, dtype=torch.float16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(24, 32, r, r, device=device, dtype=torch.float16)
+    bias = torch.randn(24, device=device, dtype=torch.float16)
+    padding = 0 if path == "gemm" else 1
+    y = check_forward(x, weight, bias, 1, padding, 1, "relu", dtype_name="fp16", path=path,
+                      tma=True)  # fmt: skip
+    assert y.is_contiguous(memory_format=torch.channels_last)
