@@ -173,7 +173,8 @@ def alternates(s):
     if unit:
         alts += [("gemm-noTMA", dict(path="gemm", tma=False)), ("implicit", dict(path="implicit"))]
     elif s["c"] < 16:
-        alts += [("implicit(C pad)", dict(path="implicit"))]
+        alts += [("flat-noTMA", dict(path="flat", tma=False)),
+                 ("implicit(C pad)", dict(path="implicit"))]  # fmt: skip
     else:
         alts += [("implicit-noTMA", dict(path="implicit", tma=False))]
         if s["stride"] == 1:
