@@ -261,7 +261,7 @@ def main():
             ours = partial(conv.conv2d_forward, x, w, b, *geo, nchw=mode, packed_weight=packed)
             run_variant(label, f"triton {mode}", s, ours, ref, base)
         ours = partial(conv.conv2d_forward, x, w, b, *geo)
-        run_variant(label, "triton convert+pack", s, ours, ref, base)
+        run_variant(label, "triton auto (packs w)", s, ours, ref, base)
         del ref
     print("-- weight packing (NCHW weight -> channels_last), per call:")
     for s in shapes[:: max(1, len(shapes) // 6)]:

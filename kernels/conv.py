@@ -18,9 +18,10 @@ channels_last (see pack_conv_weight). Three paths, picked per call:
               index over (r, s, c), padded only to BLOCK_K, not C padded to 16 per tap.
 
 The epilogue adds the bias and applies the activation in fp32, then rounds once to the output
-dtype. NCHW inputs are converted to channels_last first (one pass over x, timed as part of the
-call; `nchw="native"` reads them with strided loads instead), and the output follows the input's
-layout.
+dtype. NCHW inputs are read in place by strided loads (consecutive output pixels are consecutive
+addresses there, so the loads still coalesce, along the rows instead of the channels): on the H100
+that beat converting x to channels_last first (`nchw="convert"`, one extra pass over x inside the
+call) by 1.4-2x. The output follows the input's layout.
 """
 
 import functools
@@ -145,47 +146,41 @@ def _set_tma_blocks(nargs):
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps). fp16/bf16 on H100: 64 channels per step
-# (128-byte rows, the widest TMA/wgmma swizzle); fp32 configs with the same tiles fit only with
-# fewer stages, and the autotuner skips those that run out of shared memory.
+# (128-byte rows, the widest TMA/wgmma swizzle). The lists keep the configs that won or came
+# within ~10 % on some ResNet-50 layer in the H100 probe (round 2, kernels/notes/conv.md);
+# fp32 configs that run out of shared memory fail to compile and the autotuner skips them.
 IMPLICIT_TILES = [
-    (128, 128, 64, 4, 8),
-    (128, 256, 64, 3, 8),
+    (128, 64, 64, 4, 4),  # K = 64 output channels at 56x56
     (256, 128, 64, 3, 8),
-    (128, 64, 64, 4, 4),
-    (256, 64, 64, 4, 8),
-    (64, 128, 64, 4, 4),
-    (64, 64, 64, 4, 4),
+    (64, 128, 64, 4, 4),  # most 28x28 / 14x14 / 7x7 layers (few rows: more tiles)
+    (128, 256, 64, 3, 8),
     (128, 128, 32, 4, 4),
+    (128, 128, 64, 4, 8),
+    (64, 64, 64, 4, 4),
 ]
 GEMM_TILES = [
-    (128, 256, 64, 3, 8),
-    (256, 128, 64, 3, 8),
-    (128, 128, 64, 4, 8),
-    (128, 128, 64, 4, 4),
     (128, 64, 64, 4, 4),
-    (256, 64, 64, 4, 8),
-    (64, 128, 64, 4, 4),
+    (256, 128, 64, 3, 8),
     (64, 64, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (128, 128, 64, 4, 4),
+    (128, 128, 64, 4, 8),
+    (128, 256, 64, 3, 8),
 ]
 # (BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, num_stages, num_warps): output tiles of BLOCK_H x BLOCK_W
 # pixels of one image (8 | 56 and 7 | 28 leave no ragged edge at 8x8 / 4x... for the big layers)
 WINDOW_TILES = [
-    (8, 16, 128, 64, 4, 8),
-    (16, 8, 128, 64, 4, 8),
-    (8, 8, 128, 64, 4, 4),
-    (8, 16, 64, 64, 4, 4),
-    (16, 16, 64, 64, 3, 8),
-    (8, 16, 256, 64, 3, 8),
-    (4, 32, 128, 64, 4, 8),
+    (16, 16, 64, 64, 3, 8),  # K = 64 at 56x56
     (8, 8, 64, 64, 4, 4),
+    (16, 8, 128, 64, 4, 8),  # 28x28
+    (8, 16, 128, 64, 4, 8),  # 14x14
+    (4, 32, 128, 64, 4, 8),
+    (8, 8, 128, 64, 4, 4),
 ]
 FLAT_TILES = [
     (128, 64, 32, 4, 4),
-    (128, 64, 64, 3, 4),
     (256, 64, 32, 3, 8),
-    (256, 64, 64, 3, 8),
     (64, 64, 32, 4, 4),
-    (128, 128, 32, 3, 8),
 ]
 
 
@@ -597,6 +592,21 @@ def _window_ok(x: torch.Tensor, stride_hw) -> bool:
     return all((x.stride(d) * x.element_size()) % 16 == 0 for d in (0, 2, 3))
 
 
+def _auto_path(x, gemm_ok, use_tma, R, S, P, Q, stride_hw) -> str:
+    """gemm for plain 1x1s, flat for few channels, window for stride-1 filters on images of
+    14x14 and up (where its TMA input boxes beat pointer gathers on the H100; on 7x7 the ragged
+    8x8 boxes lose to the implicit kernel), implicit for the rest."""
+    C = x.shape[1]
+    if gemm_ok:
+        return "gemm"
+    if C < 16:
+        return "flat"
+    big_enough = P * Q >= 196 and (R, S) != (1, 1) and C % 64 == 0
+    if use_tma and big_enough and _window_ok(x, stride_hw):
+        return "window"
+    return "implicit"
+
+
 def _hopper(device: torch.device) -> bool:
     return (
         TensorDescriptor is not None
@@ -637,11 +647,11 @@ def conv2d_forward(
     packed_weight: torch.Tensor | None = None,
     path: str | None = None,
     tma: bool | None = None,
-    nchw: str = "convert",
+    nchw: str = "native",
 ) -> torch.Tensor:
     """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d.
 
-    path ('gemm' | 'implicit' | 'flat'), tma and nchw ('convert' | 'native') override the
+    path ('gemm' | 'implicit' | 'flat' | 'window'), tma and nchw ('native' | 'convert') override the
     automatic choices, for the probe and the tests.
     """
     check_tensor("x", x)
@@ -709,15 +719,17 @@ def conv2d_forward(
     if y.numel() == 0:
         return y
     if x.stride(1) != 1 and nchw == "convert" and C > 1:
-        # NCHW (or any layout without unit channel stride): one copy to NHWC, so that every
-        # A-tile load is a contiguous channel vector; the output keeps the caller's layout.
+        # opt-in: one copy to NHWC, so that every A-tile load is a contiguous channel vector
+        # (and the gemm / window paths apply); the output keeps the caller's layout
         x = x.contiguous(memory_format=torch.channels_last)
     w2d = _weight_matrix(packed_weight if packed_weight is not None else weight)
     gemm_ok = _gemm_ok(x, y, R, S, stride_hw, padding_hw)
-    chosen = path or ("gemm" if gemm_ok else "flat" if C < 16 else "implicit")
+    chosen = path
     if chosen == "gemm" and not gemm_ok:
         raise ValueError("path='gemm' needs a 1x1, stride-1, unpadded conv from and to NHWC")
     use_tma = _hopper(x.device) and launch is direct if tma is None else tma
+    if path is None:
+        chosen = _auto_path(x, gemm_ok, use_tma, R, S, P, Q, stride_hw)
     precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
     common = dict(HAS_BIAS=bias is not None, ACTIVATION=act, DOT_PRECISION=precision)
     M = N * P * Q

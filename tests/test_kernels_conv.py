@@ -200,7 +200,7 @@ def test_bad_inputs(device):
         conv2d(x, weight, activation="tanh")
 
 
-# ResNet-50 convolutions at batch 8: (C, H, W), (K, R, S), stride, padding
+# ResNet-50 convolutions at batch 2: (C, H, W), (K, R, S), stride, padding
 RESNET50_LAYERS = {
     "stem-7x7": ((3, 224, 224), (64, 7, 7), 2, 3),
     "layer1-1x1-reduce": ((256, 56, 56), (64, 1, 1), 1, 0),
@@ -211,22 +211,47 @@ RESNET50_LAYERS = {
     "layer4-3x3": ((512, 7, 7), (512, 3, 3), 1, 1),
     "layer4-downsample": ((1024, 14, 14), (2048, 1, 1), 2, 0),
 }
+# every layer in bf16 channels_last (the benchmarked case, all four auto paths), and a few
+# layers in the other layouts and dtypes
+GPU_CASES = [(name, "bf16", True) for name in RESNET50_LAYERS] + [
+    ("stem-7x7", "bf16", False),
+    ("layer1-3x3", "bf16", False),
+    ("layer1-1x1-reduce", "bf16", False),
+    ("layer1-3x3", "fp16", True),
+    ("layer3-3x3", "fp16", True),
+    ("stem-7x7", "fp32", True),
+    ("layer1-1x1-expand", "fp32", True),
+    ("layer2-3x3-stride2", "fp32", False),
+]
+
+
+@pytest.fixture
+def one_config(monkeypatch):
+    """Each autotuner keeps only its first config: the GPU tests check results, not speed, and
+    compiling every config for every specialisation would take minutes."""
+    import kernels.conv as conv_module
+
+    for kernel in (conv_module.conv_implicit_kernel, conv_module.conv_flat_kernel,
+                   conv_module.conv_gemm_kernel, conv_module.conv_window_kernel):  # fmt: skip
+        monkeypatch.setattr(kernel, "configs", kernel.configs[:1])
+        monkeypatch.setattr(kernel, "cache", {}, raising=False)
+
+
+def resnet_inputs(name, dtype, channels_last):
+    (c, h, w), (k, r, s), stride, padding = RESNET50_LAYERS[name]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
+    weight = torch.randn(k, c, r, s, device="cuda", dtype=dtype) / (c * r * s) ** 0.5
+    bias = torch.randn(k, device="cuda", dtype=dtype)
+    return x, weight.contiguous(memory_format=fmt), bias, stride, padding
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize("name", RESNET50_LAYERS)
-def test_resnet50_layers_on_gpu(name, dtype_name, channels_last):
-    (c, h, w), (k, r, s), stride, padding = RESNET50_LAYERS[name]
-    dtype = DTYPES[dtype_name]
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    x = torch.randn(8, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=fmt)
-    weight = (torch.randn(k, c, r, s, device="cuda", dtype=dtype) / (c * r * s) ** 0.5).contiguous(
-        memory_format=fmt
-    )
-    bias = torch.randn(k, device="cuda", dtype=dtype)
+@pytest.mark.parametrize("name, dtype_name, channels_last", GPU_CASES)
+def test_resnet50_layers_on_gpu(name, dtype_name, channels_last, one_config):
+    x, weight, bias, stride, padding = resnet_inputs(name, DTYPES[dtype_name], channels_last)
     y = check(x, weight, bias, stride, padding, activation="relu", dtype_name=dtype_name)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     assert y.is_contiguous(memory_format=fmt)
 
 
@@ -350,21 +375,22 @@ def test_bad_options(device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", RESNET50_LAYERS)
-def test_resnet50_layers_every_path_on_gpu(name):
-    """The non-default paths (TMA off, implicit instead of gemm, flat) on the real layer sizes."""
-    (c, h, w), (k, r, s), stride, padding = RESNET50_LAYERS[name]
-    x = torch.randn(4, c, h, w, device="cuda", dtype=torch.bfloat16)
-    x = x.contiguous(memory_format=torch.channels_last)
-    weight = torch.randn(k, c, r, s, device="cuda", dtype=torch.bfloat16) / (c * r * s) ** 0.5
-    bias = torch.randn(k, device="cuda", dtype=torch.bfloat16)
-    paths = ["implicit"] + (["flat"] if c < 64 else []) + (["window"] if stride == 1 else [])
-    if (r, s, stride) == (1, 1, 1):
-        paths.append("gemm")
-    for path in paths:
-        for tma in (False, True):
-            check_forward(x, weight, bias, stride, padding, 1, "relu", dtype_name="bf16",
-                          path=path, tma=tma)  # fmt: skip
+@pytest.mark.parametrize(
+    "name, path, tma",
+    [
+        ("layer1-3x3", "implicit", False),
+        ("layer1-3x3", "implicit", True),
+        ("layer1-3x3", "flat", False),
+        ("layer1-3x3", "window", False),
+        ("layer4-downsample", "implicit", True),
+        ("layer1-1x1-expand", "gemm", False),
+    ],
+)
+def test_resnet50_layers_every_path_on_gpu(name, path, tma, one_config):
+    """The non-default paths (TMA off, implicit instead of window, flat) on real layer sizes."""
+    x, weight, bias, stride, padding = resnet_inputs(name, torch.bfloat16, True)
+    check_forward(x, weight, bias, stride, padding, 1, "relu", dtype_name="bf16", path=path,
+                  tma=tma)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["1x1", "3x3-odd-7x9", "7x7-stride2-pad3-C3"])
