@@ -47,7 +47,8 @@ BENCH_linear = "kernel=linear mode=triton,default,max-autotune-no-cudagraphs pas
 BENCH_softmax = "kernel=softmax mode=triton,default,max-autotune-no-cudagraphs dtype=bf16,fp32 shapes=rows" \
                 "kernel=softmax mode=triton pass=fwd_bwd dtype=bf16,fp32 shapes=rows" \
                 "kernel=softmax mode=eager,triton,default,reduce-overhead shapes=small"
-BENCH_conv = "kernel=conv mode=triton shapes=resnet50,resnet50_b128" \
+BENCH_conv = "kernel=conv mode=triton kernel.bias=true,false shapes=resnet50" \
+             "kernel=conv mode=triton shapes=resnet50_b128" \
              "kernel=conv kernel.activation=relu mode=triton,default,max-autotune-no-cudagraphs shapes=resnet50_core"
 BENCH_STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)
 BENCH_DIR ?= multirun/bench-$(kernel)/$(BENCH_STAMP)

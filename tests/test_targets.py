@@ -7,7 +7,14 @@ import os
 import pytest
 
 from analysis.load import epilogue, records_frame
-from analysis.targets import main, matmul_report, render, softmax_report, vs_best_compile
+from analysis.targets import (
+    conv_report,
+    main,
+    matmul_report,
+    render,
+    softmax_report,
+    vs_best_compile,
+)
 from experiments.records import Record
 
 
@@ -129,3 +136,22 @@ def test_make_bench_runs_the_grid_and_prints_the_targets(tmp_path):
     assert "bench matmul [1]: kernel=matmul mode=triton" in result.stdout
     assert "matmul targets:" in (tmp_path / "targets.txt").read_text()
     assert len((tmp_path / "1" / "sweep_results.jsonl").read_text().splitlines()) == 2
+
+
+def test_conv_targets_keep_conv_with_bias_apart_from_conv_alone():
+    one, three = {"r": 1, "s": 1}, {"r": 3, "s": 3}
+    common = {"shape_set": "resnet50", "memory_format": "nhwc"}
+    frame = records_frame([
+        row("conv", "triton", "a", shape=one, epilogue="bias", speedup_vs_eager=1.5, **common),
+        row("conv", "triton", "b", shape=three, epilogue="bias", speedup_vs_eager=1.2, **common),
+        row("conv", "triton", "a", shape=one, epilogue="none", speedup_vs_eager=0.8, **common),
+        row("conv", "triton", "b", shape=three, epilogue="none", speedup_vs_eager=1.0, **common),
+        row("conv", "triton", "a", shape=one, epilogue="bias", speedup_vs_eager=0.1,
+            **{**common, "memory_format": "nchw"}),
+    ])
+    checks = {c.target: c for c in conv_report(frame).checks}
+    assert checks["conv bf16 resnet50 bias: triton vs eager (geomean)"].value == \
+        pytest.approx((1.5 * 1.2) ** 0.5)
+    assert checks["conv bf16 resnet50 bias: triton vs eager, worst 1x1 layer"].value == 1.5
+    alone = checks["conv bf16 resnet50 none: triton vs eager, worst 1x1 layer"]
+    assert alone.value == 0.8 and not alone.passed
