@@ -117,26 +117,30 @@ def hopper_configs() -> list[triton.Config]:
 
 
 def tma_configs() -> list[triton.Config]:
-    """Hopper TMA tiles. 16-bit: 128x256 and 256x128 with two consumer warpgroups for the large
-    problems (EPILOGUE_SUBTILE halves the epilogue's shared-memory staging so a fourth stage
-    fits), 128x128 for mid sizes, BLOCK_M 64 and below for skinny ones. fp32 (tf32) gets BLOCK_K 32
-    tiles: the same bytes per stage as BLOCK_K 64 in 16-bit. _prune_tma picks by dtype and M."""
+    """Hopper TMA tiles, chosen from the H100 probe sweeps (kernels/notes/matmul.md). 16-bit:
+    128x256 with two consumer warpgroups for large problems (EPILOGUE_SUBTILE stores the tile in
+    two halves, halving the epilogue's shared-memory staging), 128x128 for mid sizes, BLOCK_M 64
+    and 16 for skinny ones. fp32 (tf32) gets BLOCK_K 32 tiles: the same bytes per stage as
+    BLOCK_K 64 in 16-bit. _prune_tma picks by dtype and M. The autotuner benchmarks them in this
+    order while the GPU warms up, so the measured best comes first."""
 
     def cfg(bm, bn, bk, stages, warps, subtile=False):
         return _config(bm, bn, bk, stages, warps, EPILOGUE_SUBTILE=subtile)
 
     return [
-        # 16-bit, large
+        # 16-bit, large: the best three of the round-2 sweep (TFLOP/s at 8192^3 and at
+        # 4096x14336x4096: 793/762, 773/770, 718/772; cuBLAS 775/734) and a 128x128 tile for
+        # mid sizes
+        cfg(128, 256, 64, 3, 8, subtile=True),
         cfg(128, 256, 64, 3, 8),
         cfg(128, 256, 64, 4, 8, subtile=True),
-        cfg(256, 128, 64, 3, 8),
         cfg(128, 128, 64, 4, 8),
-        cfg(128, 128, 64, 4, 4),
         # 16-bit, skinny (M <= SKINNY_M)
         cfg(64, 128, 128, 4, 4),
         cfg(64, 64, 128, 6, 4),
         cfg(64, 256, 64, 4, 4),
-        cfg(16, 128, 256, 4, 4),
+        cfg(16, 64, 256, 5, 4),
+        cfg(16, 32, 256, 6, 4),
         # fp32 / tf32
         cfg(128, 128, 32, 4, 8),
         cfg(128, 256, 32, 3, 8),
@@ -156,9 +160,12 @@ def _element_size(named_args) -> int:
 
 
 def _prune_by_m(configs, M):
-    """Skinny M (<= SKINNY_M): the tiles of at most 64 rows; otherwise those of 128 and more."""
-    if M <= SKINNY_M:
+    """By M: up to 32 rows, the skinny tiles (16-row ones included); up to SKINNY_M rows, the
+    64-row tiles (16-row tiles lost 2x at M = 128 on the H100); beyond, 128 rows and more."""
+    if M <= 32:
         kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 64]
+    elif M <= SKINNY_M:
+        kept = [c for c in configs if 32 < c.kwargs["BLOCK_M"] <= 64]
     else:
         kept = [c for c in configs if c.kwargs["BLOCK_M"] >= 128]
     return kept or configs
@@ -492,12 +499,21 @@ def _auto_split_k(M: int, N: int, K: int, num_sms: int) -> int:
 
 
 def plan(a: torch.Tensor, b: torch.Tensor) -> tuple[str, int]:
-    """("tma" or "pointer", split_k) for a @ b: by capability, layout and shape."""
+    """("tma" or "pointer", split_k) for a @ b: by capability, layout, dtype and shape.
+
+    Measured on an H100 (kernels/notes/matmul.md): split-K never paid on the TMA path, whose
+    skinny tiles (BLOCK_M 16-64) already stream the weight at cuBLAS speed, so it is off there.
+    TF32 on Hopper needs K-major operands; fused_matmul copies a wrong-way operand for large
+    fp32 problems, but for skinny ones the copy would cost more than the GEMM, so those take the
+    pointer kernel with split-K (0.89x cuBLAS at 16x4096x4096 against 0.51x on TMA).
+    """
     has_tma, num_sms = _device_info(a.device.type, a.device.index)
     M, K = a.shape
     N = b.shape[1]
-    path = "tma" if has_tma and _tma_layout(a) and _tma_layout(b) else "pointer"
-    return path, _auto_split_k(M, N, K, num_sms if has_tma else 132)
+    tf32 = dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32) == "tf32"
+    if has_tma and _tma_layout(a) and _tma_layout(b) and not (tf32 and M <= SKINNY_M):
+        return "tma", 1
+    return "pointer", _auto_split_k(M, N, K, num_sms if has_tma else 132)
 
 
 def _alloc_scratch(size: int, alignment: int, stream):
@@ -542,6 +558,15 @@ def fused_matmul(
     )
     stride_bias = bias.stride(0) if bias is not None else 0
 
+    if path == "tma" and common["INPUT_PRECISION"] == "tf32":
+        # wgmma takes tf32 operands K-major only: a row-major B or column-major A would run on a
+        # slow fallback (69 TFLOP/s against 332 at 4096^3), so copy it the right way round.
+        if not (_tma_layout(b) or (False,))[0]:
+            b = b.t().contiguous().t()
+        if (_tma_layout(a) or (False,))[0]:
+            a = a.contiguous()
+        if _tma_layout(a) is None or _tma_layout(b) is None:  # K-major rows not 16-byte aligned
+            path = "pointer"
     if path == "tma":
         a_layout, b_layout = _tma_layout(a), _tma_layout(b)
         if a_layout is None or b_layout is None:

@@ -1,5 +1,7 @@
 """kernels.matmul against a float64 reference: odd sizes, strided views, every dtype, bad input."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -98,16 +100,6 @@ def test_bad_input(a, b, error, match):
         matmul(a, b)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
-@pytest.mark.parametrize("size", [1024, 4096])
-def test_large_on_gpu(size, dtype_name):
-    gen = torch.Generator().manual_seed(2)
-    a = random_matrix(size, size, "contiguous", DTYPES[dtype_name], "cuda", gen)
-    b = random_matrix(size, size, "transposed", DTYPES[dtype_name], "cuda", gen)
-    check(a, b, dtype_name)
-
-
 # ---- both kernels and every epilogue through fused_matmul (the launch linear uses) ----
 ACT_NAMES = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -189,18 +181,56 @@ def test_plan_without_tma_is_pointer(device):
     assert plan(torch.randn(512, 64), torch.randn(64, 64)) == ("pointer", 1)
 
 
+@pytest.fixture
+def few_configs(monkeypatch):
+    """One tile per kind (large / skinny, 16-bit / fp32) for the GPU tests: they check the kernels'
+    logic, and autotuning every shipped config for every test shape would take minutes."""
+    from triton.runtime.autotuner import Autotuner
+
+    km = importlib.import_module("kernels.matmul")
+
+    def keep(configs, wanted):
+        def name(c):
+            kw = c.kwargs
+            sub = kw.get("EPILOGUE_SUBTILE", False)
+            return (kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], c.num_stages, sub)
+
+        return [c for c in configs if name(c) in wanted]
+
+    tma = keep(km.tma_configs(), {(128, 256, 64, 3, True), (64, 128, 128, 4, False),
+                                  (128, 128, 32, 4, False), (64, 128, 32, 4, False)})  # fmt: skip
+    pointer = keep(km.hopper_configs(), {(128, 128, 64, 4, False), (64, 64, 128, 4, False)})
+    assert len(tma) == 4 and len(pointer) == 2
+    for kernel, configs in [(km.matmul_tma_kernel, tma), (km.matmul_kernel, pointer)]:
+        assert isinstance(kernel, Autotuner)
+        monkeypatch.setattr(kernel, "configs", configs)
+        monkeypatch.setattr(kernel, "cache", {})
+
+
+GPU_CASES = [
+    # (M, N, K), B layout, dtype, TF32: decode (skinny tiles), skinny with W.t() as B, odd M, an
+    # odd K that TMA cannot take (pointer kernel), fp32 without and with TF32 (a row-major B is
+    # copied K-major for TF32), square
+    ((16, 4096, 4096), "contiguous", "bf16", False),
+    ((128, 1024, 4096), "transposed", "fp16", False),
+    ((1000, 1536, 520), "contiguous", "bf16", False),
+    ((257, 1823, 1823), "contiguous", "bf16", False),
+    ((512, 768, 1024), "transposed", "fp32", False),
+    ((1000, 1536, 520), "contiguous", "fp32", True),
+    ((2048, 2048, 2048), "transposed", "fp16", False),
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize(
-    "shape, b_layout",
-    [((16, 4096, 4096), "contiguous"), ((128, 1024, 4096), "transposed"),
-     ((1000, 1536, 520), "contiguous"), ((257, 1823, 1823), "contiguous"),
-     ((512, 768, 1024), "transposed")],
-    ids=["decode-splitk", "skinny-bT", "odd-m", "odd-k-fallback", "bT"],
-)  # fmt: skip
-def test_paths_on_gpu(shape, b_layout, dtype_name):
-    """The automatic path on the GPU (TMA on sm_90+, split-K for skinny shapes, the pointer kernel
-    for 1823-wide rows) with a fused bias + gelu epilogue, against float64."""
+    "shape, b_layout, dtype_name, tf32",
+    GPU_CASES,
+    ids=["decode", "skinny-bT", "odd-m", "odd-k-pointer", "fp32-bT", "tf32-copy", "square"],
+)
+def test_paths_on_gpu(shape, b_layout, dtype_name, tf32, few_configs, monkeypatch):
+    """The automatic path on the GPU (TMA on sm_90+, the pointer kernel for 1823-wide rows) with
+    a fused bias + gelu epilogue and without, against float64."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
     M, N, K = shape
     gen = torch.Generator().manual_seed(6)
     dtype = DTYPES[dtype_name]
