@@ -34,11 +34,13 @@ from kernels._common import Launcher, check_same, check_tensor, direct, is_inter
 # those paths at small sizes.
 ONE_PASS_MAX_ELEMS = 16384
 # Short rows share a tile program until its tile of each input holds this many bytes (capped
-# by ONE_PASS_MAX_ELEMS): 8192 fp32 values in the forward, 4096 in the backward.
-TILE_BYTES = 32768
-BWD_TILE_BYTES = 16384
-# Bytes of one input in the chunk of one split program (capped by ONE_PASS_MAX_ELEMS).
-SPLIT_CHUNK_BYTES = 16384
+# by ONE_PASS_MAX_ELEMS): 4096 fp32 or 8192 bf16 values, 4 warps in the forward and 8 in the
+# backward (round 2 of the probe: kernels/notes/softmax.md).
+TILE_BYTES = 16384
+# Chunk of one coop/split program: forward 4096 values, backward 16 KB of each input; 4 warps.
+SPLIT_CHUNK_ELEMS = 4096
+BWD_SPLIT_CHUNK_BYTES = 16384
+SPLIT_WARPS = 4
 # At most this many chunks per row (longer rows take longer chunks, up to ONE_PASS_MAX_ELEMS,
 # then the online loop): the cooperative wait needs every chunk of a row resident at once,
 # and 132 SMs hold at least one program each.
@@ -119,6 +121,19 @@ def _split_position(ws_ptr, ticket_index, n_chunks, WAIT: tl.constexpr, REVERSE:
 
 
 @triton.jit
+def _nanosleep(value):
+    """Sleep about 200 ns (PTX nanosleep, sm_70+), then return value unchanged."""
+    return tl.inline_asm_elementwise(
+        "nanosleep.u32 200; mov.b32 $0, $1;",
+        "=r,r",
+        [value],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
 def _split_partials(slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.constexpr):
     """Gather the packed partials of each row (waiting until all are published if WAIT).
 
@@ -133,6 +148,9 @@ def _split_partials(slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.
     if WAIT:
         missing = tl.sum(tl.where(packed == 0, 1, 0))
         while missing > 0:
+            # Back off between polls: every program of a row polls the same few slots, and
+            # polling flat out loads one L2 slice and takes issue slots from working programs.
+            missing = _nanosleep(missing)
             packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
             missing = tl.sum(tl.where(packed == 0, 1, 0))
         # A slot is held by several threads, and the sum above counted one copy of each: a
@@ -449,26 +467,36 @@ def _pick_config(
     device: torch.device,
     itemsize: int = 4,
 ) -> Config:
-    """The measured best design and sizes for these rows (kernels/notes/softmax.md).
-
-    Sizes are in bytes of one input: the same bytes in flight whatever the dtype.
-    """
+    """The design and sizes the probe measured best for these rows (kernels/notes/softmax.md)."""
     min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, triton.next_power_of_2(rows_inner))
     padded_cols = triton.next_power_of_2(n_cols)
     if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
-        tile_bytes = BWD_TILE_BYTES if backward else TILE_BYTES
-        tile_elems = min(tile_bytes // itemsize, ONE_PASS_MAX_ELEMS)
+        tile_elems = min(TILE_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
         block_rows = max(min_rows, tile_elems // padded_cols)
         block_rows = max(min(block_rows, triton.next_power_of_2(rows_inner)), min_rows)
-        warps = _warps_for(block_rows * padded_cols * itemsize)
+        elems = block_rows * padded_cols
+        # the backward loads two inputs: twice the bytes a thread
+        warps = _warps_for(elems * itemsize * (2 if backward else 1))
+        if elems >= 16384:
+            warps = 16  # one long row: 16 warps measured best in bf16, level in fp32
         return Config("tile", block_rows, padded_cols, warps)
-    chunk_elems = min(SPLIT_CHUNK_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
+    if backward:
+        chunk_elems = min(BWD_SPLIT_CHUNK_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
+    else:
+        chunk_elems = min(SPLIT_CHUNK_ELEMS, ONE_PASS_MAX_ELEMS)
     chunk_cols = max(1, chunk_elems // min_rows)
     # rows of more than MAX_SPLIT_CHUNKS chunks take bigger chunks, up to the on-chip limit
     chunk_cols = max(chunk_cols, triton.next_power_of_2(triton.cdiv(n_cols, MAX_SPLIT_CHUNKS)))
+    on_gpu = device.type == "cuda" and not is_interpreter()
+    if on_gpu and not backward and itemsize == 2 and rows_inner >= 2 * _sm_count(device):
+        # 16-bit forward with rows enough to fill the GPU twice over: the online loop (x read
+        # twice) measured 60% of copy at N=65536, the coop kernel 31-35% (round 2)
+        return Config("online", 1, LOOP_TILE_ELEMS * 2, 8)
     if min_rows * chunk_cols <= ONE_PASS_MAX_ELEMS:
-        design = "split2" if is_interpreter() or device.type != "cuda" else "coop"
-        return Config(design, min_rows, chunk_cols, _warps_for(min_rows * chunk_cols * itemsize))
+        design = "coop" if on_gpu else "split2"
+        # a chunk grown past the usual size gets more warps in proportion, so as not to spill
+        warps = min(16, SPLIT_WARPS * max(1, min_rows * chunk_cols // chunk_elems))
+        return Config(design, min_rows, chunk_cols, warps)
     block_cols = min(LOOP_TILE_ELEMS, ONE_PASS_MAX_ELEMS) // min_rows
     return Config("online", min_rows, block_cols, 4 if block_cols * min_rows <= 2048 else 8)
 
