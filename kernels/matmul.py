@@ -13,7 +13,8 @@ Two kernels, one epilogue:
                            transposed view (weight.t() in linear, dZ.t() in its backward) costs
                            nothing. Needs 16-byte aligned storage offsets and row strides.
     matmul_kernel          Pointer loads, one program per tile: every other GPU, the interpreter,
-                           and inputs whose strides or offsets TMA cannot take.
+                           inputs whose strides or offsets TMA cannot take, and (TMA_WHEN_TRACED)
+                           launches traced by torch.compile.
 Both take split_k: with split_k > 1 the K range is cut into slices that run as separate work
 items writing fp32 partial tiles, and splitk_reduce_kernel sums them and applies the epilogue.
 That is for skinny (decode) shapes, M of a few dozen rows with large K, where the output tiles
@@ -76,6 +77,10 @@ FLATTEN = True
 WARP_SPECIALIZE = False
 # One program per SM looping over the tiles; False launches one program per tile instead.
 PERSISTENT = True
+# Launches through torch.library.wrap_triton (the triton-compiled mode) take the pointer kernel:
+# Inductor's handling of device-side TMA descriptors (scratch allocation, descriptor-store
+# mutation analysis) has not been checked on the GPU with torch 2.11. Direct calls use TMA.
+TMA_WHEN_TRACED = False
 
 
 def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -541,6 +546,9 @@ def fused_matmul(
     if c.numel() == 0:  # an empty grid is an error on some launch paths; nothing to write anyway
         return c, preact
     auto_path, auto_split = plan(a, b)
+    if auto_path == "tma" and launch is not direct and not TMA_WHEN_TRACED:
+        _, num_sms = _device_info(a.device.type, a.device.index)
+        auto_path, auto_split = "pointer", _auto_split_k(M, N, K, num_sms)
     path = path or auto_path
     if K == 0:  # an empty sum, the epilogue of zeros; TMA cannot describe an empty operand
         path, split_k = "pointer", 1
