@@ -28,7 +28,7 @@ from experiments import env, faults, modes, timing, worker
 from experiments.errors import ConfigError
 from experiments.measure import Job, measure_shape
 from experiments.records import JsonlWriter, format_table, geomean, recorded_keys
-from experiments.tracking import Tracker, find_secret_keys, redact, scrub_hydra_dir
+from experiments.tracking import Tracker, find_secret_keys, redact, run_group, scrub_hydra_dir
 from experiments.workloads import make_workload, resolve_shapes
 from kernels._common import SUPPORTED_DTYPES, is_interpreter
 
@@ -249,7 +249,7 @@ def measure_job(plan: Plan) -> list[dict]:
         {**plan.config, "env": env_summary},
         output_dir,
         name=cfg.name,
-        group=cfg.wandb.group or plan.sweep_name or cfg.name,
+        group=run_group(cfg.wandb.group, plan.sweep_name, cfg.name),
         tags=tags,
     )
     code_dir = output_dir / "inductor_code" if cfg.compile.save_code else None

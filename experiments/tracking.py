@@ -58,6 +58,12 @@ def scrub_hydra_dir(output_dir: Path) -> None:
         path.write_text(yaml.safe_dump(redact(yaml.safe_load(path.read_text())), sort_keys=False))
 
 
+def run_group(group, sweep_name: str | None, name: str) -> str:
+    """The W&B group: wandb.group if set, else the sweep folder's name, else the run name. Always a
+    string: a sweep folder named "1" reaches the config as the int 1, which wandb refuses."""
+    return str(group or sweep_name or name)
+
+
 class Tracker:
     """A thin, failure-proof wrapper over one wandb run."""
 

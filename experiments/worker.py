@@ -17,8 +17,14 @@ import sys
 from experiments.faults import POISONED_EXIT
 from experiments.measure import base_record
 from experiments.records import JsonlWriter, read_jsonl, recorded_keys
+from experiments.tracking import run_group
 
 log = logging.getLogger(__name__)
+
+
+def quoted(value: str) -> str:
+    """A string as a quoted Hydra override value, so that "1" or "1e3" stays a string."""
+    return "'" + value.replace("'", "\\'") + "'"  # Hydra unescapes only quotes
 
 
 def describe_exit(returncode: int) -> str:
@@ -61,7 +67,7 @@ def run_isolated(plan) -> list[dict]:
         "hydra.output_subdir=.hydra-worker",  # keep the parent's own config dumps as they are
         "isolate=false",
         "resume=true",
-        f"wandb.group={cfg.wandb.group or plan.sweep_name or cfg.name}",
+        f"wandb.group={quoted(run_group(cfg.wandb.group, plan.sweep_name, cfg.name))}",
     ]
     child_env = {**os.environ, "KBENCH_JOB_ID": plan.job_id}
     for _ in range(len(plan.shapes)):  # each death records a row, so this always ends
