@@ -129,3 +129,10 @@ def test_load_wandb_reads_rows_tables_into_the_same_frame(tmp_path):
 def _offline(tmp_path, rows) -> pd.DataFrame:
     write_job(tmp_path / "offline", rows)
     return load_results(tmp_path / "offline").frame
+
+
+@pytest.mark.parametrize("folder", ["h100", "h100_bench", "h100_fp32_partial", "h200x2_launchers"])
+def test_every_committed_results_folder_loads_without_problems(folder):
+    results = load_results(REPO_ROOT / "results" / folder)
+    assert results.problems == [] and len(results.frame) > 0
+    assert results.frame["gpu_name"].notna().all()  # every row stamped with its GPU from env.json

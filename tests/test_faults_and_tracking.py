@@ -104,7 +104,9 @@ def test_redact_masks_keys_overrides_and_the_env_key(monkeypatch):
     assert os.environ["WANDB_API_KEY"] == "abcdef123456"
 
 
-@pytest.mark.parametrize("value", ["1", "1e3", "null", "true", "it's", "a\\b", "2026-11-22/10-00-00"])
+@pytest.mark.parametrize(
+    "value", ["1", "1e3", "null", "true", "it's", "a\\b", "2026-11-22/10-00-00"]
+)
 def test_worker_passes_the_wandb_group_as_a_string(value):
     """A sweep folder named "1" once reached wandb.init as the int 1, which wandb refused."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
