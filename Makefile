@@ -67,7 +67,7 @@ test: $(SETUP) ## CPU test suite (what CI runs): kernels in the Triton interpret
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
 test-gpu: $(SETUP) ## GPU-marked tests, on a CUDA machine
-	$(PY) -m pytest -m gpu $(ARGS)
+	$(PY) -m pytest -m gpu --durations=20 $(ARGS)
 
 sync: $(SETUP) ## Upload offline W&B runs under outputs/ and multirun/ (needs WANDB_API_KEY)
 	@runs=$$(find outputs multirun -type d -name 'offline-run-*' 2>/dev/null); \
