@@ -31,7 +31,6 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    ACTIVATIONS,
     Launcher,
     activation_id,
     check_same,
@@ -40,21 +39,13 @@ from kernels._common import (
     dot_precision,
     is_interpreter,
 )
+from kernels.matmul import apply_activation, grouped_tile
 
 try:  # host-side TMA descriptors (triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older triton: pointer loads only
     TensorDescriptor = None
 
-# Kernels may only read globals that are tl.constexpr (a local copy of kernels.matmul's ids, so
-# this module does not depend on that file's internals).
-RELU = tl.constexpr(ACTIVATIONS["relu"])
-GELU = tl.constexpr(ACTIVATIONS["gelu"])
-GELU_TANH = tl.constexpr(ACTIVATIONS["gelu_tanh"])
-SILU = tl.constexpr(ACTIVATIONS["silu"])
-SQRT_HALF = tl.constexpr(0.7071067811865476)
-SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
-GELU_TANH_CUBIC = tl.constexpr(0.044715)
 
 PATHS = ("gemm", "implicit", "flat", "window")
 
@@ -72,37 +63,12 @@ def conv2d_reference(x, weight, bias, stride, padding, dilation):
 # Shared @triton.jit helpers
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """(row tile, column tile) of program `pid`: GROUP_M row tiles walk the columns together, so
-    the weight tiles they share stay in L2."""
-    num_pid_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
-
-
-@triton.jit
-def _activation(x, ACTIVATION: tl.constexpr):
-    if ACTIVATION == RELU:
-        x = tl.maximum(x, 0.0)
-    elif ACTIVATION == GELU:
-        x = 0.5 * x * (1.0 + tl.erf(x * SQRT_HALF))
-    elif ACTIVATION == GELU_TANH:
-        x = x * tl.sigmoid((x + x * x * x * GELU_TANH_CUBIC) * (2.0 * SQRT_2_OVER_PI))
-    elif ACTIVATION == SILU:
-        x = x * tl.sigmoid(x)
-    return x
-
-
-@triton.jit
 def _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS: tl.constexpr,
                      ACTIVATION: tl.constexpr):  # fmt: skip
     """bias + activation on the fp32 accumulator."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    return _activation(acc, ACTIVATION)
+    return apply_activation(acc, ACTIVATION)
 
 
 @triton.jit
@@ -294,7 +260,7 @@ def conv_implicit_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_C: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
 
     # -- per output pixel, once: (n, p, q), the window's corner and the image's base pointer --
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -363,7 +329,7 @@ def conv_flat_kernel(
     the per-element cost is the 2-D bounds mask. B_TMA is unused: the packed weight's row of
     R·S·C elements is rarely 16-byte aligned here, and it is small enough to stay in L1/L2.
     """
-    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     n = offs_m // (P * Q)
@@ -430,7 +396,8 @@ def conv_window_kernel(
     BLOCK_M: tl.constexpr = BLOCK_H * BLOCK_W
     tiles_h = tl.cdiv(P, BLOCK_H)
     tiles_w = tl.cdiv(Q, BLOCK_W)
-    pid_m, pid_n = _tile_of(tl.program_id(0), N * tiles_h * tiles_w, tl.cdiv(K, BLOCK_N), GROUP_M)
+    num_pid_m = N * tiles_h * tiles_w
+    pid_m, pid_n = grouped_tile(tl.program_id(0), num_pid_m, tl.cdiv(K, BLOCK_N), GROUP_M)
     n = pid_m // (tiles_h * tiles_w)
     t = pid_m - n * (tiles_h * tiles_w)
     th = t // tiles_w
@@ -485,7 +452,7 @@ def conv_gemm_kernel(
     EVEN_C: tl.constexpr,
 ):  # fmt: skip
     """A 1x1 stride-1 conv on NHWC: y(M, K) = x(M, C) @ w(K, C)^T, + bias, activation."""
-    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_c = tl.arange(0, BLOCK_K)
