@@ -290,7 +290,18 @@ def time_once(job: Job, fn, enqueue_us: float, record: Record) -> dict:
         record.timer = "cpu-wall"
         return timing.cpu_time_ms(fn, bench.warmup_ms, bench.rep_ms)
     record.timer = "cuda-events-l2flush" if bench.flush_l2 else "cuda-events"
-    return job.timer.measure(fn, bench.warmup_ms, bench.rep_ms, lead_us=1.5 * enqueue_us + 20)
+    result = job.timer.measure(fn, bench.warmup_ms, bench.rep_ms, lead_us=1.5 * enqueue_us + 20)
+    if result["lead_retries"]:
+        record.notes.append(
+            f"GPU timer lead raised to {result['lead_us']:.0f} us ({result['lead_retries']}x): "
+            "the CPU path of some calls outlasted the first lead"
+        )
+    if result["lead_miss_share"] > timing.LEAD_MISS_SHARE:
+        record.notes.append(
+            f"{100 * result['lead_miss_share']:.0f}% of samples outlasted the GPU timer's lead "
+            f"of {result['lead_us']:.0f} us: their GPU time may include idle time"
+        )
+    return result
 
 
 def graph_replay(fn, impl, bench, record: Record, who: str) -> float | None:

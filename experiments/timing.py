@@ -22,6 +22,9 @@ import torch
 QUANTILES = (50, 20, 80)
 FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current L2 (H100: 50 MB, H200: 60 MB)
 MAX_SAMPLES = 1000
+MAX_LEAD_US = 20_000.0  # the sleep lead's cap: 20 ms of idle GPU per sample
+LEAD_MISS_SHARE = 0.05  # share of samples whose CPU time may outlast the lead before a retake
+LEAD_RETRIES = 2
 
 
 def synchronize(device: torch.device) -> None:
@@ -97,7 +100,15 @@ class GpuTimer:
         return cycles / (start.elapsed_time(end) * 1e3)
 
     def measure(self, fn, warmup_ms: float, rep_ms: float, lead_us: float) -> dict:
-        """`lead_us` must exceed the CPU time of one call (see call_latency_us's enqueue time)."""
+        """GPU time per call; `lead_us` should exceed the CPU time of one call.
+
+        The CPU time of every sample (from the sleep's enqueue to the end event's) is timed too.
+        If more than LEAD_MISS_SHARE of the samples outlasted the lead, the GPU may have idled
+        inside their window, so the samples are taken again with a lead sized from what was
+        observed (twice the slowest sample, at most MAX_LEAD_US), up to LEAD_RETRIES times. The
+        result says which lead was used (`lead_us`), how often it was raised (`lead_retries`) and
+        the share of samples that still outlasted it (`lead_miss_share`).
+        """
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(5):
@@ -107,19 +118,37 @@ class GpuTimer:
         estimate_ms = start.elapsed_time(end) / 5
         for _ in range(calls_for_budget(estimate_ms, warmup_ms, lowest=1)):
             fn()
-        lead_cycles = int(min(lead_us, 20_000) * self.cycles_per_us)
-        n = calls_for_budget(estimate_ms + 0.1 + lead_us / 1e3, rep_ms, lowest=10)
+        for retry in range(LEAD_RETRIES + 1):
+            lead_us = min(lead_us, MAX_LEAD_US)
+            n = calls_for_budget(estimate_ms + 0.1 + lead_us / 1e3, rep_ms, lowest=10)
+            samples, host_us = self._samples(fn, n, int(lead_us * self.cycles_per_us))
+            missed = sum(h > lead_us for h in host_us) / n
+            if missed <= LEAD_MISS_SHARE or lead_us >= MAX_LEAD_US or retry == LEAD_RETRIES:
+                break
+            lead_us = 2 * max(host_us) + 50
+        return {
+            **summarize(samples),
+            "lead_us": float(lead_us),
+            "lead_retries": retry,
+            "lead_miss_share": float(missed),
+        }
+
+    def _samples(self, fn, n: int, lead_cycles: int) -> tuple[list[float], list[float]]:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        host_us = []
         for i in range(n):
             torch.cuda._sleep(lead_cycles)
+            queued = time.perf_counter()
             if self.flush is not None:
                 self.flush.zero_()
             starts[i].record()
             fn()
             ends[i].record()
+            host_us.append((time.perf_counter() - queued) * 1e6)
         torch.cuda.synchronize(self.device)
-        return summarize([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
+        samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        return samples, host_us
 
 
 def do_bench_ms(fn, warmup_ms: float, rep_ms: float) -> dict:

@@ -71,3 +71,24 @@ def test_a_real_illegal_address_costs_one_row(tmp_path):
     rows = read_jsonl(tmp_path / "results.jsonl")
     assert rows[0]["status"] == "failed" and "illegal memory access" in rows[0]["reason"]
     assert [r["status"] for r in rows[1:]] == ["ok"] * (len(rows) - 1) and len(rows) == 3
+
+
+def test_gpu_timer_raises_a_lead_the_cpu_path_outlasts():
+    """A call whose CPU path (2 ms) outlasts a 10 us lead: the timer retakes its samples with a
+    longer lead, so the idle GPU is not charged as the tiny kernel's time."""
+    import time
+
+    from experiments.timing import GpuTimer
+
+    x = torch.randn(1024, device="cuda")
+
+    def slow_host_call():
+        time.sleep(0.002)
+        x.mul_(1.0)
+
+    result = GpuTimer(torch.device("cuda"), flush_l2=False).measure(
+        slow_host_call, warmup_ms=1, rep_ms=20, lead_us=10
+    )
+    assert result["lead_retries"] >= 1
+    assert result["lead_us"] > 2000
+    assert result["p50"] < 1.0  # without the retake every sample would read about 2 ms
