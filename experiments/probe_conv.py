@@ -2,6 +2,13 @@
 
     python -m experiments.probe_conv [--shapes resnet50|resnet50_core|resnet50_b128|small]
                                      [--quick] [--budget SECONDS]
+    python -m experiments.probe_conv --round3 [--budget 140] [--splits 2,4]
+    TRITON_INTERPRET=1 python -m experiments.probe_conv --round3 --smoke   (CPU, tiny shapes)
+
+--round3 (kernels/notes/conv.md, "Round 3") replaces the passes below with the bias-free kernel
+comparison: per layer cuDNN without bias, our auto path without bias, and the round-3 variants
+(1x1: gemm, gemm_persistent, matmul; 3x3 and strided: split_k on the auto path), each checked
+against a float64 reference first, then a geomean summary per variant.
 
 Per layer, first correctness (float64 reference, before any timing), then GPU time by
 experiments.timing.GpuTimer (L2 flushed, a sleep-kernel lead keeps the CPU launch path off the
@@ -90,7 +97,8 @@ def kernel_report():
     if cfg is not None:
         tile += f" s{cfg.num_stages} w{cfg.num_warps}"
     names = {id(conv.conv_gemm_kernel): "gemm", id(conv.conv_implicit_kernel): "implicit",
-             id(conv.conv_flat_kernel): "flat", id(conv.conv_window_kernel): "window"}  # fmt: skip
+             id(conv.conv_flat_kernel): "flat", id(conv.conv_window_kernel): "window",
+             id(conv.conv_gemm_persistent_kernel): "gemm_persistent"}  # fmt: skip
     name = names.get(id(kernel), "?")
     try:
         regs, spills = compiled.n_regs, compiled.n_spills
@@ -182,13 +190,214 @@ def alternates(s):
     return alts
 
 
+# ---------------------------------------------------------------------------------------------
+# Round 3: bias-free kernel comparison of the persistent 1x1 paths and split-K
+# ---------------------------------------------------------------------------------------------
+def matmul_config():
+    """kernels.matmul's tuned config for its last shape (the autotuner's best_config)."""
+    import importlib
+
+    try:
+        matmul = importlib.import_module("kernels.matmul")
+        cfg = getattr(matmul.matmul_tma_kernel, "best_config", None)
+        return "?" if cfg is None else f"{cfg.kwargs} s{cfg.num_stages} w{cfg.num_warps}"
+    except Exception as exc:  # noqa: BLE001 - a report detail
+        return f"? ({type(exc).__name__})"
+
+
+def _with_matmul_kwargs(kwargs, fn):
+    saved = conv.MATMUL_KWARGS
+    conv.MATMUL_KWARGS = kwargs
+    try:
+        return fn()
+    finally:
+        conv.MATMUL_KWARGS = saved
+
+
+def _matmul_has_variants():
+    """kernels.matmul.fused_matmul takes variant= (its round-3 kernels) in this checkout."""
+    import importlib
+    import inspect
+
+    try:
+        matmul = importlib.import_module("kernels.matmul")  # `kernels.matmul` is also a function
+        params = inspect.signature(matmul.fused_matmul).parameters
+        return "variant" in params and "wave-hd" in getattr(matmul, "VARIANTS", ())
+    except Exception:  # noqa: BLE001 - then the variant is just not offered
+        return False
+
+
+def round3_variants(s, splits):
+    """(name, conv2d_forward kwargs) of the round-3 variants that apply to layer s."""
+    unit = s["r"] == s["s"] == 1 and s["stride"] == 1 and s["padding"] == 0
+    if unit:
+        out = [("gemm", dict(path="gemm")), ("gemm_persistent", dict(path="gemm_persistent")),
+               ("matmul", dict(path="matmul"))]  # fmt: skip
+        if _matmul_has_variants():
+            out.append(("matmul_wave", dict(path="matmul")))  # with MATMUL_KWARGS, see round3
+        return out
+    if s["c"] < 16:
+        return []
+    return [(f"split{k}", dict(split_k=k)) for k in splits]
+
+
+def round3_order(shapes):
+    """1x1 layers first (the persistent variants), then the split-K layers: 3x3s with the fewest
+    output pixels first (where split-K should matter most), strided 1x1s last, so a spent budget
+    skips the least likely."""
+    unit = [s for s in shapes if s["r"] == s["s"] == 1 and s["stride"] == 1]
+    rest = [s for s in shapes if s not in unit and s["c"] >= 16]
+    rest.sort(key=lambda s: (s["r"] == 1, s["n"] * out_hw(s)[0] * out_hw(s)[1], -s["c"]))
+    return unit, rest
+
+
+def round3(args):
+    smoke = args.smoke
+    device = torch.device("cpu" if smoke else "cuda")
+    dtype = torch.float32 if smoke else torch.bfloat16
+    dtype_name = "fp32" if smoke else "bf16"
+    splits = [int(v) for v in args.splits.split(",") if v.strip()]
+    if smoke:
+        shapes = [
+            {"n": 2, "c": 32, "h": 5, "w": 7, "k": 24, "r": 1, "s": 1},
+            {"n": 1, "c": 32, "h": 7, "w": 5, "k": 40, "r": 3, "s": 3, "padding": 1},
+            {"n": 1, "c": 32, "h": 9, "w": 9, "k": 40, "r": 3, "s": 3, "padding": 1, "stride": 2},
+            {"n": 1, "c": 3, "h": 9, "w": 9, "k": 8, "r": 3, "s": 3, "padding": 1, "stride": 2},
+        ]
+        shapes = [{"stride": 1, "padding": 0, "dilation": 1, **s} for s in shapes]
+    else:
+        shapes = load_shapes(args.shapes)
+        print(f"torch {torch.__version__} triton {triton.__version__} "
+              f"{torch.cuda.get_device_name()}")  # fmt: skip
+    print("round 3: bias-free GPU time p50 (L2 flushed, CPU path off the clock), bf16 NHWC;")
+    print("vs cuDNN = cuDNN no-bias us / ours; vs auto = auto us / variant us (> 1: variant wins)")
+    print(f"{'layer':<26} {'variant':<16} {'us':>8} {'vs cuDNN':>8} {'vs auto':>8}  config")
+
+    def timed(fn):
+        if smoke:
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        return bench(fn)
+
+    def make3(s):
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(s["n"], s["c"], s["h"], s["w"], device=device, generator=g).to(dtype)
+        fan_in = s["c"] * s["r"] * s["s"]
+        w = torch.randn(s["k"], s["c"], s["r"], s["s"], device=device, generator=g)
+        w = (w / math.sqrt(fan_in)).to(dtype)
+        fmt = torch.channels_last
+        return x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+
+    def one(s, variant, fn, ref, base_us=None, auto_us=None, report=True):
+        label = label_of(s)
+        try:
+            conv.last_launch[0] = None
+            y = fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            note = kernel_report() if report else ""
+            if ref is not None:
+                err = relative_error(y, ref)
+                tol = tolerance(dtype_name, tf32=False)
+                if not err < tol:
+                    print(f"{label:<26} {variant:<16} FAILED relative error {err:.2e} > {tol:.1e}",
+                          flush=True)  # fmt: skip
+                    return None
+            us = timed(fn) * 1e3
+            RESULTS[(label, variant)] = us
+            vs_cudnn = f"{base_us / us:7.3f}x" if base_us else "    base"
+            vs_auto = f"{auto_us / us:7.3f}x" if auto_us else "        "
+            print(f"{label:<26} {variant:<16} {us:8.1f} {vs_cudnn} {vs_auto}  {note}", flush=True)
+            return us
+        except Exception as exc:  # noqa: BLE001 - one failing variant must not stop the probe
+            msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            print(f"{label:<26} {variant:<16} FAILED {type(exc).__name__}: {msg}", flush=True)
+            if args.trace:
+                traceback.print_exc()
+            return None
+
+    def geo(s):
+        return (s["stride"], s["padding"], s["dilation"])
+
+    # ---- pass 1: cuDNN without bias and our auto path without bias, every layer ----
+    for s in shapes:
+        x, w = make3(s)
+        ref = reference(x, w, None, s)
+        base = one(s, "cudnn no-bias", partial(F.conv2d, x, w, None, *geo(s)), ref, report=False)
+        one(s, "auto", partial(conv.conv2d, x, w, None, *geo(s)), ref, base)
+        del ref
+    print(f"-- round 3 pass 1 (cuDNN, auto) done at {elapsed():.0f}s", flush=True)
+
+    # ---- pass 2: 1x1 persistent variants; pass 3: split-K on 3x3 / strided layers ----
+    unit, rest = round3_order(shapes)
+    for title, group in (("1x1 variants", unit), ("split-K", rest)):
+        for s in group:
+            if elapsed() > args.budget:
+                print(f"-- budget spent: {title} from {label_of(s)} on skipped", flush=True)
+                break
+            label = label_of(s)
+            x, w = make3(s)
+            ref = reference(x, w, None, s)
+            base = RESULTS.get((label, "cudnn no-bias"))
+            auto = RESULTS.get((label, "auto"))
+            for name, kw in round3_variants(s, splits):
+                fn = partial(conv.conv2d_forward, x, w, None, *geo(s), **kw)
+                if name == "matmul_wave":  # kernels.matmul's round-3 wave-sized tile, host TMA
+                    fn = partial(_with_matmul_kwargs, {"variant": "wave-hd"}, fn)
+                one(s, name, fn, ref, base, auto, report=not name.startswith("matmul"))
+                if name == "matmul":
+                    print(f"{'':<26} {'':<16} matmul_tma_kernel config: {matmul_config()}")
+            del ref
+        print(f"-- round 3 {title} done at {elapsed():.0f}s", flush=True)
+
+    # ---- summary: geomean of cuDNN no-bias / ours per variant, and best-of per layer ----
+    def geomean(values):
+        values = [v for v in values if v and v == v]
+        return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+    def ratio(s, variant):
+        lab = label_of(s)
+        base, ours = RESULTS.get((lab, "cudnn no-bias")), RESULTS.get((lab, variant))
+        return base / ours if base and ours else None
+
+    names = ["auto", "gemm", "gemm_persistent", "matmul", "matmul_wave"]
+    names += [f"split{k}" for k in splits]
+    for name in names:
+        picked = [r for r in (ratio(s, name) for s in shapes) if r]
+        if picked:
+            print(f"geomean vs cuDNN no-bias  {name:<16} {geomean(picked):.3f} over {len(picked)}")
+    best, chosen = [], []
+    for s in shapes:
+        options = {n: ratio(s, n) for n in names if ratio(s, n)}
+        if options:
+            name = max(options, key=options.get)
+            best.append(options[name])
+            chosen.append(f"{label_of(s)}={name}")
+    unit_auto = [ratio(s, "auto") for s in unit]
+    unit_best = [max([r for r in (ratio(s, n) for n in names) if r] or [None]) for s in unit]
+    print(f"best-of per layer: geomean {geomean(best):.3f} over {len(best)} layers "
+          f"(auto alone {geomean([ratio(s, 'auto') for s in shapes]):.3f}; "
+          f"1x1 auto {geomean(unit_auto):.3f}, 1x1 best-of {geomean(unit_best):.3f})")  # fmt: skip
+    print("best variant per layer: " + " ".join(chosen))
+    print(f"-- round 3 total {elapsed():.0f}s", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="resnet50")
     ap.add_argument("--quick", action="store_true", help="resnet50_core, no alternates")
     ap.add_argument("--budget", type=float, default=110.0, help="seconds before optional rows stop")
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--round3", action="store_true", help="bias-free round-3 variant comparison")
+    ap.add_argument("--splits", default="2,4", help="round 3: split_k values to try")
+    ap.add_argument("--smoke", action="store_true", help="round 3 on CPU, tiny (interpreter)")
     args = ap.parse_args()
+    if args.round3:
+        if args.budget == 110.0:  # the default: round 3 must end within ~150 s on an H100
+            args.budget = 120.0
+        round3(args)
+        return
     quick_set = args.quick and args.shapes == "resnet50"
     shapes = load_shapes("resnet50_core" if quick_set else args.shapes)
     dtype = torch.bfloat16

@@ -17,6 +17,15 @@ channels_last (see pack_conv_weight). Three paths, picked per call:
     flat      few input channels (the C=3 stem, conv_flat_kernel): the reduction is the flat
               index over (r, s, c), padded only to BLOCK_K, not C padded to 16 per tap.
 
+Round 3 (kernels/notes/conv.md), selectable per call and by module switches, off by default:
+    gemm_persistent  the 1x1 GEMM as a persistent loop (conv_gemm_persistent_kernel): one or two
+              programs per SM walk the tiles, so one tile's epilogue overlaps the next's loads.
+    matmul    the 1x1 GEMM through kernels.matmul.fused_matmul (its persistent TMA kernel).
+    split_k   implicit / window convs split their (r, s, c) reduction over grid axis 1, in one
+              launch: each program stores an fp32 partial tile, the last to arrive for a tile sums
+              them and runs the bias / activation epilogue once (_split_k_gather).
+GEMM_1X1_PATH and AUTO_SPLIT_K make auto take them.
+
 The epilogue adds the bias and applies the activation in fp32, then rounds once to the output
 dtype. NCHW inputs are read in place by strided loads (consecutive output pixels are consecutive
 addresses there, so the loads still coalesce, along the rows instead of the channels): on the H100
@@ -39,7 +48,7 @@ from kernels._common import (
     dot_precision,
     is_interpreter,
 )
-from kernels.matmul import apply_activation, grouped_tile
+from kernels.matmul import apply_activation, fused_matmul, grouped_tile
 
 try:  # host-side TMA descriptors (triton >= 3.3)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -47,7 +56,25 @@ except ImportError:  # pragma: no cover - older triton: pointer loads only
     TensorDescriptor = None
 
 
-PATHS = ("gemm", "implicit", "flat", "window")
+PATHS = ("gemm", "implicit", "flat", "window", "gemm_persistent", "matmul")
+
+# Round-3 switches (module globals so a probe or a caller can flip them; see kernels/notes/conv.md
+# "Round 3"). GEMM_1X1_PATH: the path auto picks for 1x1 stride-1 NHWC convs: "gemm" (one program
+# per tile), "gemm_persistent" (conv_gemm_persistent_kernel: one program per SM looping over the
+# tiles) or "matmul" (kernels.matmul.fused_matmul, its persistent TMA kernel).
+GEMM_1X1_PATH = "gemm"
+# AUTO_SPLIT_K: let auto split the reduction of implicit / window convs with too few output tiles
+# to fill the GPU (see _auto_split_k); False keeps split_k=1 unless a caller asks for it.
+AUTO_SPLIT_K = False
+# The largest split _auto_split_k picks (it doubles: 1, 2, 4, ...), and the fewest 64-channel
+# reduction steps it leaves per split.
+AUTO_SPLIT_MAX = 4
+AUTO_SPLIT_MIN_STEPS = 18
+# Software pipelining across tile boundaries in the persistent gemm loop (tl.range flatten).
+GEMM_FLATTEN = True
+# Extra keyword arguments for kernels.matmul.fused_matmul on the "matmul" path (e.g. a variant
+# that module offers); empty: its automatic choice.
+MATMUL_KWARGS: dict = {}
 
 # The last directly launched kernel: (autotuned kernel, compiled kernel), for the probe's report of
 # the winning config and its registers, spills and shared memory.
@@ -78,6 +105,28 @@ def _epilogue(acc, y_ptr, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk,
     acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
     y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * stride_yk
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Split-K in one launch, last-arriving program reduces: every program stores its fp32 partial
+    tile in the workspace (tile-local (SPLIT_K, BLOCK_M, BLOCK_N) slots, no masks), then bumps the
+    tile's counter. The program that finds SPLIT_K - 1 there sums all the slots (L2 loads) and
+    returns (sum, True); it also resets the counter to 0, so the cached counters stay zero between
+    calls. No program ever waits on another, so no scheduling order can deadlock."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    tl.store(base + split * (BLOCK_M * BLOCK_N) + offs, acc, cache_modifier=".cg")
+    tl.debug_barrier()  # every thread's partial is written before the counter moves
+    count = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = count == SPLIT_K - 1
+    if last:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(base + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+        tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
+    return acc, last
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +182,17 @@ GEMM_TILES = [
     (128, 128, 64, 4, 8),
     (128, 256, 64, 3, 8),
 ]
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, programs per SM) of the persistent 1x1 kernel
+# (round 3, not yet measured): the gemm tiles that won in round 2, with one or two resident
+# programs per SM (two let one program's epilogue overlap the other's loads).
+GEMM_PERSISTENT_TILES = [
+    (128, 64, 64, 4, 4, 2),
+    (128, 128, 64, 4, 8, 1),
+    (128, 128, 64, 3, 4, 2),
+    (256, 128, 64, 3, 8, 1),
+    (128, 256, 64, 3, 8, 1),
+    (64, 128, 64, 4, 4, 2),
+]
 # (BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, num_stages, num_warps): output tiles of BLOCK_H x BLOCK_W
 # pixels of one image (8 | 56 and 7 | 28 leave no ragged edge at 8x8 / 4x... for the big layers)
 WINDOW_TILES = [
@@ -156,6 +216,17 @@ def _configs(tiles):
     return [_config(*tile) for tile in tiles]
 
 
+def _persistent_configs():
+    if is_interpreter():
+        return [_config(32, 32, 16, 1, 4, group_m=2)]
+    configs = []
+    for *tile, per_sm in GEMM_PERSISTENT_TILES:
+        config = _config(*tile)
+        config.kwargs["PER_SM"] = per_sm
+        configs.append(config)
+    return configs
+
+
 def _window_configs():
     if is_interpreter():
         return [_window_config(4, 8, 32, 16, 1, 4, group_m=2)]
@@ -170,11 +241,16 @@ def _prune(configs, named_args, **kwargs):
     # the implicit kernel's weight tile spans C only within one tap; past C it would read the
     # next tap's weights (the gemm kernel's descriptors end at C and zero-fill instead)
     split_taps = kwargs.get("B_TMA", False) and "R" in named_args
+    split = kwargs.get("SPLIT_K", 1) > 1
     kept = []
     for config in configs:
         meta = dict(config.kwargs)
         if "BLOCK_H" in meta:
             meta["BLOCK_M"] = meta["BLOCK_H"] * meta["BLOCK_W"]
+        # split-K serves layers with few output tiles: the 128-channel-wide tiles of at most 128
+        # rows only (also keeps the probe's compile count down: one compile per config and split)
+        if split and (meta["BLOCK_N"] != 128 or meta["BLOCK_M"] > 128 or meta["BLOCK_K"] != 64):
+            continue
         if meta["BLOCK_N"] > max(64, triton.next_power_of_2(K)):
             continue
         if meta["BLOCK_M"] > max(64, triton.next_power_of_2(M)):
@@ -224,9 +300,17 @@ def _sleep_cycles(us: float) -> int:
     return int(us * _CYCLES_PER_US[0])
 
 
+def _configs_for(tiles):
+    if tiles is WINDOW_TILES:
+        return _window_configs()
+    if tiles is GEMM_PERSISTENT_TILES:
+        return _persistent_configs()
+    return _configs(tiles)
+
+
 def _autotune(tiles, key):
     return triton.autotune(
-        configs=_window_configs() if tiles is WINDOW_TILES else _configs(tiles),
+        configs=_configs_for(tiles),
         key=key,
         prune_configs_by={"early_config_prune": _prune},
         do_bench=_tune_bench,
@@ -237,7 +321,7 @@ def _autotune(tiles, key):
 # Kernels
 # ---------------------------------------------------------------------------------------------
 _CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "conv_stride_h", "conv_stride_w",
-             "dil_h", "stride_xc", "stride_yk", "B_TMA"]  # fmt: skip
+             "dil_h", "stride_xc", "stride_yk", "B_TMA", "SPLIT_K"]  # fmt: skip
 # Sizes that only bound loops and masks: not specialised on (== 1, % 16), so the ResNet layers
 # share compiled kernels instead of compiling every config again per spatial size. Channel counts,
 # strides and R, S stay specialised: they decide load vectorisation and the 1x1 shortcuts.
@@ -249,14 +333,14 @@ _SIZES_ONLY = ["M", "N", "H", "W", "P", "Q", "pad_h", "pad_w", "dil_h", "dil_w"]
 @triton.jit(do_not_specialize=_SIZES_ONLY)
 def conv_implicit_kernel(
     # x: (N, C, H, W) by strides; w: packed (K, R·S·C) matrix or its TMA descriptor; y by strides
-    x, w, bias_ptr, y,
+    x, w, bias_ptr, y, ws_ptr, lock_ptr,
     M, N, C, H, W, K, P, Q, R, S,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
     stride_xn, stride_xc, stride_xh, stride_xw,
     stride_wk,
     stride_yn, stride_yk, stride_yp, stride_yq,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_C: tl.constexpr,
 ):  # fmt: skip
@@ -278,8 +362,16 @@ def conv_implicit_kernel(
 
     # -- one flat loop over (r, s, channel block): a single loop the pipeliner can overlap --
     c_blocks = tl.cdiv(C, BLOCK_K)
+    steps = R * S * c_blocks
+    if SPLIT_K > 1:  # this program's share of the (r, s, c-block) steps (axis 1 is the split)
+        per_split = tl.cdiv(steps, SPLIT_K)
+        step_lo = tl.program_id(1) * per_split
+        step_hi = tl.minimum(step_lo + per_split, steps)
+    else:
+        step_lo = 0
+        step_hi = steps
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(0, R * S * c_blocks):
+    for step in range(step_lo, step_hi):
         rs = step // c_blocks
         c0 = (step - rs * c_blocks) * BLOCK_K
         r = rs // S
@@ -302,25 +394,31 @@ def conv_implicit_kernel(
             b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    if Y_TMA:  # y is an (M, K) matrix: one TMA store, clipped at its edges
-        acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
-        y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
-    else:
-        y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
-        _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+    write = True
+    if SPLIT_K > 1:  # only the last program of this tile to arrive sums the partials and writes
+        acc, write = _split_k_gather(acc, ws_ptr, lock_ptr, tl.program_id(0), tl.program_id(1),
+                                     SPLIT_K, BLOCK_M, BLOCK_N)  # fmt: skip
+    if write:
+        if Y_TMA:  # y is an (M, K) matrix: one TMA store, clipped at its edges
+            acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+            y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
+        else:
+            y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+            _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS,
+                      ACTIVATION)  # fmt: skip
 
 
 @_autotune(FLAT_TILES, _CONV_KEY)
 @triton.jit(do_not_specialize=_SIZES_ONLY)
 def conv_flat_kernel(
-    x, w, bias_ptr, y,
+    x, w, bias_ptr, y, ws_ptr, lock_ptr,
     M, N, C, H, W, K, P, Q, R, S,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
     stride_xn, stride_xc, stride_xh, stride_xw,
     stride_wk,
     stride_yn, stride_yk, stride_yp, stride_yq,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     """Few input channels: reduce over the flat (r, s, c) index, BLOCK_K taps at a time.
@@ -374,14 +472,14 @@ def conv_flat_kernel(
 @triton.jit(do_not_specialize=_SIZES_ONLY)
 def conv_window_kernel(
     # x: TMA descriptor of the NHWC input as a 4-D (N, H, W, C) tensor; w, bias, y as above
-    x, w, bias_ptr, y,
+    x, w, bias_ptr, y, ws_ptr, lock_ptr,
     M, N, C, H, W, K, P, Q, R, S,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
     stride_xn, stride_xc, stride_xh, stride_xw,
     stride_wk,
     stride_yn, stride_yk, stride_yp, stride_yq,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -408,8 +506,16 @@ def conv_window_kernel(
     offs_c = tl.arange(0, BLOCK_K)
 
     c_blocks = tl.cdiv(C, BLOCK_K)
+    steps = R * S * c_blocks
+    if SPLIT_K > 1:
+        per_split = tl.cdiv(steps, SPLIT_K)
+        step_lo = tl.program_id(1) * per_split
+        step_hi = tl.minimum(step_lo + per_split, steps)
+    else:
+        step_lo = 0
+        step_hi = steps
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(0, R * S * c_blocks):
+    for step in range(step_lo, step_hi):
         rs = step // c_blocks
         c0 = (step - rs * c_blocks) * BLOCK_K
         r = rs // S
@@ -429,13 +535,19 @@ def conv_window_kernel(
     p = p0 + i // BLOCK_W
     q = q0 + i % BLOCK_W
     m_ok = (p < P) & (q < Q)
-    if Y_TMA:  # y as 4-D (N, P, Q, K): the same pixel patch, clipped at the image's edges
-        acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
-        box = acc.to(y.dtype).reshape(1, BLOCK_H, BLOCK_W, BLOCK_N)
-        y.store([n, p0, q0, pid_n * BLOCK_N], box)
-    else:
-        y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
-        _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+    write = True
+    if SPLIT_K > 1:
+        acc, write = _split_k_gather(acc, ws_ptr, lock_ptr, tl.program_id(0), tl.program_id(1),
+                                     SPLIT_K, BLOCK_M, BLOCK_N)  # fmt: skip
+    if write:
+        if Y_TMA:  # y as 4-D (N, P, Q, K): the same pixel patch, clipped at the image's edges
+            acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+            box = acc.to(y.dtype).reshape(1, BLOCK_H, BLOCK_W, BLOCK_N)
+            y.store([n, p0, q0, pid_n * BLOCK_N], box)
+        else:
+            y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+            _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS,
+                      ACTIVATION)  # fmt: skip
 
 
 @_autotune(GEMM_TILES, ["M", "C", "K", "stride_xm", "stride_yk", "A_TMA", "B_TMA"])
@@ -482,6 +594,60 @@ def conv_gemm_kernel(
     else:
         y_row = offs_m.to(tl.int64) * stride_ym
         _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+
+
+@_autotune(GEMM_PERSISTENT_TILES,
+           ["M", "C", "K", "stride_xm", "stride_yk", "A_TMA", "B_TMA", "FLATTEN"])  # fmt: skip
+@triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
+@triton.jit(do_not_specialize=["M"])
+def conv_gemm_persistent_kernel(
+    x, w, bias_ptr, y,
+    M, C, K,
+    stride_xm, stride_wk, stride_ym, stride_yk,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr, FLATTEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_C: tl.constexpr, PER_SM: tl.constexpr = 1,
+):  # fmt: skip
+    """conv_gemm_kernel's tile as a persistent loop: PER_SM programs per SM walk the output tiles
+    in grouped order; with FLATTEN the pipeliner issues the next tile's loads while this tile's
+    epilogue runs (the 1x1 layers have 1-32 reduction steps per tile, so a non-persistent kernel
+    has little else to overlap). PER_SM only sizes the grid (host side)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(K, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    offs_c = tl.arange(0, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok = offs_m < M
+        n_ok = offs_n < K
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for c0 in range(0, C, BLOCK_K):
+            c = c0 + offs_c
+            if A_TMA:
+                a = x.load([pid_m * BLOCK_M, c0])
+            else:
+                a_ptrs = x + offs_m.to(tl.int64)[:, None] * stride_xm + c[None, :]
+                if EVEN_C:
+                    a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
+                else:
+                    a = tl.load(a_ptrs, mask=m_ok[:, None] & (c < C)[None, :], other=0.0)
+            if B_TMA:
+                b = w.load([pid_n * BLOCK_N, c0]).T
+            else:
+                b_ptrs = w + offs_n[None, :] * stride_wk + c[:, None]
+                b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+        if Y_TMA:
+            acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+            y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
+        else:
+            y_row = offs_m.to(tl.int64) * stride_ym
+            _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS,
+                      ACTIVATION)  # fmt: skip
 
 
 def _traceable(kernel):
@@ -559,13 +725,63 @@ def _window_ok(x: torch.Tensor, stride_hw) -> bool:
     return all((x.stride(d) * x.element_size()) % 16 == 0 for d in (0, 2, 3))
 
 
+@functools.cache
+def _num_sms(index) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _auto_split_k(x, M, K, C, R, S) -> int:
+    """Reduction splits for implicit / window convs with too few output tiles to fill the GPU
+    (the 7x7-output layers: 100 tiles of 64x128 on 132 SMs). Off unless AUTO_SPLIT_K: double the
+    split while the 64x128 tiles times the split stay under two per SM, each split keeps at least
+    AUTO_SPLIT_MIN_STEPS steps of 64 channels, and the split stays <= AUTO_SPLIT_MAX. ResNet-50 at
+    batch 32 (132 SMs): 4 for the 7x7-output 3x3s (512 channels), 2 for the 14x14-output 3x3s,
+    1 elsewhere."""
+    if not AUTO_SPLIT_K or x.device.type != "cuda" or is_interpreter():
+        return 1
+    sms = _num_sms(x.device.index)
+    tiles = triton.cdiv(M, 64) * triton.cdiv(K, 128)
+    steps = R * S * triton.cdiv(C, 64)
+    split = 1
+    while (split * 2 <= AUTO_SPLIT_MAX and tiles * split < 2 * sms
+           and steps // (split * 2) >= AUTO_SPLIT_MIN_STEPS):  # fmt: skip
+        split *= 2
+    return split
+
+
+_SPLIT_LOCKS: dict = {}
+
+
+def _split_buffers(kernel, split_k, tiles_of, device):
+    """fp32 workspace for every tile's SPLIT_K partial tiles, and the per-tile arrival counters
+    (cached per device, zero between calls: the last program of each tile resets its own). Sized
+    for the largest grid any of the kernel's configs can launch."""
+    tiles = ws = 0
+    for config in kernel.configs:
+        meta = config.kwargs
+        block_m = meta.get("BLOCK_M") or meta["BLOCK_H"] * meta["BLOCK_W"]
+        count = tiles_of(meta)
+        tiles = max(tiles, count)
+        ws = max(ws, count * block_m * meta["BLOCK_N"])
+    key = (device.type, device.index)
+    locks = _SPLIT_LOCKS.get(key)
+    if locks is None or locks.numel() < tiles:
+        locks = torch.zeros(max(tiles, 4096), device=device, dtype=torch.int32)
+        _SPLIT_LOCKS[key] = locks
+    return torch.empty(ws * split_k, device=device, dtype=torch.float32), locks
+
+
 def _auto_path(x, gemm_ok, use_tma, R, S, P, Q, stride_hw) -> str:
     """gemm for plain 1x1s, flat for few channels, window for stride-1 filters on images of
     14x14 and up (where its TMA input boxes beat pointer gathers on the H100; on 7x7 the ragged
     8x8 boxes lose to the implicit kernel), implicit for the rest."""
     C = x.shape[1]
     if gemm_ok:
-        return "gemm"
+        # "matmul" takes 16-bit operands only here (fused_matmul reads TF32 by cuBLAS's switch,
+        # not cuDNN's)
+        if GEMM_1X1_PATH == "matmul" and x.dtype == torch.float32:
+            return "gemm"
+        return GEMM_1X1_PATH
     if C < 16:
         return "flat"
     big_enough = P * Q >= 196 and (R, S) != (1, 1) and C % 64 == 0
@@ -615,11 +831,13 @@ def conv2d_forward(
     path: str | None = None,
     tma: bool | None = None,
     nchw: str = "native",
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d.
 
-    path ('gemm' | 'implicit' | 'flat' | 'window'), tma and nchw ('native' | 'convert') override the
-    automatic choices, for the probe and the tests.
+    path (one of PATHS), tma, nchw ('native' | 'convert') and split_k (reduction splits of the
+    implicit / window paths, summed in the same launch) override the automatic choices, for the
+    probe and the tests.
     """
     check_tensor("x", x)
     if x.dim() not in (3, 4):
@@ -643,7 +861,11 @@ def conv2d_forward(
         raise ValueError(f"path={path!r}; choose one of {PATHS}")
     if nchw not in ("convert", "native"):
         raise ValueError(f"nchw={nchw!r}; choose 'convert' or 'native'")
-    options = dict(launch=launch, packed_weight=packed_weight, path=path, tma=tma, nchw=nchw)
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int)
+                                or split_k < 1):  # fmt: skip
+        raise ValueError(f"split_k={split_k!r}; pass a positive int")
+    options = dict(launch=launch, packed_weight=packed_weight, path=path, tma=tma, nchw=nchw,
+                   split_k=split_k)  # fmt: skip
     if x.dim() == 3:  # unbatched, as F.conv2d allows
         y = conv2d_forward(x.unsqueeze(0), weight, bias, stride_hw, padding_hw, dilation_hw,
                            activation, **options)  # fmt: skip
@@ -692,11 +914,13 @@ def conv2d_forward(
     w2d = _weight_matrix(packed_weight if packed_weight is not None else weight)
     gemm_ok = _gemm_ok(x, y, R, S, stride_hw, padding_hw)
     chosen = path
-    if chosen == "gemm" and not gemm_ok:
-        raise ValueError("path='gemm' needs a 1x1, stride-1, unpadded conv from and to NHWC")
+    if chosen in ("gemm", "gemm_persistent", "matmul") and not gemm_ok:
+        raise ValueError(f"path={chosen!r} needs a 1x1, stride-1, unpadded conv from and to NHWC")
     use_tma = _hopper(x.device) and launch is direct if tma is None else tma
     if path is None:
         chosen = _auto_path(x, gemm_ok, use_tma, R, S, P, Q, stride_hw)
+        if chosen in ("gemm_persistent", "matmul") and launch is not direct:
+            chosen = "gemm"  # traced launches take the hook-free pointer kernels
     precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
     common = dict(HAS_BIAS=bias is not None, ACTIVATION=act, DOT_PRECISION=precision)
     M = N * P * Q
@@ -708,21 +932,42 @@ def conv2d_forward(
     y2d = y.as_strided((M, K), (y.stride(3), 1)) if _as_matrix(y) else None
     y_tma = bool(use_tma and y2d is not None and _tma_ok(y2d))
     out = TensorDescriptor.from_tensor(y2d, [64, 64]) if y_tma else y
-    if chosen == "gemm":
+    if chosen == "matmul":  # kernels.matmul's GEMM: y(M, K) = x(M, C) @ w(K, C)^T
+        if launch is not direct:
+            raise ValueError("path='matmul' is launched directly only")
+        x2d = x.as_strided((M, C), (x.stride(3), 1))
+        c, _ = fused_matmul(x2d, w2d.t(), bias, act, **MATMUL_KWARGS)
+        last_launch[0] = None
+        # c is a dense (N·P·Q, K) matrix: exactly a channels_last (N, K, P, Q) tensor
+        return c.view(N, P, Q, K).permute(0, 3, 1, 2)
+    if chosen in ("gemm", "gemm_persistent"):
         x2d = x.as_strided((M, C), (x.stride(3), 1))
         a_tma = bool(use_tma and _tma_ok(x2d))
         b_tma = bool(use_tma and _tma_ok(w2d))
         dummy = [64, 64]  # the pre-hook sets each config's block shape
         a = TensorDescriptor.from_tensor(x2d, dummy) if a_tma else x2d
         b = TensorDescriptor.from_tensor(w2d, dummy) if b_tma else w2d
-        kernel = conv_gemm_kernel if launch is direct else TRACEABLE[conv_gemm_kernel]
+        if chosen == "gemm_persistent":
+            if launch is not direct:
+                raise ValueError("path='gemm_persistent' is launched directly only")
+            sms = 4 if x.device.type != "cuda" or is_interpreter() else _num_sms(x.device.index)
+
+            def grid(meta):
+                tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"])
+                return (min(tiles, sms * meta.get("PER_SM", 1)),)
+
+            kernel = conv_gemm_persistent_kernel
+            extra = dict(FLATTEN=GEMM_FLATTEN)
+        else:
+            kernel = conv_gemm_kernel if launch is direct else TRACEABLE[conv_gemm_kernel]
+            extra = {}
         compiled = launch(kernel)[grid](
             a, b, bias, out, M, C, K,
             x2d.stride(0), w2d.stride(0), y.stride(3), y.stride(1),
-            A_TMA=a_tma, B_TMA=b_tma, Y_TMA=y_tma, **common,
+            A_TMA=a_tma, B_TMA=b_tma, Y_TMA=y_tma, **extra, **common,
         )  # fmt: skip
         if launch is direct:
-            last_launch[0] = (conv_gemm_kernel, compiled)
+            last_launch[0] = (kernel, compiled)
         return y
 
     kernel = {"flat": conv_flat_kernel, "implicit": conv_implicit_kernel,
@@ -746,16 +991,41 @@ def conv2d_forward(
             tiles = triton.cdiv(P, meta["BLOCK_H"]) * triton.cdiv(Q, meta["BLOCK_W"])
             return (N * tiles * triton.cdiv(K, meta["BLOCK_N"]),)
 
+    splits = split_k if split_k is not None else 1
+    if split_k is None and chosen in ("implicit", "window") and launch is direct:
+        splits = _auto_split_k(x, M, K, C, R, S)
+    if splits > 1 and chosen == "flat":
+        raise ValueError("split_k applies to the implicit and window paths only")
+    ws = locks = None
+    launch_grid = grid
+    if splits > 1:
+        if launch is not direct:
+            raise ValueError("split_k > 1 is launched directly only")
+        if chosen == "window":
+
+            def tiles_of(meta):
+                tiles = triton.cdiv(P, meta["BLOCK_H"]) * triton.cdiv(Q, meta["BLOCK_W"])
+                return N * tiles * triton.cdiv(K, meta["BLOCK_N"])
+        else:
+
+            def tiles_of(meta):
+                return triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"])
+
+        ws, locks = _split_buffers(kernel, splits, tiles_of, x.device)
+
+        def launch_grid(meta):
+            return (grid(meta)[0], splits)
+
     if launch is not direct:
         if chosen == "window":
             raise ValueError("path='window' needs TMA descriptors: launch it directly")
         kernel = TRACEABLE[kernel]
-    compiled = launch(kernel)[grid](
-        a, b, bias, out,
+    compiled = launch(kernel)[launch_grid](
+        a, b, bias, out, ws, locks,
         M, N, C, H, W, K, P, Q, R, S,
         *stride_hw, *padding_hw, *dilation_hw,
         *x.stride(), w2d.stride(0), *y.stride(),
-        B_TMA=b_tma, Y_TMA=y_tma, **common,
+        B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=splits, **common,
     )  # fmt: skip
     if launch is direct:
         last_launch[0] = (kernel, compiled)

@@ -232,7 +232,8 @@ def one_config(monkeypatch):
     import kernels.conv as conv_module
 
     for kernel in (conv_module.conv_implicit_kernel, conv_module.conv_flat_kernel,
-                   conv_module.conv_gemm_kernel, conv_module.conv_window_kernel):  # fmt: skip
+                   conv_module.conv_gemm_kernel, conv_module.conv_window_kernel,
+                   conv_module.conv_gemm_persistent_kernel):  # fmt: skip
         monkeypatch.setattr(kernel, "configs", kernel.configs[:1])
         monkeypatch.setattr(kernel, "cache", {}, raising=False)
 
@@ -426,3 +427,145 @@ def test_tma_output_stores(path, device):
     y = check_forward(x, weight, bias, 1, padding, 1, "relu", dtype_name="fp16", path=path,
                       tma=True)  # fmt: skip
     assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+# ---------------------------------------------------------------------------------------------
+# Round 3: persistent 1x1 paths (gemm_persistent, matmul) and split-K (implicit, window)
+# ---------------------------------------------------------------------------------------------
+# (N, C, H, W), K: odd pixel counts (M = 198 rows, several tiles per persistent program in the
+# interpreter's 4-program grid), K not a multiple of the tile, C a multiple of 8 (TMA rows)
+ONE_BY_ONE = ((2, 24, 9, 11), 40)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("bias_on", [False, True])
+@pytest.mark.parametrize("path", ["gemm_persistent", "matmul"])
+def test_persistent_1x1_paths(path, bias_on, tma, device):
+    (n, c, h, w), k = ONE_BY_ONE
+    dtype_name = "fp16" if tma else "fp32"
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(n, c, h, w, device=device, dtype=dtype).contiguous(
+        memory_format=torch.channels_last
+    )
+    weight = torch.randn(k, c, 1, 1, device=device, dtype=dtype)
+    bias = torch.randn(k, device=device, dtype=dtype) if bias_on else None
+    y = check_forward(x, weight, bias, 1, 0, 1, "relu", dtype_name=dtype_name, path=path, tma=tma)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("path", ["gemm_persistent", "matmul"])
+def test_persistent_1x1_paths_bf16_no_activation(path, device):
+    (n, c, h, w), k = ONE_BY_ONE
+    x = torch.randn(n, c, h, w, device=device, dtype=torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(k, c, 1, 1, device=device, dtype=torch.bfloat16)
+    bias = torch.randn(k, device=device, dtype=torch.bfloat16)
+    check_forward(x, weight, bias, 1, 0, 1, dtype_name="bf16", path=path)
+
+
+@pytest.mark.parametrize("path", ["gemm_persistent", "matmul"])
+def test_persistent_1x1_paths_need_nhwc_unit_conv(path, device):
+    x = torch.randn(1, 8, 5, 5, device=device)  # NCHW: not an (M, C) matrix
+    weight = torch.randn(4, 8, 1, 1, device=device)
+    with pytest.raises(ValueError, match="1x1, stride-1"):
+        conv2d_forward(x, weight, path=path)
+    x = x.contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="1x1, stride-1"):
+        conv2d_forward(x, weight, stride=2, path=path)
+
+
+@pytest.mark.parametrize("choice", ["gemm_persistent", "matmul"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_gemm_1x1_path_switch(choice, channels_last, device, monkeypatch):
+    """GEMM_1X1_PATH makes auto take the new path on NHWC 1x1s; NCHW and fp32 inputs still work."""
+    import kernels.conv as conv_module
+
+    monkeypatch.setattr(conv_module, "GEMM_1X1_PATH", choice)
+    (n, c, h, w), k = ONE_BY_ONE
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    for dtype_name in ("fp32", "fp16"):
+        x = torch.randn(n, c, h, w, device=device, dtype=DTYPES[dtype_name])
+        x = x.contiguous(memory_format=fmt)
+        weight = torch.randn(k, c, 1, 1, device=device, dtype=DTYPES[dtype_name])
+        bias = torch.randn(k, device=device, dtype=DTYPES[dtype_name])
+        y = check(x, weight, bias, activation="relu", dtype_name=dtype_name)
+        assert y.is_contiguous(memory_format=fmt)
+
+
+# (geometry, split_k values): odd sizes, stride 2, padding, dilation; 5 splits of a reduction with
+# fewer steps than that (C = 20: 2 channel blocks of 16 x 1 tap) leave some splits empty
+SPLIT_CASES = {
+    "3x3-odd-7x9": (((2, 20, 7, 9), (40, 3, 3), 1, 1, 1), [2, 3]),
+    "3x3-stride2-pad1": (((1, 24, 9, 11), (36, 3, 3), 2, 1, 1), [2, 4]),
+    "3x3-dilation2-pad2": (((1, 16, 9, 9), (20, 3, 3), 1, 2, 2), [3]),
+    "1x1-stride2": (((2, 20, 9, 7), (24, 1, 1), 2, 0, 1), [2, 5]),
+}
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("bias_on", [False, True])
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_split_k_implicit(case, bias_on, channels_last, device):
+    geometry, splits = SPLIT_CASES[case]
+    x, weight, bias = make_inputs(geometry, torch.float32, device, bias=bias_on)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = x.contiguous(memory_format=fmt)
+    for split_k in splits:
+        activation = "relu" if split_k % 2 == 0 else None
+        y = check_forward(x, weight, bias, *geometry[2:], activation, dtype_name="fp32",
+                          path="implicit", split_k=split_k)  # fmt: skip
+        assert y.is_contiguous(memory_format=fmt)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_split_k_window_fp16(split_k, tma, device):
+    geometry = ((2, 32, 7, 9), (24, 3, 3), 1, 1, 1)
+    x, weight, bias = make_inputs(geometry, torch.float16, device)
+    x = x.contiguous(memory_format=torch.channels_last)
+    check_forward(x, weight, bias, *geometry[2:], "relu", dtype_name="fp16", path="window",
+                  tma=tma, split_k=split_k)  # fmt: skip
+
+
+def test_split_k_counters_reset_between_calls(device):
+    """The last program of each tile resets its counter: repeated calls give the same result."""
+    geometry = ((1, 20, 6, 7), (40, 3, 3), 1, 1, 1)
+    x, weight, bias = make_inputs(geometry, torch.float32, device)
+    first = conv2d_forward(x, weight, bias, 1, 1, 1, "relu", path="implicit", split_k=3)
+    import kernels.conv as conv_module
+
+    for locks in conv_module._SPLIT_LOCKS.values():
+        assert int(locks.abs().sum()) == 0
+    for _ in range(2):
+        again = conv2d_forward(x, weight, bias, 1, 1, 1, "relu", path="implicit", split_k=3)
+        assert torch.equal(first, again)
+
+
+def test_split_k_bad_options(device):
+    x = torch.randn(1, 3, 8, 8, device=device)
+    weight = torch.randn(4, 3, 3, 3, device=device)
+    with pytest.raises(ValueError, match="split_k"):
+        conv2d_forward(x, weight, padding=1, path="flat", split_k=2)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="split_k"):
+            conv2d_forward(x, weight, padding=1, split_k=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("layer1-1x1-expand", dict(path="gemm_persistent")),
+        ("layer1-1x1-reduce", dict(path="gemm_persistent")),
+        ("layer1-1x1-expand", dict(path="matmul")),
+        ("layer4-3x3", dict(path="implicit", split_k=2)),
+        ("layer4-3x3", dict(path="implicit", split_k=4)),
+        ("layer4-downsample", dict(path="implicit", split_k=2)),
+        ("layer3-3x3", dict(path="window", split_k=3)),
+    ],
+)
+def test_resnet50_round3_paths_on_gpu(name, options, one_config):
+    """The round-3 variants on real layer sizes: persistent 1x1 GEMMs, single-launch split-K."""
+    x, weight, bias, stride, padding = resnet_inputs(name, torch.bfloat16, True)
+    for _ in range(2):  # the second call reuses the split-K counters the first one left at zero
+        check_forward(x, weight, bias, stride, padding, 1, "relu", dtype_name="bf16", **options)
