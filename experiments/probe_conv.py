@@ -96,9 +96,12 @@ def kernel_report():
     tile = f"{block_m}x{meta.get('BLOCK_N')}x{meta.get('BLOCK_K')}"
     if cfg is not None:
         tile += f" s{cfg.num_stages} w{cfg.num_warps}"
+        if "PER_SM" in meta:
+            tile += f" {meta['PER_SM']}/SM"
     names = {id(conv.conv_gemm_kernel): "gemm", id(conv.conv_implicit_kernel): "implicit",
              id(conv.conv_flat_kernel): "flat", id(conv.conv_window_kernel): "window",
-             id(conv.conv_gemm_persistent_kernel): "gemm_persistent"}  # fmt: skip
+             id(conv.conv_gemm_persistent_kernel): "gemm_persistent",
+             id(conv.conv_window_persistent_kernel): "window_persistent"}  # fmt: skip
     name = names.get(id(kernel), "?")
     try:
         regs, spills = compiled.n_regs, compiled.n_spills
@@ -238,7 +241,14 @@ def round3_variants(s, splits):
         return out
     if s["c"] < 16:
         return []
-    return [(f"split{k}", dict(split_k=k)) for k in splits]
+    p, q = out_hw(s)
+    tiles = math.ceil(s["n"] * p * q / 64) * math.ceil(s["k"] / 128)
+    # split-K only where conv._auto_split_k could split (fewer than two 64x128 tiles per SM of an
+    # H100); the other layers have tiles to spare, and each split costs compiles
+    out = [(f"split{k}", dict(split_k=k)) for k in splits] if tiles < 2 * 132 else []
+    if s["stride"] == 1 and s["r"] > 1:
+        out.append(("window_persistent", dict(path="window_persistent")))
+    return out
 
 
 def round3_order(shapes):
@@ -254,8 +264,8 @@ def round3_order(shapes):
 def round3(args):
     smoke = args.smoke
     device = torch.device("cpu" if smoke else "cuda")
-    dtype = torch.float32 if smoke else torch.bfloat16
-    dtype_name = "fp32" if smoke else "bf16"
+    dtype = torch.float16 if smoke else torch.bfloat16  # 16-bit: the window paths need it
+    dtype_name = "fp16" if smoke else "bf16"
     splits = [int(v) for v in args.splits.split(",") if v.strip()]
     if smoke:
         shapes = [
@@ -269,9 +279,10 @@ def round3(args):
         shapes = load_shapes(args.shapes)
         print(f"torch {torch.__version__} triton {triton.__version__} "
               f"{torch.cuda.get_device_name()}")  # fmt: skip
-    print("round 3: bias-free GPU time p50 (L2 flushed, CPU path off the clock), bf16 NHWC;")
+    print(f"round 3: bias-free GPU time p50 (L2 flushed, CPU path off the clock), {dtype_name} "
+          "NHWC;")  # fmt: skip
     print("vs cuDNN = cuDNN no-bias us / ours; vs auto = auto us / variant us (> 1: variant wins)")
-    print(f"{'layer':<26} {'variant':<16} {'us':>8} {'vs cuDNN':>8} {'vs auto':>8}  config")
+    print(f"{'layer':<26} {'variant':<18} {'us':>8} {'vs cuDNN':>8} {'vs auto':>8}  config")
 
     def timed(fn):
         if smoke:
@@ -301,18 +312,18 @@ def round3(args):
                 err = relative_error(y, ref)
                 tol = tolerance(dtype_name, tf32=False)
                 if not err < tol:
-                    print(f"{label:<26} {variant:<16} FAILED relative error {err:.2e} > {tol:.1e}",
+                    print(f"{label:<26} {variant:<18} FAILED relative error {err:.2e} > {tol:.1e}",
                           flush=True)  # fmt: skip
                     return None
             us = timed(fn) * 1e3
             RESULTS[(label, variant)] = us
             vs_cudnn = f"{base_us / us:7.3f}x" if base_us else "    base"
             vs_auto = f"{auto_us / us:7.3f}x" if auto_us else "        "
-            print(f"{label:<26} {variant:<16} {us:8.1f} {vs_cudnn} {vs_auto}  {note}", flush=True)
+            print(f"{label:<26} {variant:<18} {us:8.1f} {vs_cudnn} {vs_auto}  {note}", flush=True)
             return us
         except Exception as exc:  # noqa: BLE001 - one failing variant must not stop the probe
             msg = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-            print(f"{label:<26} {variant:<16} FAILED {type(exc).__name__}: {msg}", flush=True)
+            print(f"{label:<26} {variant:<18} FAILED {type(exc).__name__}: {msg}", flush=True)
             if args.trace:
                 traceback.print_exc()
             return None
@@ -331,17 +342,20 @@ def round3(args):
 
     # ---- pass 2: 1x1 persistent variants; pass 3: split-K on 3x3 / strided layers ----
     unit, rest = round3_order(shapes)
-    for title, group in (("1x1 variants", unit), ("split-K", rest)):
+    for title, group in (("1x1 variants", unit), ("split-K / window_persistent", rest)):
         for s in group:
             if elapsed() > args.budget:
                 print(f"-- budget spent: {title} from {label_of(s)} on skipped", flush=True)
                 break
+            variants = round3_variants(s, splits)
+            if not variants:
+                continue
             label = label_of(s)
             x, w = make3(s)
             ref = reference(x, w, None, s)
             base = RESULTS.get((label, "cudnn no-bias"))
             auto = RESULTS.get((label, "auto"))
-            for name, kw in round3_variants(s, splits):
+            for name, kw in variants:
                 fn = partial(conv.conv2d_forward, x, w, None, *geo(s), **kw)
                 if name == "matmul_wave":  # kernels.matmul's round-3 wave-sized tile, host TMA
                     fn = partial(_with_matmul_kwargs, {"variant": "wave-hd"}, fn)
@@ -361,12 +375,12 @@ def round3(args):
         base, ours = RESULTS.get((lab, "cudnn no-bias")), RESULTS.get((lab, variant))
         return base / ours if base and ours else None
 
-    names = ["auto", "gemm", "gemm_persistent", "matmul", "matmul_wave"]
+    names = ["auto", "gemm", "gemm_persistent", "matmul", "matmul_wave", "window_persistent"]
     names += [f"split{k}" for k in splits]
     for name in names:
         picked = [r for r in (ratio(s, name) for s in shapes) if r]
         if picked:
-            print(f"geomean vs cuDNN no-bias  {name:<16} {geomean(picked):.3f} over {len(picked)}")
+            print(f"geomean vs cuDNN no-bias  {name:<18} {geomean(picked):.3f} over {len(picked)}")
     best, chosen = [], []
     for s in shapes:
         options = {n: ratio(s, n) for n in names if ratio(s, n)}

@@ -56,13 +56,17 @@ except ImportError:  # pragma: no cover - older triton: pointer loads only
     TensorDescriptor = None
 
 
-PATHS = ("gemm", "implicit", "flat", "window", "gemm_persistent", "matmul")
+PATHS = ("gemm", "implicit", "flat", "window", "gemm_persistent", "matmul",
+         "window_persistent")  # fmt: skip
 
 # Round-3 switches (module globals so a probe or a caller can flip them; see kernels/notes/conv.md
 # "Round 3"). GEMM_1X1_PATH: the path auto picks for 1x1 stride-1 NHWC convs: "gemm" (one program
 # per tile), "gemm_persistent" (conv_gemm_persistent_kernel: one program per SM looping over the
 # tiles) or "matmul" (kernels.matmul.fused_matmul, its persistent TMA kernel).
 GEMM_1X1_PATH = "gemm"
+# WINDOW_PATH: the path auto picks where the window kernel applies (stride-1 filters on 14x14 and
+# larger images): "window" or "window_persistent" (conv_window_persistent_kernel).
+WINDOW_PATH = "window"
 # AUTO_SPLIT_K: let auto split the reduction of implicit / window convs with too few output tiles
 # to fill the GPU (see _auto_split_k); False keeps split_k=1 unless a caller asks for it.
 AUTO_SPLIT_K = False
@@ -203,6 +207,16 @@ WINDOW_TILES = [
     (4, 32, 128, 64, 4, 8),
     (8, 8, 128, 64, 4, 4),
 ]
+# (BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, num_stages, num_warps, programs per SM) of the persistent
+# window kernel (round 3, not yet measured): the round-2 window tiles of the 56x56 / 28x28 layers
+# (9-18 reduction steps per tile, so the epilogue is a large share of each tile's time)
+WINDOW_PERSISTENT_TILES = [
+    (16, 16, 64, 64, 3, 8, 1),
+    (8, 8, 64, 64, 4, 4, 2),
+    (16, 8, 64, 64, 4, 4, 2),
+    (16, 8, 128, 64, 4, 8, 1),
+    (8, 16, 128, 64, 4, 8, 1),
+]
 FLAT_TILES = [
     (128, 64, 32, 4, 4),
     (256, 64, 32, 3, 8),
@@ -231,6 +245,17 @@ def _window_configs():
     if is_interpreter():
         return [_window_config(4, 8, 32, 16, 1, 4, group_m=2)]
     return [_window_config(*tile) for tile in WINDOW_TILES]
+
+
+def _window_persistent_configs():
+    if is_interpreter():
+        return [_window_config(4, 8, 32, 16, 1, 4, group_m=2)]
+    configs = []
+    for *tile, per_sm in WINDOW_PERSISTENT_TILES:
+        config = _window_config(*tile)
+        config.kwargs["PER_SM"] = per_sm
+        configs.append(config)
+    return configs
 
 
 def _prune(configs, named_args, **kwargs):
@@ -305,6 +330,8 @@ def _configs_for(tiles):
         return _window_configs()
     if tiles is GEMM_PERSISTENT_TILES:
         return _persistent_configs()
+    if tiles is WINDOW_PERSISTENT_TILES:
+        return _window_persistent_configs()
     return _configs(tiles)
 
 
@@ -596,6 +623,72 @@ def conv_gemm_kernel(
         _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
 
 
+@_autotune(WINDOW_PERSISTENT_TILES, _CONV_KEY + ["FLATTEN"])
+@triton.jit(do_not_specialize=_SIZES_ONLY)
+def conv_window_persistent_kernel(
+    x, w, bias_ptr, y, ws_ptr, lock_ptr,
+    M, N, C, H, W, K, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk,
+    stride_yn, stride_yk, stride_yp, stride_yq,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr, FLATTEN: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, PER_SM: tl.constexpr = 1,
+):  # fmt: skip
+    """conv_window_kernel's tile in a persistent loop (PER_SM programs per SM, sized on the host),
+    so that with FLATTEN the next tile's TMA boxes load while this tile's epilogue runs. No
+    split-K (SPLIT_K is accepted and must be 1); ws_ptr and lock_ptr are unused."""
+    BLOCK_M: tl.constexpr = BLOCK_H * BLOCK_W
+    tiles_h = tl.cdiv(P, BLOCK_H)
+    tiles_w = tl.cdiv(Q, BLOCK_W)
+    num_pid_m = N * tiles_h * tiles_w
+    num_pid_n = tl.cdiv(K, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_K)
+    c_blocks = tl.cdiv(C, BLOCK_K)
+    steps = R * S * c_blocks
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0),
+                         flatten=FLATTEN):  # fmt: skip
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        n = pid_m // (tiles_h * tiles_w)
+        t = pid_m - n * (tiles_h * tiles_w)
+        th = t // tiles_w
+        p0 = th * BLOCK_H
+        q0 = (t - th * tiles_w) * BLOCK_W
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < K
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for step in range(0, steps):
+            rs = step // c_blocks
+            c0 = (step - rs * c_blocks) * BLOCK_K
+            r = rs // S
+            s = rs - r * S
+            box = x.load([n, p0 + r * dil_h - pad_h, q0 + s * dil_w - pad_w, c0])
+            a = box.reshape(BLOCK_M, BLOCK_K)
+            col = rs * C + c0
+            if B_TMA:
+                b = w.load([pid_n * BLOCK_N, col]).T
+            else:
+                c = c0 + offs_c
+                b_ptrs = w + offs_n[None, :] * stride_wk + (col + offs_c)[:, None]
+                b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+        if Y_TMA:
+            acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+            box = acc.to(y.dtype).reshape(1, BLOCK_H, BLOCK_W, BLOCK_N)
+            y.store([n, p0, q0, pid_n * BLOCK_N], box)
+        else:
+            i = tl.arange(0, BLOCK_M)
+            p = p0 + i // BLOCK_W
+            q = q0 + i % BLOCK_W
+            m_ok = (p < P) & (q < Q)
+            y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+            _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS,
+                      ACTIVATION)  # fmt: skip
+
+
 @_autotune(GEMM_PERSISTENT_TILES,
            ["M", "C", "K", "stride_xm", "stride_yk", "A_TMA", "B_TMA", "FLATTEN"])  # fmt: skip
 @triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
@@ -749,6 +842,14 @@ def _auto_split_k(x, M, K, C, R, S) -> int:
     return split
 
 
+def _persistent_programs(device) -> int:
+    """Programs per unit of PER_SM for the persistent kernels: the SM count (4 in the
+    interpreter, so that its programs loop over several tiles)."""
+    if device.type != "cuda" or is_interpreter():
+        return 4
+    return _num_sms(device.index)
+
+
 _SPLIT_LOCKS: dict = {}
 
 
@@ -786,7 +887,7 @@ def _auto_path(x, gemm_ok, use_tma, R, S, P, Q, stride_hw) -> str:
         return "flat"
     big_enough = P * Q >= 196 and (R, S) != (1, 1) and C % 64 == 0
     if use_tma and big_enough and _window_ok(x, stride_hw):
-        return "window"
+        return WINDOW_PATH
     return "implicit"
 
 
@@ -932,6 +1033,8 @@ def conv2d_forward(
     y2d = y.as_strided((M, K), (y.stride(3), 1)) if _as_matrix(y) else None
     y_tma = bool(use_tma and y2d is not None and _tma_ok(y2d))
     out = TensorDescriptor.from_tensor(y2d, [64, 64]) if y_tma else y
+    if chosen in ("gemm", "gemm_persistent", "matmul") and (split_k or 1) > 1:
+        raise ValueError("split_k applies to the implicit and window paths only")
     if chosen == "matmul":  # kernels.matmul's GEMM: y(M, K) = x(M, C) @ w(K, C)^T
         if launch is not direct:
             raise ValueError("path='matmul' is launched directly only")
@@ -950,7 +1053,7 @@ def conv2d_forward(
         if chosen == "gemm_persistent":
             if launch is not direct:
                 raise ValueError("path='gemm_persistent' is launched directly only")
-            sms = 4 if x.device.type != "cuda" or is_interpreter() else _num_sms(x.device.index)
+            sms = _persistent_programs(x.device)
 
             def grid(meta):
                 tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"])
@@ -971,15 +1074,17 @@ def conv2d_forward(
         return y
 
     kernel = {"flat": conv_flat_kernel, "implicit": conv_implicit_kernel,
-              "window": conv_window_kernel}[chosen]  # fmt: skip
+              "window": conv_window_kernel,
+              "window_persistent": conv_window_persistent_kernel}[chosen]  # fmt: skip
+    windowed = chosen in ("window", "window_persistent")
     b_tma = bool(use_tma and chosen != "flat" and C % 32 == 0 and _tma_ok(w2d))
     b = TensorDescriptor.from_tensor(w2d, [64, 64]) if b_tma else w2d
     a = x
-    if chosen == "window":
+    if windowed:
         if not _window_ok(x, stride_hw):
             raise ValueError(
-                "path='window' needs a stride-1 conv of an fp16/bf16 NHWC input whose pixel rows "
-                "are 16-byte aligned (TMA)"
+                f"path={chosen!r} needs a stride-1 conv of an fp16/bf16 NHWC input whose pixel "
+                "rows are 16-byte aligned (TMA)"
             )
         strides = [x.stride(0), x.stride(2), x.stride(3), 1]
         a = TensorDescriptor(x, [N, H, W, C], strides, [1, 8, 8, 64])
@@ -989,8 +1094,18 @@ def conv2d_forward(
 
         def grid(meta):
             tiles = triton.cdiv(P, meta["BLOCK_H"]) * triton.cdiv(Q, meta["BLOCK_W"])
-            return (N * tiles * triton.cdiv(K, meta["BLOCK_N"]),)
+            tiles = N * tiles * triton.cdiv(K, meta["BLOCK_N"])
+            if chosen == "window_persistent":
+                tiles = min(tiles, _persistent_programs(x.device) * meta.get("PER_SM", 1))
+            return (tiles,)
 
+    extra = {}
+    if chosen == "window_persistent":
+        if launch is not direct:
+            raise ValueError("path='window_persistent' is launched directly only")
+        if (split_k or 1) > 1:
+            raise ValueError("split_k applies to the implicit and window paths only")
+        extra = dict(FLATTEN=GEMM_FLATTEN)
     splits = split_k if split_k is not None else 1
     if split_k is None and chosen in ("implicit", "window") and launch is direct:
         splits = _auto_split_k(x, M, K, C, R, S)
@@ -1025,7 +1140,7 @@ def conv2d_forward(
         M, N, C, H, W, K, P, Q, R, S,
         *stride_hw, *padding_hw, *dilation_hw,
         *x.stride(), w2d.stride(0), *y.stride(),
-        B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=splits, **common,
+        B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=splits, **extra, **common,
     )  # fmt: skip
     if launch is direct:
         last_launch[0] = (kernel, compiled)

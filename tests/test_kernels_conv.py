@@ -233,7 +233,8 @@ def one_config(monkeypatch):
 
     for kernel in (conv_module.conv_implicit_kernel, conv_module.conv_flat_kernel,
                    conv_module.conv_gemm_kernel, conv_module.conv_window_kernel,
-                   conv_module.conv_gemm_persistent_kernel):  # fmt: skip
+                   conv_module.conv_gemm_persistent_kernel,
+                   conv_module.conv_window_persistent_kernel):  # fmt: skip
         monkeypatch.setattr(kernel, "configs", kernel.configs[:1])
         monkeypatch.setattr(kernel, "cache", {}, raising=False)
 
@@ -474,6 +475,18 @@ def test_persistent_1x1_paths_need_nhwc_unit_conv(path, device):
         conv2d_forward(x, weight, stride=2, path=path)
 
 
+def test_window_path_switch(device, monkeypatch):
+    """WINDOW_PATH = 'window_persistent' makes auto take it where the window path applies."""
+    import kernels.conv as conv_module
+
+    monkeypatch.setattr(conv_module, "WINDOW_PATH", "window_persistent")
+    x = torch.randn(1, 64, 14, 14, device=device, dtype=torch.float16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(16, 64, 3, 3, device=device, dtype=torch.float16)
+    check_forward(x, weight, None, 1, 1, 1, dtype_name="fp16", tma=True)
+    assert conv_module.last_launch[0][0] is conv_module.conv_window_persistent_kernel
+
+
 @pytest.mark.parametrize("choice", ["gemm_persistent", "matmul"])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_gemm_1x1_path_switch(choice, channels_last, device, monkeypatch):
@@ -527,6 +540,30 @@ def test_split_k_window_fp16(split_k, tma, device):
                   tma=tma, split_k=split_k)  # fmt: skip
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("bias_on", [False, True])
+@pytest.mark.parametrize("geometry", [((2, 32, 7, 9), (24, 3, 3), 1, 1, 1),
+                                      ((1, 16, 9, 6), (40, 3, 3), 1, 2, 2)])  # fmt: skip
+def test_window_persistent_path(geometry, bias_on, tma, device):
+    """The persistent window kernel: several tiles per program (4 programs in the interpreter),
+    ragged edge boxes, padding and dilation, with and without bias."""
+    x, weight, bias = make_inputs(geometry, torch.float16, device, bias=bias_on)
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = check_forward(x, weight, bias, *geometry[2:], "relu", dtype_name="fp16",
+                      path="window_persistent", tma=tma)  # fmt: skip
+    assert y.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_window_persistent_refuses_split_and_stride(device):
+    x = torch.randn(1, 16, 8, 8, device=device, dtype=torch.float16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(8, 16, 3, 3, device=device, dtype=torch.float16)
+    with pytest.raises(ValueError, match="split_k"):
+        conv2d_forward(x, weight, padding=1, path="window_persistent", split_k=2)
+    with pytest.raises(ValueError, match="stride-1"):
+        conv2d_forward(x, weight, stride=2, padding=1, path="window_persistent")
+
+
 def test_split_k_counters_reset_between_calls(device):
     """The last program of each tile resets its counter: repeated calls give the same result."""
     geometry = ((1, 20, 6, 7), (40, 3, 3), 1, 1, 1)
@@ -546,6 +583,11 @@ def test_split_k_bad_options(device):
     weight = torch.randn(4, 3, 3, 3, device=device)
     with pytest.raises(ValueError, match="split_k"):
         conv2d_forward(x, weight, padding=1, path="flat", split_k=2)
+    x1 = torch.randn(1, 8, 4, 4, device=device).contiguous(memory_format=torch.channels_last)
+    w1 = torch.randn(4, 8, 1, 1, device=device)
+    for path in ("gemm", "gemm_persistent", "matmul"):
+        with pytest.raises(ValueError, match="split_k"):
+            conv2d_forward(x1, w1, path=path, split_k=2)
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="split_k"):
             conv2d_forward(x, weight, padding=1, split_k=bad)
@@ -562,6 +604,7 @@ def test_split_k_bad_options(device):
         ("layer4-3x3", dict(path="implicit", split_k=4)),
         ("layer4-downsample", dict(path="implicit", split_k=2)),
         ("layer3-3x3", dict(path="window", split_k=3)),
+        ("layer1-3x3", dict(path="window_persistent")),
     ],
 )
 def test_resnet50_round3_paths_on_gpu(name, options, one_config):
