@@ -1,7 +1,8 @@
 """GPU probe for kernels.matmul and kernels.linear: every variant checked, then timed against torch.
 
     python -m experiments.probe_matmul [--quick] [--shapes 4096x4096x4096,16x4096x4096]
-                                       [--sections mm,splitk,flags,dtypes,linear]
+                                       [--sections mm,splitk,flags,dtypes,linear,round3]
+    TRITON_INTERPRET=1 python -m experiments.probe_matmul --sections round3 --smoke   # no GPU
 
 Sections (each row: shape, variant, winning config, ms, TFLOP/s, GB/s, ratio = torch ms / ours):
     mm       bf16 square and LLM shapes: torch.matmul, our automatic path, forced TMA without
@@ -10,6 +11,9 @@ Sections (each row: shape, variant, winning config, ms, TFLOP/s, GB/s, ratio = t
     flags    8192^3 (4096^3 with --quick): TMA with FLATTEN off, WARP_SPECIALIZE on.
     dtypes   fp16 and fp32 (TF32 on, as torch's switch says) on a few shapes.
     linear   bias+gelu forward vs F.linear+gelu, and forward+backward vs eager autograd.
+    round3   the round-3 variants (kernels.matmul.VARIANTS and explicit tiles with host-side
+             descriptors / in-kernel split-K) on the small and mid shapes, ratio tables, then
+             linear 2048x4096x4096 under three VARIANT settings; about 2 minutes on an H100.
 
 Every variant is first compared with float64 on the first rows of the output
 (torch.testing.assert_close); a failing variant prints FAILED and the probe goes on.
@@ -451,6 +455,211 @@ def linear_case(M, N, K, dtype):
     run_variant(shape_str, "fwd_bwd triton", ours_fn, check_grads, fb_flops, 3 * nbytes, fb_base)
 
 
+# ---- round 3: small and mid shapes (kernels/notes/matmul.md, "Round 3") ----
+R3_SHAPES = [  # (M, N, K, dtype), most wanted first: the budget cuts from the end
+    (1024, 1024, 1024, torch.bfloat16),
+    (2048, 2048, 2048, torch.bfloat16),
+    (1024, 4096, 4096, torch.bfloat16),
+    (128, 4096, 4096, torch.bfloat16),
+    (16, 4096, 4096, torch.bfloat16),
+    (1024, 1024, 1024, torch.float16),
+    (1024, 14336, 4096, torch.bfloat16),
+    (4096, 4096, 4096, torch.bfloat16),
+]
+R3_SMOKE_SHAPES = [(160, 64, 96, torch.float16), (16, 48, 160, torch.bfloat16)]
+R3_BUDGET_S = 140.0  # variants not started by then are reported SKIPPED
+R3_IDLE_S = 0.2  # idle between a variant's first (compiling) call and its timing: heat
+
+
+def _meta(bm, bn, bk, stages, warps, sub=False, flatten=True):
+    return km._r3_meta((bm, bn, bk, stages, warps, sub), flatten=flatten)
+
+
+def r3_variants(M, N, K, dtype=torch.bfloat16, smoke=False):
+    """(name, fused_matmul kwargs) for one shape: the module's variants, then explicit tiles
+    (bf16 only: fp16 gets the module's variants but "sk", to save compile time)."""
+    out = [(v, {"variant": v}) for v in km.VARIANTS]
+    if dtype == torch.float16 and not smoke:
+        return [(n, kw) for n, kw in out if n != "sk"]
+    if smoke:
+        return out + [
+            ("hd:32x32x32", {"variant": "wave-hd", "config": _meta(32, 32, 32, 1, 4)}),
+            ("sk3:32x32x32S", {"variant": "sk", "config": _meta(32, 32, 32, 1, 4, True, False),
+                               "split_k": 3}),
+        ]  # fmt: skip
+    big = [(128, 256, 64, 3, 8, True), (128, 128, 64, 4, 8), (128, 64, 64, 4, 4),
+           (64, 128, 64, 4, 4)]  # fmt: skip
+    if M > 128:
+        few_tiles = triton.cdiv(M, 128) * triton.cdiv(N, 256) <= 132
+        for t in big if few_tiles else big[:2]:
+            name = "hd:{}x{}x{}s{}w{}".format(*t[:5]) + ("S" if len(t) > 5 and t[5] else "")
+            out.append((name, {"variant": "wave-hd", "config": _meta(*t)}))
+        if (M, N, K) == (1024, 1024, 1024):
+            for t, split in [((128, 128, 64, 4, 8), 2), ((128, 64, 64, 4, 4), 2)]:
+                name = "skhd:{}x{}x{}s{}w{}".format(*t) + f"-sk{split}"
+                out.append((name, {"variant": "sk-hd", "config": _meta(*t, flatten=False),
+                                   "split_k": split}))  # fmt: skip
+    else:
+        skinny = [((64, 128, 128, 4, 4), 1), ((64, 64, 128, 6, 4), 1), ((64, 128, 128, 4, 4), 4)]
+        if M <= 32:
+            skinny += [((16, 64, 256, 5, 4), 1), ((16, 64, 256, 5, 4), 4)]
+        for t, split in skinny:
+            name = ("skhd:" if split > 1 else "hd:") + "{}x{}x{}s{}w{}".format(*t)
+            name += f"-sk{split}" if split > 1 else ""
+            out.append(
+                (
+                    name,
+                    {
+                        "variant": "sk-hd" if split > 1 else "wave-hd",
+                        "config": _meta(*t, flatten=split == 1),
+                        "split_k": split,
+                    },
+                )
+            )
+    return out
+
+
+def r3_config_str(kw):
+    """The tile a call used: the round-3 kernel's (LAST_R3) or the autotuner's choice."""
+    last = km.LAST_R3[0]
+    if last is None:
+        return "default " + cfg_str(km.matmul_tma_kernel)
+    meta, split, hd = last
+    text = f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} s{meta['num_stages']}"
+    text += f" w{meta['num_warps']}" + (" sub" if meta["EPILOGUE_SUBTILE"] else "")
+    text += f" sk{split}" + (" hd" if hd else "") + ("" if meta["FLATTEN"] else " noflat")
+    return text
+
+
+def _r3_checker(ref_rows, ref_full, dtype, shape_str):
+    """float64 on the first rows, and torch's own result on the whole output (every tile)."""
+
+    def check(out):
+        check_rows(out, ref_rows, dtype, shape_str)
+        atol = TOL[dtype] * ref_full.abs().mean().item()
+        torch.testing.assert_close(out.float(), ref_full, rtol=TOL[dtype], atol=atol)
+
+    return check
+
+
+def section_round3(quick, smoke=False, budget_s=R3_BUDGET_S):
+    """Each round-3 variant against torch.matmul on the small and mid shapes, bf16 (and fp16 at
+    1024^3): checked against torch on the whole output and float64 on the first rows, before and
+    after timing (the split-K counters must reset), then ratio tables."""
+    dev = "cpu" if smoke else "cuda"
+    note = " (SMOKE: interpreter, no timing)" if smoke else ""
+    emit(f"== round 3: variants vs torch.matmul{note} ==")
+    header()
+    start = time.time()
+    shapes = R3_SMOKE_SHAPES if smoke else (R3_SHAPES[:2] + R3_SHAPES[-1:] if quick else R3_SHAPES)
+    table: dict = {}
+    configs: dict = {}
+    for M, N, K, dtype in shapes:
+        gen = torch.Generator(device=dev).manual_seed(M + N + K)
+        a = torch.randn(M, K, device=dev, dtype=dtype, generator=gen)
+        b = torch.randn(K, N, device=dev, dtype=dtype, generator=gen)
+        rows = min(M, CHECK_ROWS)
+        ref_rows = a[:rows].double() @ b.double()
+        ref_full = (a.float() @ b.float()) if smoke else (a @ b).float()
+        shape_str = f"{M}x{N}x{K}" + ("" if dtype == torch.bfloat16 else "-fp16")
+        flops = 2.0 * M * N * K
+        nbytes = (M * K + K * N + M * N) * a.element_size()
+
+        check = _r3_checker(ref_rows, ref_full, dtype, shape_str)
+
+        base = None
+        if not smoke:
+            base = run_variant(shape_str, "torch", lambda: a @ b, check, flops, nbytes, None)  # noqa: B023
+        seen = set()
+        for name, kw in r3_variants(M, N, K, dtype, smoke):
+            if smoke:  # plan() picks the pointer kernel without a GPU: force the TMA path
+                kw = {**kw, "path": "tma"}
+            if time.time() - start > budget_s:
+                emit(f"{shape_str:>20} {name:<22} SKIPPED (round-3 budget of {budget_s:.0f} s)")
+                continue
+            try:
+                km.LAST_R3[0] = None
+                out = km.fused_matmul(a, b, **kw)[0]
+                if not smoke:
+                    torch.cuda.synchronize()
+                cfg = r3_config_str(kw)
+                if cfg in seen:  # the same launch as an earlier variant: not timed again
+                    emit(f"{shape_str:>20} {name:<22} = an earlier row ({cfg})")
+                    table[(shape_str, name)] = table.get((shape_str, "dup:" + cfg))
+                    configs[(shape_str, name)] = cfg
+                    continue
+                seen.add(cfg)
+                check(out)
+                if smoke:
+                    emit(f"{shape_str:>20} {name:<22} ok (checked)  {cfg}")
+                    continue
+                fn = lambda kw=kw: km.fused_matmul(a, b, **kw)[0]  # noqa: E731, B023
+                time.sleep(R3_IDLE_S)
+                ms = bench(fn)
+                row(shape_str, name, ms, flops, nbytes, base, cfg)
+                check(fn())  # again after the timed runs: split-K counters left at zero
+                ratio = base / ms if base else float("nan")
+                table[(shape_str, name)] = table[(shape_str, "dup:" + cfg)] = ratio
+                configs[(shape_str, name)] = cfg
+            except Exception as exc:  # noqa: BLE001 - the probe reports and goes on
+                msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+                emit(f"{shape_str:>20} {name:<22} FAILED {msg}")
+                if "-v" in sys.argv:
+                    traceback.print_exc()
+        if not smoke:
+            run_variant(shape_str, "torch (again)", lambda: a @ b, check, flops, nbytes, base)  # noqa: B023
+    if smoke:
+        emit("-- round 3 smoke done (no timings)")
+        return
+    _r3_tables(table, configs, [f"{m}x{n}x{k}" + ("" if d == torch.bfloat16 else "-fp16")
+                                for m, n, k, d in shapes])  # fmt: skip
+    if time.time() - start < budget_s and not quick:
+        _r3_linear()
+
+
+def _r3_tables(table, configs, shape_strs):
+    emit("== round 3 ratios (torch ms / ours; > 1 is faster than cuBLAS) ==")
+    names = list(km.VARIANTS)
+    emit(f"{'shape':>20} " + " ".join(f"{n:>8}" for n in names) + "  best explicit tile")
+    geo = {n: [] for n in names}
+    for sh in shape_strs:
+        cells = []
+        for n in names:
+            r = table.get((sh, n))
+            cells.append(f"{r:8.3f}" if r else f"{'-':>8}")
+            if r:
+                geo[n].append(r)
+        extra = [(r, n) for (s2, n), r in table.items()
+                 if s2 == sh and r and n not in names and not n.startswith("dup:")]  # fmt: skip
+        best = max(extra) if extra else None
+        best_txt = f"{best[1]} {best[0]:.3f} ({configs.get((sh, best[1]), '')})" if best else "-"
+        emit(f"{sh:>20} " + " ".join(cells) + "  " + best_txt)
+    cells = []
+    for n in names:
+        v = geo[n]
+        cells.append(f"{math.exp(sum(map(math.log, v)) / len(v)):8.3f}" if v else f"{'-':>8}")
+    emit(f"{'geomean':>20} " + " ".join(cells))
+    emit("configs per variant:")
+    for sh in shape_strs:
+        emit(
+            f"  {sh}: " + "; ".join(f"{n}={configs[(sh, n)]}" for n in names if (sh, n) in configs)
+        )
+
+
+def _r3_linear():
+    """Linear bias+gelu 2048x4096x4096 (fwd and fwd_bwd) under three module variants."""
+    for v in ("default", "wave-hd", "sk-hd"):
+        emit(f"== round 3 linear with kernels.matmul.VARIANT = {v!r} ==")
+        header()
+        km.VARIANT = v
+        try:
+            linear_case(2048, 4096, 4096, torch.bfloat16)
+        except Exception as exc:  # noqa: BLE001
+            emit(f"linear {v} FAILED {type(exc).__name__}: {exc}")
+        finally:
+            km.VARIANT = "default"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -460,13 +669,31 @@ def main(argv=None):
     parser.add_argument(
         "--sections",
         default="host,mm,sweep,dtypes,linear",
-        help="comma list of host, mm, splitk, sweep, flags, dtypes, linear",
+        help="comma list of host, mm, splitk, sweep, flags, dtypes, linear, round3",
     )
     parser.add_argument("-v", action="store_true", help="tracebacks for failures")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="round3 on tiny shapes in the interpreter, checks only (TRITON_INTERPRET=1, no GPU)",
+    )
+    parser.add_argument(
+        "--r3-budget",
+        type=float,
+        default=R3_BUDGET_S,
+        help="seconds after which round3 starts no more variants (default %(default)s)",
+    )
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("probe_matmul needs a CUDA GPU")
     sections = set(args.sections.split(","))
+    if args.smoke or (not torch.cuda.is_available() and sections == {"round3"}):
+        if not km.is_interpreter():
+            sys.exit("the smoke run needs TRITON_INTERPRET=1 set before Python starts")
+        t0 = time.time()
+        section_round3(args.quick, smoke=True)
+        emit(f"-- section round3 (smoke): {time.time() - t0:.1f} s")
+        return
+    if not torch.cuda.is_available():
+        sys.exit("probe_matmul needs a CUDA GPU (or TRITON_INTERPRET=1 and --smoke)")
     start = time.time()
     props = torch.cuda.get_device_properties(0)
     emit(
@@ -488,6 +715,7 @@ def main(argv=None):
         ("flags", lambda: section_flags(args.quick)),
         ("dtypes", lambda: section_dtypes(args.quick)),
         ("linear", lambda: section_linear(linear_shapes)),
+        ("round3", lambda: section_round3(args.quick, budget_s=args.r3_budget)),
     ]:
         if name in sections:
             t0 = time.time()

@@ -15,8 +15,13 @@ Two kernels, one epilogue:
     matmul_kernel          Pointer loads, one program per tile: every other GPU, the interpreter,
                            inputs whose strides or offsets TMA cannot take, and (TMA_WHEN_TRACED)
                            launches traced by torch.compile.
-Both take split_k: with split_k > 1 the K range is cut into slices that run as separate work
-items writing fp32 partial tiles, and splitk_reduce_kernel sums them and applies the epilogue.
+    matmul_tma_r3_kernel   Round 3, off by default (VARIANT): the Hopper kernel's body with an
+                           explicit tile from wave_config / split_config instead of the
+                           autotuner, optionally host-side TensorDescriptors (HOST_DESC) and a
+                           single-launch split-K whose last K slice per tile reduces the fp32
+                           partials (a per-tile counter) and runs the epilogue.
+The first two take split_k: with split_k > 1 the K range is cut into slices that run as separate
+work items writing fp32 partial tiles, and splitk_reduce_kernel sums them and applies the epilogue.
 That is for skinny (decode) shapes, M of a few dozen rows with large K, where the output tiles
 alone are too few to stream the weight through every SM.
 
@@ -27,10 +32,11 @@ Functions:
         Checks the inputs, then launches through `launch` (kernels/ops.py passes
         torch.library.wrap_triton); allocates with torch ops only.
     fused_matmul(a, b, bias=None, act_id=0, save_preact=False, *, launch=direct, path=None,
-                 split_k=None) -> (c, z | None)
+                 split_k=None, variant=None, config=None) -> (c, z | None)
         The launch behind both, with no input checks: c = act(a @ b + bias); z is the
         pre-activation a @ b + bias, returned only when save_preact (for linear's backward).
         path ("tma" or "pointer") and split_k override the automatic choice (tests, probes).
+        variant / config: the round-3 kernel for 16-bit TMA calls (VARIANT, r3_plan).
     plan(a, b) -> (path, split_k)
         The automatic choice: shapes, strides and the device's capability, never its name.
     check_matmul_args(a, b)
@@ -81,6 +87,22 @@ PERSISTENT = True
 # Inductor's handling of device-side TMA descriptors (scratch allocation, descriptor-store
 # mutation analysis) has not been checked on the GPU with torch 2.11. Direct calls use TMA.
 TMA_WHEN_TRACED = False
+# Round 3 (kernels/notes/matmul.md), for GEMMs of at most about one wave of tiles on the TMA path
+# (16-bit, direct launches). fused_matmul's `variant` keyword picks one per call; this is the
+# default for calls that give none:
+#   "default"  the autotuned matmul_tma_kernel (everything below is off)
+#   "wave"     matmul_tma_r3_kernel with an explicit tile from wave_config (the largest tile
+#              whose count fills ~one wave), device-side descriptors, no split
+#   "wave-hd"  the same with host-side TensorDescriptors (no per-program descriptor creation)
+#   "sk"       single-launch split-K where the tiles fill under half a wave (split_config):
+#              each (tile, K slice) stores an fp32 partial, the last slice to finish (a per-tile
+#              counter) sums them in order and runs the epilogue; otherwise as "wave"
+#   "sk-hd"    the same with host-side descriptors
+# Shapes the heuristics leave alone (more than R3_MAX_WAVES waves of 128x256 tiles), fp32 and
+# traced launches keep the default kernel whatever the variant.
+VARIANT = "default"
+VARIANTS = ("default", "wave", "wave-hd", "sk", "sk-hd")
+R3_MAX_WAVES = 2
 
 
 def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -429,6 +451,147 @@ def matmul_tma_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
+# Round-3 Hopper kernel: explicit config, host- or device-side descriptors, in-kernel split-K
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def matmul_tma_r3_kernel(
+    # pointers as matmul_tma_kernel's, plus lock_ptr: one int32 counter per output tile, zero
+    # between launches (the last K slice of a tile resets its counter)
+    a_ptr, b_ptr, c_ptr, bias_ptr, preact_ptr, partial_ptr, lock_ptr,
+    # host-side TensorDescriptors of A, B (as stored), C and Z when HOST_DESC, else None
+    a_hd, b_hd, c_hd, z_hd,
+    M, N, K, split_k,
+    stride_a, stride_b, stride_c, stride_bias,
+    A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+    TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
+    SPLIT: tl.constexpr, HOST_DESC: tl.constexpr, FLATTEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+):  # fmt: skip
+    STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
+    if HOST_DESC:
+        a_desc = a_hd
+        b_desc = b_hd
+        c_desc = c_hd
+        z_desc = z_hd
+    else:
+        if A_COL_MAJOR:
+            a_desc = tl.make_tensor_descriptor(
+                a_ptr, shape=[K, M], strides=[stride_a, 1], block_shape=[BLOCK_K, BLOCK_M]
+            )
+        else:
+            a_desc = tl.make_tensor_descriptor(
+                a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BLOCK_M, BLOCK_K]
+            )
+        if B_COL_MAJOR:
+            b_desc = tl.make_tensor_descriptor(
+                b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BLOCK_N, BLOCK_K]
+            )
+        else:
+            b_desc = tl.make_tensor_descriptor(
+                b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BLOCK_K, BLOCK_N]
+            )
+        c_desc = c_hd
+        z_desc = z_hd
+        if TMA_STORE:
+            c_desc = tl.make_tensor_descriptor(
+                c_ptr, shape=[M, N], strides=[stride_c, 1], block_shape=[BLOCK_M, STORE_N]
+            )
+            if STORE_PREACT:
+                z_desc = tl.make_tensor_descriptor(
+                    preact_ptr, shape=[M, N], strides=[stride_c, 1],
+                    block_shape=[BLOCK_M, STORE_N],
+                )  # fmt: skip
+
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    k_per_split = tl.cdiv(k_tiles, split_k)
+    num_work = num_pid_m * num_pid_n * split_k
+    for work in tl.range(tl.program_id(0), num_work, tl.num_programs(0), flatten=FLATTEN):
+        if SPLIT:  # a tile's slices are adjacent work items, so they run side by side
+            tile = work // split_k
+            split = work % split_k
+            k_lo = split * k_per_split
+            k_hi = min(k_lo + k_per_split, k_tiles)
+        else:
+            tile = work
+            split = 0
+            k_lo = 0
+            k_hi = k_tiles
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_lo, k_hi):
+            off_k = ki * BLOCK_K
+            if A_COL_MAJOR:
+                a = a_desc.load([off_k, off_m]).T
+            else:
+                a = a_desc.load([off_m, off_k])
+            if B_COL_MAJOR:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if UPCAST_TO_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+        if SPLIT:
+            # Partials are tile-major, (tiles, split_k, BLOCK_M, BLOCK_N) fp32: each slice's block
+            # is contiguous, written whole (TMA zero-filled the rows and columns past the edge).
+            tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            tile_base = partial_ptr + tile.to(tl.int64) * (split_k * BLOCK_M * BLOCK_N)
+            tl.store(tile_base + split * (BLOCK_M * BLOCK_N) + tile_offs, acc)
+            # Every thread's partial is written before the counter moves (release); the slice
+            # that moves it last (acquire) sums all partials in slice order, so the result does
+            # not depend on which slice finished last. Nobody waits: no deadlock whatever the
+            # number of programs.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            last = arrived == split_k - 1
+            if last:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(0, split_k):
+                    acc += tl.load(tile_base + s * (BLOCK_M * BLOCK_N) + tile_offs,
+                                   cache_modifier=".cg")  # fmt: skip
+                tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
+        else:
+            last = True  # a Python bool: the write-back below is unconditional, as in
+            # matmul_tma_kernel
+        if last:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
+                             ACTIVATION)  # fmt: skip
+            if TMA_STORE:
+                if EPILOGUE_SUBTILE:
+                    y0, y1 = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, 2, STORE_N)), (0, 2, 1)))
+                    c_desc.store([off_m, off_n], y0.to(c_ptr.dtype.element_ty))
+                    c_desc.store([off_m, off_n + STORE_N], y1.to(c_ptr.dtype.element_ty))
+                    if STORE_PREACT:
+                        z0, z1 = tl.split(
+                            tl.permute(tl.reshape(z, (BLOCK_M, 2, STORE_N)), (0, 2, 1))
+                        )
+                        z_desc.store([off_m, off_n], z0.to(preact_ptr.dtype.element_ty))
+                        z_desc.store([off_m, off_n + STORE_N], z1.to(preact_ptr.dtype.element_ty))
+                else:
+                    c_desc.store([off_m, off_n], y.to(c_ptr.dtype.element_ty))
+                    if STORE_PREACT:
+                        z_desc.store([off_m, off_n], z.to(preact_ptr.dtype.element_ty))
+            else:
+                c_offsets = offs_m[:, None] * stride_c + offs_n[None, :]
+                c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+                if STORE_PREACT:
+                    tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty),
+                             mask=c_mask)  # fmt: skip
+                tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+# ---------------------------------------------------------------------------------------------
 # Split-K reduction with the epilogue
 # ---------------------------------------------------------------------------------------------
 @triton.jit
@@ -524,6 +687,145 @@ def plan(a: torch.Tensor, b: torch.Tensor) -> tuple[str, int]:
     return "pointer", _auto_split_k(M, N, K, num_sms if has_tma else 132)
 
 
+# Round-3 tiles (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, EPILOGUE_SUBTILE), largest first:
+# wave_config takes the first whose tile count fills R3_WAVE_FILL of the SMs.
+R3_TILES = [
+    (128, 256, 64, 3, 8, True),
+    (128, 128, 64, 4, 8, False),
+    (128, 64, 64, 4, 4, False),
+    (64, 64, 64, 5, 4, False),
+]
+R3_WAVE_FILL = 0.9
+# The tile split_config splits over K, by M: 16-bit only (rows up to 32, up to SKINNY_M, more).
+R3_SPLIT_TILES = [
+    (32, (16, 64, 256, 5, 4, False)),
+    (SKINNY_M, (64, 128, 128, 4, 4, False)),
+    (None, (128, 128, 64, 4, 8, False)),
+]
+# Split-K limits: at most this many slices, each at least R3_MIN_K_TILES BLOCK_K steps deep.
+R3_MAX_SPLIT = 8
+R3_MIN_K_TILES = 4
+
+
+def _r3_meta(tile, group_m=8, flatten=True) -> dict:
+    bm, bn, bk, stages, warps, sub = tile
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, EPILOGUE_SUBTILE=sub,
+                FLATTEN=flatten, num_stages=stages, num_warps=warps)  # fmt: skip
+
+
+def wave_config(M: int, N: int, K: int, num_sms: int) -> dict | None:
+    """The round-3 tile for a 16-bit GEMM with M > SKINNY_M: the largest of R3_TILES whose count
+    reaches R3_WAVE_FILL of a wave (else the smallest). None where 128x256 tiles already make more
+    than R3_MAX_WAVES waves (the autotuned kernel's ground) or M is skinny."""
+    if M <= SKINNY_M or triton.cdiv(M, 128) * triton.cdiv(N, 256) > R3_MAX_WAVES * num_sms:
+        return None
+    for tile in R3_TILES:
+        if triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1]) >= R3_WAVE_FILL * num_sms:
+            return _r3_meta(tile)
+    return _r3_meta(R3_TILES[-1])
+
+
+def split_config(M: int, N: int, K: int, num_sms: int) -> tuple[dict, int] | None:
+    """(tile, split_k) for the single-launch split-K: the R3_SPLIT_TILES tile for M, split into
+    the most K slices (<= R3_MAX_SPLIT, each >= R3_MIN_K_TILES deep) whose work items still fit
+    one wave. None when that is no split (tiles fill half a wave or more, or K is short)."""
+    tile = next(t for m, t in R3_SPLIT_TILES if m is None or M <= m)
+    tiles = triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1])
+    k_tiles = triton.cdiv(K, tile[2])
+    split = 1
+    while (split < R3_MAX_SPLIT and tiles * (split + 1) <= num_sms
+           and k_tiles // (split + 1) >= R3_MIN_K_TILES):  # fmt: skip
+        split += 1
+    if split == 1:
+        return None
+    # Equal slices: with k_per_split = cdiv(k_tiles, split) no slice is left empty.
+    while split > 1 and (split - 1) * triton.cdiv(k_tiles, split) >= k_tiles:
+        split -= 1
+    return (_r3_meta(tile, flatten=False), split) if split > 1 else None
+
+
+_LOCKS: dict = {}
+
+
+def _tile_locks(device, count: int) -> torch.Tensor:
+    """A zeroed int32 counter per tile, cached per device: the kernel leaves them at zero. Two
+    split-K launches running at once on different streams would share them: not supported."""
+    key = (device.type, device.index)
+    locks = _LOCKS.get(key)
+    if locks is None or locks.numel() < count:
+        locks = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
+        _LOCKS[key] = locks
+    return locks
+
+
+def r3_plan(a, b, variant: str, config: dict | None = None, split_k: int | None = None):
+    """(meta, split_k, host_desc) for matmul_tma_r3_kernel, or None for the default kernel.
+    config (as _r3_meta returns) and split_k override the heuristics (probes, tests)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {VARIANTS}")
+    if variant == "default":
+        return None
+    _, num_sms = _device_info(a.device.type, a.device.index)
+    M, K = a.shape
+    N = b.shape[1]
+    host_desc = variant.endswith("-hd")
+    if config is not None:
+        return dict(config), max(1, split_k or 1), host_desc
+    if variant.startswith("sk"):
+        planned = split_config(M, N, K, num_sms)
+        if planned is not None:
+            return planned[0], planned[1], host_desc
+    meta = wave_config(M, N, K, num_sms)
+    return (meta, 1, host_desc) if meta is not None else None
+
+
+def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_desc, common,
+               num_sms):  # fmt: skip
+    M, K = a.shape
+    N = b.shape[1]
+    meta = dict(meta)
+    bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
+    store_n = bn // 2 if meta["EPILOGUE_SUBTILE"] else bn
+    tma_store = (N * c.element_size()) % 16 == 0
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    split_k = max(1, min(split_k, triton.cdiv(K, bk)))
+    partial = locks = None
+    if split_k > 1:
+        partial = torch.empty(tiles * split_k * bm * bn, device=a.device, dtype=torch.float32)
+        locks = _tile_locks(a.device, tiles)
+    hds = [None] * 4
+    if host_desc:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_store = a.t() if a_layout[0] else a
+        b_store = b.t() if b_layout[0] else b
+        hds[0] = TensorDescriptor.from_tensor(a_store, [bk, bm] if a_layout[0] else [bm, bk])
+        hds[1] = TensorDescriptor.from_tensor(b_store, [bn, bk] if b_layout[0] else [bk, bn])
+        if tma_store:
+            hds[2] = TensorDescriptor.from_tensor(c, [bm, store_n])
+            if preact is not None:
+                hds[3] = TensorDescriptor.from_tensor(preact, [bm, store_n])
+    elif not is_interpreter():
+        triton.set_allocator(_alloc_scratch)
+    work = tiles * split_k
+    grid = (min(4, work),) if is_interpreter() else (min(num_sms, work),)
+    if is_interpreter():
+        meta["num_stages"], meta["num_warps"] = 1, 4
+    common = {k: v for k, v in common.items() if k != "SPLIT"}
+    matmul_tma_r3_kernel[grid](
+        a, b, c, bias, preact, partial, locks, *hds,
+        M, N, K, split_k,
+        a_layout[1], b_layout[1], c.stride(0), bias.stride(0) if bias is not None else 0,
+        A_COL_MAJOR=a_layout[0], B_COL_MAJOR=b_layout[0], TMA_STORE=tma_store,
+        SPLIT=split_k > 1, HOST_DESC=host_desc, **common, **meta,
+    )  # fmt: skip
+    return meta, split_k
+
+
+# The last round-3 launch: (meta, split_k, host_desc), for probes to print.
+LAST_R3: list = [None]
+
+
 def _alloc_scratch(size: int, alignment: int, stream):
     # Device-side TMA descriptors live in a global scratch buffer that Triton asks for per launch.
     return torch.empty(size, device="cuda", dtype=torch.int8)
@@ -539,9 +841,15 @@ def fused_matmul(
     launch=direct,
     path: str | None = None,
     split_k: int | None = None,
+    variant: str | None = None,
+    config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """c = act(a @ b + bias) as a new contiguous (M, N) tensor of a's dtype, plus the
-    pre-activation z when save_preact. Callers check the inputs (check_matmul_args)."""
+    pre-activation z when save_preact. Callers check the inputs (check_matmul_args).
+
+    variant (None: the module's VARIANT) picks the round-3 kernel for 16-bit TMA launches (see
+    VARIANT); config (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SUBTILE, FLATTEN, num_stages,
+    num_warps) forces its tile and split_k its K split. Both only act on that kernel."""
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
@@ -555,9 +863,14 @@ def fused_matmul(
     path = path or auto_path
     if K == 0:  # an empty sum, the epilogue of zeros; TMA cannot describe an empty operand
         path, split_k = "pointer", 1
+    r3 = None  # the round-3 kernel's (meta, split_k, host_desc), when a variant takes this call
+    if path == "tma" and a.dtype in (torch.float16, torch.bfloat16) and launch is direct:
+        r3 = r3_plan(a, b, variant or VARIANT, config, split_k if config else None)
     split_k = max(1, min(split_k or auto_split, max(1, K)))
     partial = (
-        torch.empty((split_k, M, N), device=a.device, dtype=torch.float32) if split_k > 1 else None
+        torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
+        if split_k > 1 and r3 is None
+        else None
     )
     common = dict(
         HAS_BIAS=bias is not None,
@@ -583,6 +896,11 @@ def fused_matmul(
         if a_layout is None or b_layout is None:
             raise ValueError("the TMA path needs 16-byte aligned operands with a unit stride")
         _, num_sms = _device_info(a.device.type, a.device.index)
+        if r3 is not None:
+            meta, r3_split, host_desc = r3
+            LAST_R3[0] = _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, r3_split,
+                                    host_desc, common, num_sms) + (host_desc,)  # fmt: skip
+            return c, preact
         if not is_interpreter():
             triton.set_allocator(_alloc_scratch)
 

@@ -4,6 +4,7 @@ import importlib
 
 import pytest
 import torch
+import triton
 
 from experiments.correctness import relative_error, tolerance
 from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision
@@ -242,3 +243,134 @@ def test_paths_on_gpu(shape, b_layout, dtype_name, tf32, few_configs, monkeypatc
     assert relative_error(c, ref_c) < tol(dtype_name)
     assert relative_error(z, ref_z) < tol(dtype_name)
     assert relative_error(matmul(a, b), a.double() @ b.double()) < tol(dtype_name)
+
+
+# ---- round 3: matmul_tma_r3_kernel (explicit tile, host descriptors, in-kernel split-K) ----
+def r3_meta(subtile=False):
+    km = importlib.import_module("kernels.matmul")
+    return km._r3_meta((32, 32, 32, 1, 4, subtile))
+
+
+@pytest.mark.parametrize("variant", ["sk", "sk-hd"])
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
+@pytest.mark.parametrize(
+    "M, N, K, a_layout, b_layout",
+    # 65 rows and 1 column; N = 24 keeps C's rows 16-byte aligned (TMA store), N = 7 and 65 take
+    # the masked store; K = 1832 leaves the last of 3 slices short; transposed A and B.
+    [(65, 24, 104, "contiguous", "contiguous"), (40, 7, 1832, "transposed", "transposed"),
+     (1, 24, 64, "contiguous", "transposed"), (7, 65, 200, "contiguous", "transposed"),
+     (72, 48, 96, "transposed", "contiguous")],
+)  # fmt: skip
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+def test_r3_kernel(M, N, K, a_layout, b_layout, dtype_name, split_k, variant, device):
+    """The round-3 kernel against float64 with every activation, bias and the pre-activation;
+    split_k > 1 runs the last-slice reduction, and the tile counters are left at zero."""
+    km = importlib.import_module("kernels.matmul")
+    gen = torch.Generator().manual_seed(7)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(M, K, a_layout, dtype, device, gen)
+    b = random_matrix(K, N, b_layout, dtype, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=dtype)
+    for i, act in enumerate(ACT_NAMES):
+        meta = r3_meta(subtile=i % 2 == 1)
+        with_bias = bias if i != 2 else None
+        c, z = fused_matmul(a, b, with_bias, ACTIVATIONS[act], True, path="tma", variant=variant,
+                            config=meta, split_k=split_k)  # fmt: skip
+        assert km.LAST_R3[0][1] == min(split_k, triton.cdiv(K, 32))  # no more slices than steps
+        assert km.LAST_R3[0][2] == variant.endswith("-hd")
+        ref_c, ref_z = fused_reference(a, b, with_bias, act)
+        assert c.shape == z.shape == (M, N) and c.is_contiguous() and c.dtype == dtype
+        for out, ref, what in [(c, ref_c, f"{act} c"), (z, ref_z, f"{act} z")]:
+            err = relative_error(out, ref)
+            assert err < tol(dtype_name), f"{what}: relative error {err:.2e}"
+    for locks in km._LOCKS.values():
+        assert int(locks.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("variant", ["wave", "wave-hd", "sk", "sk-hd"])
+def test_r3_variants_keep_default_for_fp32_and_pointer(variant, device):
+    """fp32 and the pointer path ignore the variant (the default kernels run), and still match."""
+    km = importlib.import_module("kernels.matmul")
+    gen = torch.Generator().manual_seed(8)
+    a = random_matrix(33, 40, "contiguous", torch.float32, device, gen)
+    b = random_matrix(40, 24, "contiguous", torch.float32, device, gen)
+    km.LAST_R3[0] = None
+    for path in ("tma", "pointer"):
+        c, _ = fused_matmul(a, b, None, ACTIVATIONS["none"], False, path=path, variant=variant,
+                            config=r3_meta(), split_k=2)  # fmt: skip
+        assert relative_error(c, a.double() @ b.double()) < tol("fp32")
+    assert km.LAST_R3[0] is None
+
+
+def test_r3_module_variant_switch(monkeypatch, device):
+    """VARIANT is the default of fused_matmul's variant; an unknown name is an error."""
+    km = importlib.import_module("kernels.matmul")
+    gen = torch.Generator().manual_seed(9)
+    a = random_matrix(24, 40, "contiguous", torch.float16, device, gen)
+    b = random_matrix(40, 16, "contiguous", torch.float16, device, gen)
+    with pytest.raises(ValueError, match="variant"):
+        fused_matmul(a, b, path="tma", variant="nope", config=r3_meta())
+    monkeypatch.setattr(km, "VARIANT", "wave-hd")
+    km.LAST_R3[0] = None
+    c, _ = fused_matmul(a, b, path="tma", config=r3_meta())
+    assert km.LAST_R3[0] is not None and km.LAST_R3[0][2] is True
+    assert relative_error(c, a.double() @ b.double()) < tol("fp16")
+
+
+@pytest.mark.parametrize(
+    "shape, tile, split",
+    # H100 (132 SMs): (BLOCK_M, BLOCK_N) of wave_config, then split_config's tile and split
+    [((1024, 1024, 1024), (128, 64), ((128, 128), 2)),
+     ((2048, 2048, 2048), (128, 256), None),
+     ((1024, 4096, 4096), (128, 256), None),
+     ((1024, 14336, 4096), None, None),
+     ((4096, 4096, 4096), None, None),
+     ((128, 4096, 4096), None, ((64, 128), 2)),
+     ((16, 4096, 4096), None, ((16, 64), 2)),
+     ((16, 14336, 4096), None, None),
+     ((1024, 1024, 128), (128, 64), None)],
+)  # fmt: skip
+def test_r3_heuristics(shape, tile, split):
+    km = importlib.import_module("kernels.matmul")
+    meta = km.wave_config(*shape, 132)
+    assert (None if meta is None else (meta["BLOCK_M"], meta["BLOCK_N"])) == tile
+    planned = km.split_config(*shape, 132)
+    got = None if planned is None else ((planned[0]["BLOCK_M"], planned[0]["BLOCK_N"]), planned[1])
+    assert got == split
+    if planned is not None:  # no empty slice, and one wave at most
+        m, n, k = shape
+        tiles = triton.cdiv(m, planned[0]["BLOCK_M"]) * triton.cdiv(n, planned[0]["BLOCK_N"])
+        k_tiles = triton.cdiv(k, planned[0]["BLOCK_K"])
+        assert tiles * planned[1] <= 132
+        assert (planned[1] - 1) * triton.cdiv(k_tiles, planned[1]) < k_tiles
+
+
+R3_GPU_CASES = [
+    # (M, N, K), B layout, dtype: 1024^3 (wave: 128x64 tiles; sk: 128x128 split 2), decode
+    # (16-row tiles split 2), odd M with W.t() as B (masked edge tiles, K-major B)
+    ((1024, 1024, 1024), "contiguous", "bf16"),
+    ((16, 4096, 4096), "contiguous", "bf16"),
+    ((1000, 1536, 1032), "transposed", "fp16"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["wave", "wave-hd", "sk", "sk-hd"])
+@pytest.mark.parametrize(
+    "shape, b_layout, dtype_name", R3_GPU_CASES, ids=["1024", "decode", "odd-bT"]
+)
+def test_r3_variants_on_gpu(shape, b_layout, dtype_name, variant):
+    """Each round-3 variant with its heuristic tile and split, bias + gelu + pre-activation, twice
+    in a row (the split-K tile counters must be back at zero after the first call)."""
+    M, N, K = shape
+    gen = torch.Generator().manual_seed(10)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(M, K, "contiguous", dtype, "cuda", gen)
+    b = random_matrix(K, N, b_layout, dtype, "cuda", gen)
+    bias = torch.randn(N, generator=gen).to(device="cuda", dtype=dtype)
+    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
+    for _ in range(2):
+        c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True, variant=variant)
+        assert relative_error(c, ref_c) < tol(dtype_name)
+        assert relative_error(z, ref_z) < tol(dtype_name)
