@@ -14,6 +14,7 @@ Sections (each row: shape, variant, winning config, ms, TFLOP/s, GB/s, ratio = t
     round3   the round-3 variants (kernels.matmul.VARIANTS and explicit tiles with host-side
              descriptors / in-kernel split-K) on the small and mid shapes, ratio tables, then
              linear 2048x4096x4096 under three VARIANT settings; about 2 minutes on an H100.
+    linbwd   linear bias+gelu backward piece by piece (dZ+db, dX, dW), eager vs ours.
 
 Every variant is first compared with float64 on the first rows of the output
 (torch.testing.assert_close); a failing variant prints FAILED and the probe goes on.
@@ -455,6 +456,58 @@ def linear_case(M, N, K, dtype):
     run_variant(shape_str, "fwd_bwd triton", ours_fn, check_grads, fb_flops, 3 * nbytes, fb_base)
 
 
+def _close_to(ref_f):
+    def check(out):
+        atol = 2e-2 * ref_f.abs().mean().item()
+        torch.testing.assert_close(out.float(), ref_f, rtol=2e-2, atol=atol)
+
+    return check
+
+
+def section_linbwd(shapes=((2048, 4096, 4096),)):
+    """linear bias+gelu backward piece by piece, eager against ours (GPU ms each): where does
+    fwd_bwd time go? dZ = dY·gelu'(Z) (+ db), dX = dZ W, dW = dZ^T X."""
+    emit("== linear backward pieces, bf16, gelu (ratio = eager ms / ours) ==")
+    header()
+    for M, N, K in shapes:
+        _linbwd_case(M, N, K)
+
+
+def _linbwd_case(M, N, K):
+    from kernels._common import ACTIVATIONS, direct
+    from kernels.linear import _activation_backward
+
+    gelu = ACTIVATIONS["gelu"]
+    gen = torch.Generator(device="cuda").manual_seed(M + N + K)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=gen) / math.sqrt(K)
+    z = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=gen)
+    sh = f"{M}x{N}x{K}"
+    dz_ref = torch.ops.aten.gelu_backward(dy, z)
+    db_ref = dz_ref.float().sum(0)
+
+    def eager_dz():
+        dz = torch.ops.aten.gelu_backward(dy, z)
+        return dz, dz.sum(0)
+
+    def check_dz(out):
+        _close_to(dz_ref.float())(out[0])
+        _close_to(db_ref)(out[1])
+
+    pieces = [
+        ("dZ+db", 0.0, 3 * M * N * 2, eager_dz,
+         lambda: _activation_backward(dy, z, gelu, True, direct), check_dz),
+        ("dX=dZ W", 2.0 * M * N * K, (M * N + N * K + M * K) * 2, lambda: dz_ref @ w,
+         lambda: km.fused_matmul(dz_ref, w)[0], _close_to((dz_ref @ w).float())),
+        ("dW=dZ^T X", 2.0 * M * N * K, (M * N + M * K + N * K) * 2, lambda: dz_ref.t() @ x,
+         lambda: km.fused_matmul(dz_ref.t(), x)[0], _close_to((dz_ref.t() @ x).float())),
+    ]  # fmt: skip
+    for name, flops, nbytes, eager, ours, check in pieces:
+        base = run_variant(sh, f"{name} eager", eager, lambda _: None, flops, nbytes, None)
+        run_variant(sh, f"{name} ours", ours, check, flops, nbytes, base, km.matmul_tma_kernel)
+
+
 # ---- round 3: small and mid shapes (kernels/notes/matmul.md, "Round 3") ----
 R3_SHAPES = [  # (M, N, K, dtype), most wanted first: the budget cuts from the end
     (1024, 1024, 1024, torch.bfloat16),
@@ -669,7 +722,7 @@ def main(argv=None):
     parser.add_argument(
         "--sections",
         default="host,mm,sweep,dtypes,linear",
-        help="comma list of host, mm, splitk, sweep, flags, dtypes, linear, round3",
+        help="comma list of host, mm, splitk, sweep, flags, dtypes, linear, round3, linbwd",
     )
     parser.add_argument("-v", action="store_true", help="tracebacks for failures")
     parser.add_argument(
@@ -716,6 +769,7 @@ def main(argv=None):
         ("dtypes", lambda: section_dtypes(args.quick)),
         ("linear", lambda: section_linear(linear_shapes)),
         ("round3", lambda: section_round3(args.quick, budget_s=args.r3_budget)),
+        ("linbwd", section_linbwd),
     ]:
         if name in sections:
             t0 = time.time()
