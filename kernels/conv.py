@@ -832,7 +832,12 @@ def _auto_split_k(x, M, K, C, R, S) -> int:
     1 elsewhere."""
     if not AUTO_SPLIT_K or x.device.type != "cuda" or is_interpreter():
         return 1
-    sms = _num_sms(x.device.index)
+    return split_k_rule(M, K, C, R, S, _num_sms(x.device.index))
+
+
+def split_k_rule(M, K, C, R, S, sms) -> int:
+    """_auto_split_k's choice for an (M rows, K output channels, C·R·S reduction) conv on `sms`
+    SMs, whatever AUTO_SPLIT_K says."""
     tiles = triton.cdiv(M, 64) * triton.cdiv(K, 128)
     steps = R * S * triton.cdiv(C, 64)
     split = 1

@@ -578,6 +578,23 @@ def test_split_k_counters_reset_between_calls(device):
         assert torch.equal(first, again)
 
 
+@pytest.mark.parametrize(
+    "layer, split",
+    [  # ResNet-50 at batch 32 on 132 SMs: (C, output H=W, K, R, stride 2?) -> split
+        ((512, 7, 512, 3), 4),  # 32x512x7 3x3 (and 32x512x14 3x3 stride 2): 100 tiles
+        ((256, 14, 256, 3), 2),  # 196 tiles, 36 steps
+        ((128, 28, 128, 3), 1),  # 392 tiles: enough already
+        ((64, 56, 64, 3), 1),
+        ((1024, 7, 2048, 1), 1),  # strided 1x1 to 7x7: 400 tiles
+    ],
+)
+def test_split_k_rule(layer, split):
+    from kernels.conv import split_k_rule
+
+    c, hw, k, r = layer
+    assert split_k_rule(32 * hw * hw, k, c, r, r, sms=132) == split
+
+
 def test_split_k_bad_options(device):
     x = torch.randn(1, 3, 8, 8, device=device)
     weight = torch.randn(4, 3, 3, 3, device=device)
