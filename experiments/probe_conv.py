@@ -355,6 +355,11 @@ def round3(args):
             ref = reference(x, w, None, s)
             base = RESULTS.get((label, "cudnn no-bias"))
             auto = RESULTS.get((label, "auto"))
+            if any(name.startswith("split") for name, _ in variants):
+                p, q = out_hw(s)
+                sms = 132 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
+                rule = conv.split_k_rule(s["n"] * p * q, s["k"], s["c"], s["r"], s["s"], sms)
+                print(f"{label:<26} split_k_rule (AUTO_SPLIT_K=True) picks {rule}", flush=True)
             for name, kw in variants:
                 fn = partial(conv.conv2d_forward, x, w, None, *geo(s), **kw)
                 if name == "matmul_wave":  # kernels.matmul's round-3 wave-sized tile, host TMA
