@@ -11,6 +11,14 @@ One table: shape, pass, variant, ms, GB/s, % of copy bandwidth, speedup over eag
 best variant per shape. Config names give the bytes of one input per program ("t32K_w8": a
 32 KB tile, 8 warps; "c16K_w4": coop chunks of 16 KB). Variants left when the time budget runs
 out print SKIPPED. `--smoke` checks the probe itself on the CPU interpreter.
+
+`--round3` swaps in the round 3 candidates (kernels/notes/softmax.md, "Round 3"): each shape
+compares `default` (the shipped _pick_config choice) with variants built from the round 3
+Config knobs, long rows first, both dtypes per shape; names in ROUND3_NAMES below. Round 3
+names count VALUES per program, not bytes ("c4Kv_w4": coop chunks of 4096 values, 4 warps).
+    python -m experiments.probe_softmax --round3 --budget 130
+Under `--smoke` the waiting (coop) variants cannot run in the interpreter: they run as the
+two-launch split2 with the same knobs, which checks everything but the wait.
 """
 
 import argparse
@@ -69,6 +77,82 @@ def forward_candidates(n: int, itemsize: int) -> dict[str, Config]:
     }
 
 
+# What each round 3 name means (printed at the start of a --round3 run).
+ROUND3_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "exp2": "default + exp2((x - max)*log2e) (Config.exp2=1)",
+    "exp2fma": "default + exp2(x*log2e - max*log2e), one FMA (Config.exp2=2)",
+    "evict": "default + evict_first on single-use loads/stores (Config.evict)",
+    "exp2_ev": "default + evict + exp2 (exp2=2 in bf16, 1 in fp32; '_x' below: the same)",
+    "t32K_w8_x": "tile of 32 KB of x, 8 warps, exp2 + evict (more rows a program)",
+    "t8K_w4_x": "tile of 8 KB of x, 4 warps, exp2 + evict (fewer rows a program)",
+    "row_w8_x": "one row a program, 8 warps, exp2 + evict",
+    "c4Kv_w4": "coop, chunks of 4096 values, 4 warps, 200 ns sleep (round 2's shipped coop)",
+    "..._s0": "the same without the sleep (poll flat out)",
+    "..._s1000": "the same with 1000 ns sleeps",
+    "..._ctr": "per-row arrival counter polled (one word), then the slots read once",
+    "..._x": "exp2 + evict on top",
+    "cNKv_wW": "coop, chunks of N*1024 values, W warps",
+    "lNKv_MK_wW": "coop-loop: chunks of N*1024 values read twice in a loop of M*1024 values, "
+    "W warps, counter; second read meant to hit L2",
+    "..._ev": "evict_last on the first read, evict_first on the second read and the store",
+    "online16K_w8": "the online loop (x read twice, one program a row), 16 KB tiles, 8 warps",
+    "online_ev": "online16K_w8 + evict_last first read / evict_first second read + exp2",
+}
+
+
+def _coopv(values: int, warps: int, **knobs) -> Config:
+    return Config("coop", 1, values, warps, **knobs)
+
+
+def _loop(chunk: int, loop: int, warps: int, evict: bool = True, **knobs) -> Config:
+    return Config("coop", 1, chunk, warps, counter=True, evict=evict, loop_cols=loop, **knobs)
+
+
+def round3_candidates(n: int, itemsize: int, backward: bool, pick: Config) -> dict[str, Config]:
+    """Round 3: the shipped pick with each new knob, and the new long-row designs."""
+    # exp2 is a forward knob (the backward ignores it); 2 = the FMA form in 16-bit, whose
+    # outputs hide its rounding, and the accurate form 1 in fp32
+    e2 = 0 if backward else (2 if itemsize == 2 else 1)
+    x = dict(exp2=e2, evict=True)
+    if pick.design == "tile":
+        out = {"evict": pick._replace(evict=True)}
+        if not backward:
+            out["exp2"] = pick._replace(exp2=1)
+            out["exp2fma"] = pick._replace(exp2=2)
+            out["exp2_ev"] = pick._replace(exp2=e2, evict=True)
+            if n <= 4096:
+                out["t32K_w8_x"] = _tile(n, itemsize, 32, 8)._replace(**x)
+                out["t8K_w4_x"] = _tile(n, itemsize, 8, 4)._replace(**x)
+            else:
+                out["row_w8_x"] = Config("tile", 1, n, 8, **x)
+        return out
+    # long rows: the coop variants around the shipped one, then the loop design
+    base = 16384 // itemsize if backward else 4096  # shipped: 16 KB (bwd) / 4096 values (fwd)
+    name = f"c{base // 1024}Kv_w4"
+    out = {
+        name: _coopv(base, 4),
+        f"{name}_s0": _coopv(base, 4, sleep_ns=0),
+        f"{name}_s1000": _coopv(base, 4, sleep_ns=1000),
+        f"{name}_ctr": _coopv(base, 4, counter=True),
+        f"{name}_ctr_s0": _coopv(base, 4, counter=True, sleep_ns=0),
+        f"{name}_ctr_x": _coopv(base, 4, counter=True, **x),
+        "c8Kv_w8_ctr": _coopv(8192, 8, counter=True),
+        "c16Kv_w16_ctr": _coopv(16384, 16, counter=True),
+        "c16Kv_w16_ctr_x": _coopv(16384, 16, counter=True, **x),
+        "l16Kv_4K_w8_ev": _loop(16384, 4096, 8, exp2=e2),
+        "l32Kv_4K_w8_ev": _loop(32768, 4096, 8, exp2=e2),
+        "l32Kv_4K_w8": _loop(32768, 4096, 8, evict=False),
+        "l32Kv_2K_w4_ev": _loop(32768, 2048, 4, exp2=e2),
+        "l64Kv_4K_w8_ev": _loop(65536, 4096, 8, exp2=e2),
+        "online16K_w8": Config("online", 1, 16384 // itemsize, 8),
+        "online_ev": Config("online", 1, 16384 // itemsize, 8, **x),
+    }
+    if n < 65536:  # the smoke test's rows: keep chunks no longer than the row
+        out = {k: v for k, v in out.items() if v.block_cols <= max(n, 4096)}
+    return out
+
+
 def backward_candidates(n: int, itemsize: int) -> dict[str, Config]:
     if n <= 4096:
         return {
@@ -116,7 +200,12 @@ def _error_line(exc: Exception) -> str:
     return msg[-1][:160] if msg else repr(exc)
 
 
-def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds):
+def _for_smoke(cfg: Config) -> Config:
+    # the interpreter runs programs one at a time: a waiting (coop) program would never return
+    return cfg._replace(design="split2") if cfg.design == "coop" else cfg
+
+
+def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False):
     """Check, time and print every variant of one shape, forward then backward."""
     dtype = DTYPES[dtype_name]
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -128,12 +217,21 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds):
     fwd = {"eager": lambda: torch.softmax(x, -1)}
     pick = _pick_config(n, m, False, False, x.device, itemsize)
     fwd["default"] = lambda: _forward(x, -1, direct, None)
-    for name, cfg in forward_candidates(n, itemsize).items():
-        fwd[name] = lambda cfg=cfg: _forward(x, -1, direct, cfg)
     bwd = {"eager": lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, dtype)}
     bwd_pick = _pick_config(n, m, False, True, x.device, itemsize)
     bwd["default"] = lambda: _backward(y, dy, -1, direct, None)
-    for name, cfg in backward_candidates(n, itemsize).items():
+    if round3:
+        fwd_cands = round3_candidates(n, itemsize, False, pick)
+        bwd_cands = round3_candidates(n, itemsize, True, bwd_pick)
+    else:
+        fwd_cands = forward_candidates(n, itemsize)
+        bwd_cands = backward_candidates(n, itemsize)
+    if DEVICE == "cpu":
+        fwd_cands = {k: _for_smoke(c) for k, c in fwd_cands.items()}
+        bwd_cands = {k: _for_smoke(c) for k, c in bwd_cands.items()}
+    for name, cfg in fwd_cands.items():
+        fwd[name] = lambda cfg=cfg: _forward(x, -1, direct, cfg)
+    for name, cfg in bwd_cands.items():
         bwd[name] = lambda cfg=cfg: _backward(y, dy, -1, direct, cfg)
 
     def fwd_reference():
@@ -175,7 +273,7 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds):
                         errors[name] = f"FAILED {_error_line(exc)}"
         eager_ms = times.get("eager")
         for name in variants:
-            row = f"{dtype_name:5} {m:7d} {n:7d} {pass_name:4} {name:16}"
+            row = f"{dtype_name:5} {m:7d} {n:7d} {pass_name:4} {name:18}"
             if name not in times or isinstance(errors[name], str):
                 print(f"{row} {errors[name]}")
                 continue
@@ -198,10 +296,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds (best one kept)")
     parser.add_argument("--only", default="", help="comma list of N to run (default: all)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
+    parser.add_argument("--round3", action="store_true", help="the round 3 candidates")
     args = parser.parse_args()
     if args.smoke:  # checks the probe itself, without a GPU (run with TRITON_INTERPRET=1)
         DEVICE, ROWS = "cpu", [(5, 128), (3, 4096), (2, 20000)]
+        if args.round3:  # a long row of several 4096-value chunks and of loop chunks
+            ROWS = [(2, 70000), (3, 16384), (5, 128)]
         bench = lambda fn: 1.0  # noqa: E731
+    elif args.round3:  # long rows first: they are round 3's first question
+        ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
     budget = Budget(args.budget)
     start = time.monotonic()
     if DEVICE == "cuda" and not torch.cuda.is_available():
@@ -212,21 +315,28 @@ def main() -> int:
     print(f"# {name} torch {torch.__version__} triton {triton.__version__}")
     copy_gbs = copy_bandwidth()
     print(f"# copy bandwidth (read+write 1 GB, best of 3): {copy_gbs:.0f} GB/s")
-    header = f"{'dtype':5} {'M':>7} {'N':>7} {'pass':4} {'variant':16} {'ms':>8} {'GB/s':>6}"
+    header = f"{'dtype':5} {'M':>7} {'N':>7} {'pass':4} {'variant':18} {'ms':>8} {'GB/s':>6}"
     print(header + f" {'%copy':>6} {'x eager':>7}  note")
 
     best: dict[tuple, tuple[str, float, float]] = {}
     only = {int(v) for v in args.only.split(",") if v}
-    for dtype_name in args.dtypes.split(","):
-        for m, n in ROWS:
-            if not only or n in only:
-                run_shape(dtype_name, m, n, copy_gbs, budget, best, args.rounds)
-                if DEVICE == "cuda":
-                    torch.cuda.empty_cache()
+    dtypes = args.dtypes.split(",")
+    if args.round3:
+        for name, meaning in ROUND3_NAMES.items():
+            print(f"# {name:16} {meaning}")
+        # shape outer, dtype inner: both dtypes of the long rows come first
+        jobs = [(d, m, n) for m, n in ROWS for d in dtypes]
+    else:
+        jobs = [(d, m, n) for d in dtypes for m, n in ROWS]
+    for dtype_name, m, n in jobs:
+        if not only or n in only:
+            run_shape(dtype_name, m, n, copy_gbs, budget, best, args.rounds, args.round3)
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
 
     print("# best Triton variant per shape (GB/s, % of copy)")
     for (dtype_name, n, pass_name), (name, _, gbs) in best.items():
-        print(f"#  {dtype_name} N={n:<7d} {pass_name}: {name:16} {gbs:6.0f} GB/s "
+        print(f"#  {dtype_name} N={n:<7d} {pass_name}: {name:18} {gbs:6.0f} GB/s "
               f"{100 * gbs / copy_gbs:5.1f}%")  # fmt: skip
     print(f"# copy bandwidth again at the end: {copy_bandwidth():.0f} GB/s")
     print(f"# probe took {time.monotonic() - start:.0f} s")

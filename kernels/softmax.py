@@ -65,7 +65,18 @@ class Config(NamedTuple):
     block_cols: int  # tile: the padded row; coop/split2: the chunk; online: the loop tile
     num_warps: int
     per_sm: int = 0  # tile: persistent programs per SM, -1 from the register estimate, 0 = off
-    num_stages: int = 1  # tile: software pipelining of the persistent loop's loads
+    num_stages: int = 1  # tile: pipelining of the persistent loop's loads; online: of both loops
+    # -- round 3 knobs (kernels/notes/softmax.md); the defaults are the round 2 kernels --
+    sleep_ns: int = 200  # coop: nanosleep between polls of the partials, 0 = poll flat out
+    counter: bool = False  # coop: poll one arrival counter per row, then read the slots once
+    evict: bool = False  # evict_first on single-use loads/stores (online: evict_last, 1st read)
+    # forward exp: 0 tl.exp (sub, mul, ex2 with denormal handling); 1 exp2((x - max)·log2e),
+    # ftz; 2 exp2(x·log2e - max·log2e): one FMA + ex2, but the rounding of max·log2e is an
+    # error relative to |max|, not |x - max| (4e-5 at max ~ 1000; no matter in 16-bit outputs)
+    exp2: int = 0
+    # coop/split2: > 0 loops over the chunk (block_cols values) in tiles of loop_cols, reading
+    # it twice (softmax_split_loop_kernel); 0 holds the chunk in registers, read once
+    loop_cols: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -121,20 +132,45 @@ def _split_position(ws_ptr, ticket_index, n_chunks, WAIT: tl.constexpr, REVERSE:
 
 
 @triton.jit
-def _nanosleep(value):
-    """Sleep about 200 ns (PTX nanosleep, sm_70+), then return value unchanged."""
-    return tl.inline_asm_elementwise(
-        "nanosleep.u32 200; mov.b32 $0, $1;",
-        "=r,r",
-        [value],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+def _nanosleep(value, SLEEP_NS: tl.constexpr):
+    """Sleep about SLEEP_NS ns (PTX nanosleep, sm_70+; 0: no sleep), then return value."""
+    if SLEEP_NS > 0:
+        value = tl.inline_asm_elementwise(
+            "nanosleep.u32 $2; mov.b32 $0, $1;",
+            "=r,r,r",
+            [value, value * 0 + SLEEP_NS],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    return value
 
 
 @triton.jit
-def _split_partials(slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+def _publish(slots, chunk, partial, counters, row_ok, COUNTER: tl.constexpr):
+    """Publish this chunk's packed partial (never 0); with COUNTER, count its arrival too."""
+    tl.atomic_xchg(slots + chunk, partial, mask=row_ok, sem="relaxed")
+    if COUNTER:
+        # release: the slot is written before the count goes up (the waiters check the
+        # slots anyway, so the counter only decides when they start looking)
+        tl.atomic_add(counters, 1, mask=row_ok, sem="release")
+
+
+@triton.jit
+def _wait_counters(counters, n_chunks, row_ok, SLEEP_NS: tl.constexpr):
+    """Spin until every row's arrival counter reaches n_chunks: one word a row is polled."""
+    count = tl.load(counters, mask=row_ok, other=n_chunks, volatile=True)
+    missing = tl.sum(tl.where(count < n_chunks, 1, 0))
+    while missing > 0:
+        missing = _nanosleep(missing, SLEEP_NS)
+        count = tl.load(counters, mask=row_ok, other=n_chunks, volatile=True)
+        missing = tl.sum(tl.where(count < n_chunks, 1, 0))
+
+
+@triton.jit
+def _split_partials(
+    slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.constexpr, SLEEP_NS: tl.constexpr
+):
     """Gather the packed partials of each row (waiting until all are published if WAIT).
 
     Returns a (BLOCK_ROWS, MAX_CHUNKS) int64 tile of packed partials, 0 where masked. A
@@ -150,7 +186,7 @@ def _split_partials(slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.
         while missing > 0:
             # Back off between polls: every program of a row polls the same few slots, and
             # polling flat out loads one L2 slice and takes issue slots from working programs.
-            missing = _nanosleep(missing)
+            missing = _nanosleep(missing, SLEEP_NS)
             packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
             missing = tl.sum(tl.where(packed == 0, 1, 0))
         # A slot is held by several threads, and the sum above counted one copy of each: a
@@ -158,6 +194,43 @@ def _split_partials(slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.
         # published (seen in L2 before the sum's barrier), so one more load sees them all.
         packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
     return tl.where(slot_ok, packed, 0)
+
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _exp_shifted(x, shift, EXP2: tl.constexpr):
+    """exp(x - shift[:, None]), as Config.exp2 chooses (0, 1 or 2; see there).
+
+    Every way, -inf entries give 0 and a shift of -inf (an all -inf row) gives NaN.
+    """
+    if EXP2 == 2:
+        return tl.exp2(x * LOG2E - (shift * LOG2E)[:, None])
+    elif EXP2 == 1:
+        return tl.exp2((x - shift[:, None]) * LOG2E)
+    else:
+        return tl.exp(x - shift[:, None])
+
+
+@triton.jit
+def _forward_row_stats(
+    slots, counters, n_chunks, row_ok,
+    PHASE: tl.constexpr, COUNTER: tl.constexpr, SLEEP_NS: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    """(row max, row sum of exp(x - row max)) from the chunks' partials (waiting if PHASE 2)."""
+    if COUNTER and PHASE == 2:
+        _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
+    packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
+    maxes, sums = _unpack(packed)
+    k_ok = (tl.arange(0, MAX_CHUNKS) < n_chunks)[None, :]
+    maxes = tl.where(k_ok, maxes, -float("inf"))
+    row_max = tl.max(maxes, axis=1)
+    # rows past the end combine with max 0, so no NaN is computed for them
+    row_max = tl.where(row_ok, row_max, 0.0)
+    # an all -inf row: row_max = -inf and exp(-inf - -inf) = NaN, as torch gives
+    row_sum = tl.sum(tl.where(k_ok, sums * tl.exp(maxes - row_max[:, None]), 0.0), axis=1)
+    return row_max, row_sum
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,6 +245,7 @@ def softmax_tile_kernel(
     x_stride_outer, x_stride_inner, x_stride_col,
     y_stride_outer, y_stride_inner, y_stride_col,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
 ):  # fmt: skip
     # int64 so that column × stride cannot overflow when softmax runs over an outer dim
     cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
@@ -185,12 +259,17 @@ def softmax_tile_kernel(
         # Masked columns read -inf, which exp turns into 0. Rows past the end read 0 instead: an
         # all -inf row would compute NaNs (never stored, but the interpreter warns about them).
         fill = tl.where(row_ok, -float("inf"), 0.0)
-        x = tl.load(x_rows + cols * x_stride_col, mask=row_ok & col_ok, other=fill)
+        x = tl.load(
+            x_rows + cols * x_stride_col, mask=row_ok & col_ok, other=fill, eviction_policy=POLICY
+        )
         x = x.to(tl.float32)
         # A row of only -inf gives -inf - -inf = NaN everywhere, as torch.softmax does.
-        exp = tl.exp(x - tl.max(x, axis=1)[:, None])
+        exp = _exp_shifted(x, tl.max(x, axis=1), EXP2)
         y = exp * (1.0 / tl.sum(exp, axis=1))[:, None]
-        tl.store(y_rows + cols * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok)
+        tl.store(
+            y_rows + cols * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok,
+            eviction_policy=POLICY,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -202,6 +281,8 @@ def softmax_split_kernel(
     BLOCK_ROWS: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
     # 0: publish partials only, 1: finish only (partials from an earlier launch), 2: both (coop)
     PHASE: tl.constexpr, REVERSE: tl.constexpr,
+    SLEEP_NS: tl.constexpr = 200, COUNTER: tl.constexpr = False,
+    POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
 ):  # fmt: skip
     block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
     outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
@@ -209,32 +290,102 @@ def softmax_split_kernel(
     mask = row_ok[:, None] & (cols < n_cols)[None, :]
     x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
     fill = tl.where(row_ok, -float("inf"), 0.0)[:, None]
-    x = tl.load(x_rows + cols[None, :] * x_stride_col, mask=mask, other=fill).to(tl.float32)
+    x = tl.load(
+        x_rows + cols[None, :] * x_stride_col, mask=mask, other=fill, eviction_policy=POLICY
+    ).to(tl.float32)
     # one slot per (row, chunk): row r's slots start at r * n_chunks
-    slots = ws_ptr + (outer * rows_inner + inner) * n_chunks
+    row = outer * rows_inner + inner
+    slots = ws_ptr + row * n_chunks
+    # with COUNTER, row r's arrival counter sits after the ticket (coop only)
+    counters = ws_ptr + ticket_index + 1 + row
 
     if PHASE != 1:
         chunk_max = tl.max(x, axis=1)
         # An all -inf chunk shifts by 0: its sum is 0, not NaN; its max (-inf) keeps it nonzero
         # when packed. Any other chunk's sum is at least 1, so no packed partial is 0.
         shift = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
-        chunk_sum = tl.sum(tl.exp(x - shift[:, None]), axis=1)
+        chunk_sum = tl.sum(_exp_shifted(x, shift, EXP2), axis=1)
         partial = _pack(chunk_max, chunk_sum)
     if PHASE != 1:
-        tl.atomic_xchg(slots + chunk, partial, mask=row_ok, sem="relaxed")
+        _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
     if PHASE != 0:
-        packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS)
-        maxes, sums = _unpack(packed)
-        k_ok = (tl.arange(0, MAX_CHUNKS) < n_chunks)[None, :]
-        maxes = tl.where(k_ok, maxes, -float("inf"))
-        row_max = tl.max(maxes, axis=1)
-        # rows past the end combine with max 0, so no NaN is computed for them
-        row_max = tl.where(row_ok, row_max, 0.0)
-        # an all -inf row: row_max = -inf and exp(-inf - -inf) = NaN, as torch gives
-        row_sum = tl.sum(tl.where(k_ok, sums * tl.exp(maxes - row_max[:, None]), 0.0), axis=1)
-        y = tl.exp(x - row_max[:, None]) * (1.0 / row_sum)[:, None]
+        row_max, row_sum = _forward_row_stats(
+            slots, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+        )
+        y = _exp_shifted(x, row_max, EXP2) * (1.0 / row_sum)[:, None]
         y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
-        tl.store(y_rows + cols[None, :] * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            y_rows + cols[None, :] * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=mask,
+            eviction_policy=POLICY,
+        )  # fmt: skip
+
+
+@triton.jit
+def softmax_split_loop_kernel(
+    x_ptr, y_ptr, ws_ptr,
+    rows_inner, n_cols, n_chunks, ticket_index,
+    x_stride_outer, x_stride_inner, x_stride_col,
+    y_stride_outer, y_stride_inner, y_stride_col,
+    BLOCK_ROWS: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    PHASE: tl.constexpr, REVERSE: tl.constexpr,
+    SLEEP_NS: tl.constexpr, COUNTER: tl.constexpr,
+    POLICY: tl.constexpr, EXP2: tl.constexpr,
+    LOOP_COLS: tl.constexpr, FIRST_POLICY: tl.constexpr,
+):  # fmt: skip
+    """The split design with chunks longer than the registers hold: each program loops over
+    its chunk in tiles of LOOP_COLS twice (online max/sum, then the write), so x is read
+    twice, but the second read is of a chunk read a moment earlier, meant to hit L2
+    (FIRST_POLICY = evict_last asks L2 to keep it). Partials, waiting and combining as in
+    softmax_split_kernel."""
+    block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
+    outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
+    x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
+    y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+    fill = tl.where(row_ok, -float("inf"), 0.0)[:, None]
+    first = chunk.to(tl.int64) * CHUNK
+    end = tl.minimum(first + CHUNK, n_cols)
+    offs = tl.arange(0, LOOP_COLS).to(tl.int64)
+    row = outer * rows_inner + inner
+    slots = ws_ptr + row * n_chunks
+    counters = ws_ptr + ticket_index + 1 + row
+    if PHASE != 1:
+        chunk_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
+        chunk_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
+        for start in range(0, CHUNK, LOOP_COLS):
+            cols = first + start + offs
+            mask = row_ok[:, None] & (cols < end)[None, :]
+            x = tl.load(
+                x_rows + cols[None, :] * x_stride_col, mask=mask, other=fill,
+                eviction_policy=FIRST_POLICY,
+            ).to(tl.float32)  # fmt: skip
+            new_max = tl.maximum(chunk_max, tl.max(x, axis=1))
+            # shift by 0 until a finite value is seen (see softmax_online_kernel)
+            shift = tl.where(new_max == -float("inf"), 0.0, new_max)
+            chunk_sum = chunk_sum * tl.exp(chunk_max - shift) + tl.sum(
+                _exp_shifted(x, shift, EXP2), axis=1
+            )
+            chunk_max = new_max
+        # as in softmax_split_kernel: an all -inf chunk has sum 0 and max -inf (nonzero bits)
+        _publish(
+            slots, chunk, _pack(chunk_max, chunk_sum), counters, row_ok, COUNTER and PHASE == 2
+        )
+    if PHASE != 0:
+        row_max, row_sum = _forward_row_stats(
+            slots, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+        )
+        inv_sum = (1.0 / row_sum)[:, None]
+        for start in range(0, CHUNK, LOOP_COLS):
+            cols = first + start + offs
+            mask = row_ok[:, None] & (cols < end)[None, :]
+            x = tl.load(
+                x_rows + cols[None, :] * x_stride_col, mask=mask, other=fill,
+                eviction_policy=POLICY,
+            ).to(tl.float32)  # fmt: skip
+            y = _exp_shifted(x, row_max, EXP2) * inv_sum
+            tl.store(
+                y_rows + cols[None, :] * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=mask,
+                eviction_policy=POLICY,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -243,7 +394,9 @@ def softmax_online_kernel(
     rows_inner, n_cols,
     x_stride_outer, x_stride_inner, x_stride_col,
     y_stride_outer, y_stride_inner, y_stride_col,
-    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, NUM_STAGES: tl.constexpr = 1,
+    # the first read keeps x in L2 for the second (FIRST_POLICY), which may drop it (POLICY)
+    FIRST_POLICY: tl.constexpr = "", POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
 ):  # fmt: skip
     outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS)
     row_ok = row_ok[:, None]
@@ -254,27 +407,34 @@ def softmax_online_kernel(
     # -- main loop: online softmax, running max and a sum rescaled whenever the max grows --
     row_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
     row_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
-    for start in range(0, n_cols, BLOCK_COLS):
+    for start in tl.range(0, n_cols, BLOCK_COLS, num_stages=NUM_STAGES):
         col_ok = start + cols < n_cols
-        x = tl.load(x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill)
+        x = tl.load(
+            x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill,
+            eviction_policy=FIRST_POLICY,
+        )  # fmt: skip
         x = x.to(tl.float32)
         new_max = tl.maximum(row_max, tl.max(x, axis=1))
         # Until a row has seen a finite value, shift by 0 rather than -inf: exp(-inf - 0) = 0
         # keeps the sum at 0, where exp(-inf - -inf) would poison it with NaN.
         shift = tl.where(new_max == -float("inf"), 0.0, new_max)
-        row_sum = row_sum * tl.exp(row_max - shift) + tl.sum(tl.exp(x - shift[:, None]), axis=1)
+        row_sum = row_sum * tl.exp(row_max - shift) + tl.sum(_exp_shifted(x, shift, EXP2), axis=1)
         row_max = new_max
     # -- write-back: second read of the row --
     # An all -inf row keeps row_max = -inf, so exp(x - row_max) is NaN, matching torch.
     inv_sum = 1.0 / row_sum
-    for start in range(0, n_cols, BLOCK_COLS):
+    for start in tl.range(0, n_cols, BLOCK_COLS, num_stages=NUM_STAGES):
         col_ok = start + cols < n_cols
-        x = tl.load(x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill)
-        y = tl.exp(x.to(tl.float32) - row_max[:, None]) * inv_sum[:, None]
+        x = tl.load(
+            x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill,
+            eviction_policy=POLICY,
+        )  # fmt: skip
+        y = _exp_shifted(x.to(tl.float32), row_max, EXP2) * inv_sum[:, None]
         tl.store(
             y_rows + (start + cols) * y_stride_col,
             y.to(y_ptr.dtype.element_ty),
             mask=row_ok & col_ok,
+            eviction_policy=POLICY,
         )
 
 
@@ -289,6 +449,7 @@ def softmax_backward_tile_kernel(
     dy_stride_outer, dy_stride_inner, dy_stride_col,
     dx_stride_outer, dx_stride_inner, dx_stride_col,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,  # EXP2: unused (forward only)
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
     col_ok = cols < n_cols
@@ -298,10 +459,14 @@ def softmax_backward_tile_kernel(
         y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
         dy_rows = dy_ptr + (outer * dy_stride_outer + inner * dy_stride_inner)[:, None]
         dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
-        y = tl.load(y_rows + cols * y_stride_col, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_rows + cols * dy_stride_col, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_rows + cols * y_stride_col, mask=mask, other=0.0, eviction_policy=POLICY)
+        dy = tl.load(dy_rows + cols * dy_stride_col, mask=mask, other=0.0, eviction_policy=POLICY)
+        y, dy = y.to(tl.float32), dy.to(tl.float32)
         dx = y * (dy - tl.sum(y * dy, axis=1)[:, None])
-        tl.store(dx_rows + cols * dx_stride_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            dx_rows + cols * dx_stride_col, dx.to(dx_ptr.dtype.element_ty), mask=mask,
+            eviction_policy=POLICY,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -313,6 +478,8 @@ def softmax_backward_split_kernel(
     dx_stride_outer, dx_stride_inner, dx_stride_col,
     BLOCK_ROWS: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
     PHASE: tl.constexpr, REVERSE: tl.constexpr,
+    SLEEP_NS: tl.constexpr = 200, COUNTER: tl.constexpr = False,
+    POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,  # EXP2: unused (forward only)
 ):  # fmt: skip
     block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
     outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
@@ -320,24 +487,92 @@ def softmax_backward_split_kernel(
     mask = row_ok[:, None] & (cols < n_cols)[None, :]
     y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
     dy_rows = dy_ptr + (outer * dy_stride_outer + inner * dy_stride_inner)[:, None]
-    y = tl.load(y_rows + cols[None, :] * y_stride_col, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_rows + cols[None, :] * dy_stride_col, mask=mask, other=0.0).to(tl.float32)
-    slots = ws_ptr + (outer * rows_inner + inner) * n_chunks
+    y = tl.load(
+        y_rows + cols[None, :] * y_stride_col, mask=mask, other=0.0, eviction_policy=POLICY
+    ).to(tl.float32)
+    dy = tl.load(
+        dy_rows + cols[None, :] * dy_stride_col, mask=mask, other=0.0, eviction_policy=POLICY
+    ).to(tl.float32)
+    row = outer * rows_inner + inner
+    slots = ws_ptr + row * n_chunks
+    counters = ws_ptr + ticket_index + 1 + row
 
     if PHASE != 1:
         # the dot product packed with 1.0 beside it, so a published partial is never 0
         dot = tl.sum(y * dy, axis=1)
         partial = _pack(dot, tl.full(dot.shape, 1.0, tl.float32))
     if PHASE != 1:
-        tl.atomic_xchg(slots + chunk, partial, mask=row_ok, sem="relaxed")
+        _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
     if PHASE != 0:
-        packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS)
+        if COUNTER and PHASE == 2:
+            _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
+        packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
         dots, _ = _unpack(packed)
         # summed in chunk order, whatever order the chunks finished in: deterministic
         row_dot = tl.sum(dots, axis=1)
         dx = y * (dy - row_dot[:, None])
         dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
-        tl.store(dx_rows + cols[None, :] * dx_stride_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            dx_rows + cols[None, :] * dx_stride_col, dx.to(dx_ptr.dtype.element_ty), mask=mask,
+            eviction_policy=POLICY,
+        )  # fmt: skip
+
+
+@triton.jit
+def softmax_backward_split_loop_kernel(
+    y_ptr, dy_ptr, dx_ptr, ws_ptr,
+    rows_inner, n_cols, n_chunks, ticket_index,
+    y_stride_outer, y_stride_inner, y_stride_col,
+    dy_stride_outer, dy_stride_inner, dy_stride_col,
+    dx_stride_outer, dx_stride_inner, dx_stride_col,
+    BLOCK_ROWS: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    PHASE: tl.constexpr, REVERSE: tl.constexpr,
+    SLEEP_NS: tl.constexpr, COUNTER: tl.constexpr,
+    POLICY: tl.constexpr, EXP2: tl.constexpr,  # EXP2: unused (forward only)
+    LOOP_COLS: tl.constexpr, FIRST_POLICY: tl.constexpr,
+):  # fmt: skip
+    """softmax_split_loop_kernel's backward: y·dy over the chunk, then dx, reading y, dy twice."""
+    block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
+    outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
+    y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+    dy_rows = dy_ptr + (outer * dy_stride_outer + inner * dy_stride_inner)[:, None]
+    dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
+    first = chunk.to(tl.int64) * CHUNK
+    end = tl.minimum(first + CHUNK, n_cols)
+    offs = tl.arange(0, LOOP_COLS).to(tl.int64)
+    row = outer * rows_inner + inner
+    slots = ws_ptr + row * n_chunks
+    counters = ws_ptr + ticket_index + 1 + row
+    if PHASE != 1:
+        dot = tl.zeros((BLOCK_ROWS,), tl.float32)
+        for start in range(0, CHUNK, LOOP_COLS):
+            cols = first + start + offs
+            mask = row_ok[:, None] & (cols < end)[None, :]
+            y = tl.load(y_rows + cols[None, :] * y_stride_col, mask=mask, other=0.0,
+                        eviction_policy=FIRST_POLICY).to(tl.float32)  # fmt: skip
+            dy = tl.load(dy_rows + cols[None, :] * dy_stride_col, mask=mask, other=0.0,
+                         eviction_policy=FIRST_POLICY).to(tl.float32)  # fmt: skip
+            dot += tl.sum(y * dy, axis=1)
+        partial = _pack(dot, tl.full(dot.shape, 1.0, tl.float32))
+        _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
+    if PHASE != 0:
+        if COUNTER and PHASE == 2:
+            _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
+        packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
+        dots, _ = _unpack(packed)
+        row_dot = tl.sum(dots, axis=1)[:, None]
+        for start in range(0, CHUNK, LOOP_COLS):
+            cols = first + start + offs
+            mask = row_ok[:, None] & (cols < end)[None, :]
+            y = tl.load(y_rows + cols[None, :] * y_stride_col, mask=mask, other=0.0,
+                        eviction_policy=POLICY).to(tl.float32)  # fmt: skip
+            dy = tl.load(dy_rows + cols[None, :] * dy_stride_col, mask=mask, other=0.0,
+                         eviction_policy=POLICY).to(tl.float32)  # fmt: skip
+            dx = y * (dy - row_dot)
+            tl.store(
+                dx_rows + cols[None, :] * dx_stride_col, dx.to(dx_ptr.dtype.element_ty),
+                mask=mask, eviction_policy=POLICY,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -347,7 +582,8 @@ def softmax_backward_online_kernel(
     y_stride_outer, y_stride_inner, y_stride_col,
     dy_stride_outer, dy_stride_inner, dy_stride_col,
     dx_stride_outer, dx_stride_inner, dx_stride_col,
-    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, NUM_STAGES: tl.constexpr = 1,
+    FIRST_POLICY: tl.constexpr = "", POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
 ):  # fmt: skip
     outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS)
     row_ok = row_ok[:, None]
@@ -357,21 +593,35 @@ def softmax_backward_online_kernel(
     cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
     # -- main loop: the row's dot product y·dy --
     row_dot = tl.zeros((BLOCK_ROWS,), tl.float32)
-    for start in range(0, n_cols, BLOCK_COLS):
+    for start in tl.range(0, n_cols, BLOCK_COLS, num_stages=NUM_STAGES):
         col_ok = start + cols < n_cols
-        y = tl.load(y_rows + (start + cols) * y_stride_col, mask=row_ok & col_ok, other=0.0)
-        dy = tl.load(dy_rows + (start + cols) * dy_stride_col, mask=row_ok & col_ok, other=0.0)
+        ok = row_ok & col_ok
+        y = tl.load(
+            y_rows + (start + cols) * y_stride_col, mask=ok, other=0.0, eviction_policy=FIRST_POLICY
+        )
+        dy = tl.load(
+            dy_rows + (start + cols) * dy_stride_col,
+            mask=ok,
+            other=0.0,
+            eviction_policy=FIRST_POLICY,
+        )
         row_dot += tl.sum(y.to(tl.float32) * dy.to(tl.float32), axis=1)
     # -- write-back --
-    for start in range(0, n_cols, BLOCK_COLS):
+    for start in tl.range(0, n_cols, BLOCK_COLS, num_stages=NUM_STAGES):
         col_ok = start + cols < n_cols
-        y = tl.load(y_rows + (start + cols) * y_stride_col, mask=row_ok & col_ok, other=0.0)
-        dy = tl.load(dy_rows + (start + cols) * dy_stride_col, mask=row_ok & col_ok, other=0.0)
+        ok = row_ok & col_ok
+        y = tl.load(
+            y_rows + (start + cols) * y_stride_col, mask=ok, other=0.0, eviction_policy=POLICY
+        )
+        dy = tl.load(
+            dy_rows + (start + cols) * dy_stride_col, mask=ok, other=0.0, eviction_policy=POLICY
+        )
         dx = y.to(tl.float32) * (dy.to(tl.float32) - row_dot[:, None])
         tl.store(
             dx_rows + (start + cols) * dx_stride_col,
             dx.to(dx_ptr.dtype.element_ty),
-            mask=row_ok & col_ok,
+            mask=ok,
+            eviction_policy=POLICY,
         )
 
 
@@ -379,11 +629,13 @@ _KERNELS = {
     False: {
         "tile": softmax_tile_kernel,
         "split": softmax_split_kernel,
+        "split_loop": softmax_split_loop_kernel,
         "online": softmax_online_kernel,
     },
     True: {
         "tile": softmax_backward_tile_kernel,
         "split": softmax_backward_split_kernel,
+        "split_loop": softmax_backward_split_loop_kernel,
         "online": softmax_backward_online_kernel,
     },
 }
@@ -524,6 +776,8 @@ def _launch_rows(
     kernels = _KERNELS[backward]
     flat_strides = [s for tensor_strides in strides for s in tensor_strides]
     row_blocks = rows_outer * triton.cdiv(rows_inner, config.block_rows)
+    # evict_first on loads and stores used once; EXP2 is read by the forward kernels only
+    hints = dict(POLICY="evict_first" if config.evict else "", EXP2=int(config.exp2))
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -538,7 +792,7 @@ def _launch_rows(
         launch(kernels["tile"])[(grid,)](
             *moved, rows_inner, n_cols, row_blocks, *flat_strides,
             BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
-            NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+            NUM_STAGES=config.num_stages, num_warps=config.num_warps, **hints,
         )  # fmt: skip
     elif config.design in ("coop", "split2", "split2r"):
         n_chunks = triton.cdiv(n_cols, config.block_cols)
@@ -546,22 +800,34 @@ def _launch_rows(
         grid = (row_blocks * n_chunks,)
         common = dict(
             BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
-            MAX_CHUNKS=triton.next_power_of_2(n_chunks), num_warps=config.num_warps,
+            MAX_CHUNKS=triton.next_power_of_2(n_chunks), num_warps=config.num_warps, **hints,
         )  # fmt: skip
+        split_kernel = kernels["split"]
+        if config.loop_cols:
+            if config.block_cols % config.loop_cols:
+                raise ValueError(f"loop of {config.loop_cols} for chunks of {config.block_cols}")
+            split_kernel = kernels["split_loop"]
+            common.update(
+                LOOP_COLS=config.loop_cols, FIRST_POLICY="evict_last" if config.evict else "",
+                SLEEP_NS=config.sleep_ns, COUNTER=config.counter,
+            )  # fmt: skip
         if config.design == "coop":
             if is_interpreter():
                 # the interpreter runs programs one after another: a waiting one never returns
                 raise ValueError("the coop design needs a GPU; the interpreter takes split2")
-            # zeroed: 0 marks an unpublished slot; the last element is the ticket counter
-            ws = torch.zeros(n_slots + 1, device=device, dtype=torch.int64)
-            launch(kernels["split"])[grid](
+            # zeroed: 0 marks an unpublished slot; then the ticket counter and, with
+            # config.counter, one arrival counter per row
+            n_counters = rows_outer * rows_inner if config.counter else 0
+            ws = torch.zeros(n_slots + 1 + n_counters, device=device, dtype=torch.int64)
+            common.update(SLEEP_NS=config.sleep_ns, COUNTER=config.counter)
+            launch(split_kernel)[grid](
                 *moved, ws, rows_inner, n_cols, n_chunks, n_slots, *flat_strides,
                 PHASE=2, REVERSE=False, **common,
             )  # fmt: skip
         else:
             ws = torch.empty(n_slots, device=device, dtype=torch.int64)
             for phase, reverse in ((0, False), (1, config.design == "split2r")):
-                launch(kernels["split"])[grid](
+                launch(split_kernel)[grid](
                     *moved, ws, rows_inner, n_cols, n_chunks, n_slots, *flat_strides,
                     PHASE=phase, REVERSE=reverse, **common,
                 )  # fmt: skip
@@ -569,7 +835,9 @@ def _launch_rows(
         launch(kernels["online"])[(row_blocks,)](
             *moved, rows_inner, n_cols, *flat_strides,
             BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
-            num_warps=config.num_warps,
+            NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+            # the first read asks L2 to keep the row for the second, which then drops it
+            FIRST_POLICY="evict_last" if config.evict else "", **hints,
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")

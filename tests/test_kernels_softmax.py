@@ -126,6 +126,16 @@ CONFIGS = {
     "split2_rows4": Config("split2", 4, 16, 4),
     "split2r": Config("split2r", 2, 64, 4),
     "online": Config("online", 2, 32, 4),
+    # round 3 knobs (kernels/notes/softmax.md): each must give the same answer as round 2's
+    "tile_exp2_evict": Config("tile", 8, 128, 4, evict=True, exp2=1),
+    "tile_persist_exp2": Config("tile", 4, 128, 4, per_sm=2, num_stages=2, exp2=1),
+    # counter and sleep_ns only act in the waiting (GPU) kernel; split2 must ignore them
+    "split2_knobs": Config("split2", 1, 32, 4, sleep_ns=0, counter=True, evict=True, exp2=1),
+    "split2_loop": Config("split2", 1, 64, 4, loop_cols=16),
+    "split2_loop_rows4_knobs": Config("split2", 4, 32, 4, loop_cols=16, evict=True, exp2=1),
+    "split2r_loop": Config("split2r", 2, 64, 4, loop_cols=32, counter=True),
+    "split2_loop_one_tile": Config("split2", 1, 128, 4, loop_cols=128, exp2=1),
+    "online_knobs": Config("online", 2, 32, 4, num_stages=2, evict=True, exp2=1),
 }
 
 
@@ -144,6 +154,90 @@ def test_configs_forward_and_backward(config_name, shape, dim, device):
     y64 = y.double()
     dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES["fp32"]
+
+
+# Round 3 long-row variants at the edges: whole chunks and whole loop tiles of -inf, huge
+# magnitudes, equal values, an all -inf row, 16-bit dtypes, odd sizes, a strided view.
+ROUND3_LONG = {
+    "split2_loop": Config("split2", 1, 256, 4, loop_cols=64, evict=True, exp2=2),
+    "split2_loop_rows2": Config("split2", 2, 128, 4, loop_cols=32, exp2=1),
+    "split2_exp2fma": Config("split2", 1, 128, 4, exp2=2, counter=True),
+    "online_exp2": Config("online", 1, 64, 4, evict=True, exp2=1),
+    "tile_exp2fma": Config("tile", 1, 2048, 8, exp2=2),
+}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero encountered")
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("config_name", ROUND3_LONG)
+def test_round3_long_row_variants_extremes(config_name, dtype_name, device):
+    config = ROUND3_LONG[config_name]
+    dtype = DTYPES[dtype_name]
+    n = 1037  # 5 chunks of 256 (the last short), loop tiles past the row's end
+    x = torch.randn(7, n, device=device) * 3
+    x[0] *= 1e4 if dtype != torch.float16 else 1e3  # exp overflows without the max shift
+    x[1, :700] = -float("inf")  # whole chunks and loop tiles of -inf first
+    x[2] = 3.25  # all equal
+    x[3, ::3] = -float("inf")
+    x[4] = -float("inf")  # NaN, as torch gives
+    x[5, n - 1] = 1e4  # the maximum in the last, short chunk
+    x = x.to(dtype)
+    y = _forward(x, -1, direct, config)
+    ref = torch.softmax(x.double(), -1)
+    assert torch.isnan(y[4]).all()
+    keep = [0, 1, 2, 3, 5, 6]
+    if dtype == torch.float16:
+        ref = ref.to(dtype).double()  # subnormal fp16 outputs: compare as rounded
+    assert relative_error(y[keep], ref[keep]) < TOLERANCES[dtype_name]
+    assert (y[1, :700] == 0).all() and (y[3, ::3] == 0).all()
+    # the backward, on a strided view of y and a non-contiguous dy
+    yk = y[keep]
+    dy = torch.randn(n, len(keep), device=device, dtype=dtype).t()
+    dx = _backward(yk, dy, -1, direct, config)
+    y64, dy64 = yk.double(), dy.double()
+    dx_ref = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_round3_loop_over_any_dim(dim, device):
+    # softmax over an outer or middle dim: rows adjacent in memory, strided columns
+    x = torch.randn(12, 3, 41, device=device)[:, :, 1:].transpose(0, 1)  # a (3, 12, 40) view
+    config = Config("split2", 2, 16, 4, loop_cols=8, evict=True, exp2=2)
+    y = _forward(x, dim, direct, config)
+    assert relative_error(y, torch.softmax(x.double(), dim)) < TOLERANCES["fp32"]
+    dy = torch.randn_like(x)
+    dx = _backward(y, dy, dim, direct, config)
+    y64 = y.double()
+    dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES["fp32"]
+
+
+def test_round3_bad_loop(device):
+    x = torch.randn(4, 300, device=device)
+    with pytest.raises(ValueError, match="loop of 48 for chunks of 128"):
+        _forward(x, -1, direct, Config("split2", 1, 128, 4, loop_cols=48))
+
+
+def test_round3_probe_candidates_are_valid():
+    """Every round 3 probe variant at the GPU shapes: a loop that divides its chunk, at most
+    MAX_SPLIT_CHUNKS chunks a row (the coop wait needs them all resident), tiles that fit."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    cpu = torch.device("cpu")
+    for m, n in probe.ROWS:
+        for itemsize in (2, 4):
+            for backward in (False, True):
+                pick = softmax_module._pick_config(n, m, False, backward, cpu, itemsize)
+                for name, cfg in probe.round3_candidates(n, itemsize, backward, pick).items():
+                    if cfg.design == "tile":
+                        assert cfg.block_cols >= n and cfg.block_rows * cfg.block_cols <= 16384
+                        assert cfg.exp2 == 0 or not backward
+                        continue
+                    if cfg.design == "online":
+                        continue
+                    assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
+                    assert cfg.loop_cols == 0 or cfg.block_cols % cfg.loop_cols == 0, name
+                    assert cfg.loop_cols or cfg.block_cols <= 16384, name
 
 
 def test_pick_config_chunks(monkeypatch, device):
@@ -335,8 +429,19 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
 @pytest.mark.parametrize(
     "config",
-    [Config("coop", 1, 4096, 4), Config("split2r", 1, 8192, 8), Config("online", 1, 4096, 8)],
-    ids=lambda c: f"{c.design}{c.block_cols}",
+    [
+        Config("coop", 1, 4096, 4),
+        Config("split2r", 1, 8192, 8),
+        Config("online", 1, 4096, 8),
+        # round 3: counter, no sleep, exp2; the coop-loop (4 chunks of 65536 read twice)
+        Config("coop", 1, 4096, 4, sleep_ns=0, counter=True, evict=True, exp2=2),
+        Config("coop", 1, 65536, 8, counter=True, evict=True, exp2=1, loop_cols=4096),
+        Config("online", 1, 4096, 8, evict=True, exp2=2),
+    ],
+    ids=lambda c: f"{c.design}{c.block_cols}"
+    + (f"_loop{c.loop_cols}" if c.loop_cols else "")
+    + ("_ctr" if c.counter else "")
+    + (f"_exp2{c.exp2}" if c.exp2 else ""),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
     """Each long-row design at N = 262144 (64 chunks of 4096), with -inf entries and rows."""
