@@ -94,7 +94,7 @@ ROUND3_NAMES = {
     "..._x": "exp2 + evict on top",
     "cNKv_wW": "coop, chunks of N*1024 values, W warps",
     "lNKv_MK_wW": "coop-loop: chunks of N*1024 values read twice in a loop of M*1024 values, "
-    "W warps, counter; second read meant to hit L2",
+    "W warps, counter; second read meant to hit L2 (resident chunks: 132 SMs x 64/W programs)",
     "..._ev": "evict_last on the first read, evict_first on the second read and the store",
     "online16K_w8": "the online loop (x read twice, one program a row), 16 KB tiles, 8 warps",
     "online_ev": "online16K_w8 + evict_last first read / evict_first second read + exp2",
@@ -144,7 +144,11 @@ def round3_candidates(n: int, itemsize: int, backward: bool, pick: Config) -> di
         "l32Kv_4K_w8_ev": _loop(32768, 4096, 8, exp2=e2),
         "l32Kv_4K_w8": _loop(32768, 4096, 8, evict=False),
         "l32Kv_2K_w4_ev": _loop(32768, 2048, 4, exp2=e2),
-        "l64Kv_4K_w8_ev": _loop(65536, 4096, 8, exp2=e2),
+        # fewer programs resident (16 warps: 4 an SM), so the chunks in flight fit in L2
+        # (528 × 32 KB = 17 MB): the second read should hit
+        "l16Kv_4K_w16_ev": _loop(16384, 4096, 16, exp2=e2),
+        "l8Kv_4K_w16_ev": _loop(8192, 4096, 16, exp2=e2),
+        "l8Kv_2K_w8_ev": _loop(8192, 2048, 8, exp2=e2),
         "online16K_w8": Config("online", 1, 16384 // itemsize, 8),
         "online_ev": Config("online", 1, 16384 // itemsize, 8, **x),
     }
