@@ -581,8 +581,8 @@ def test_split_k_counters_reset_between_calls(device):
 @pytest.mark.parametrize(
     "layer, split",
     [  # ResNet-50 at batch 32 on 132 SMs: (C, output H=W, K, R, stride 2?) -> split
-        ((512, 7, 512, 3), 4),  # 32x512x7 3x3 (and 32x512x14 3x3 stride 2): 100 tiles
-        ((256, 14, 256, 3), 2),  # 196 tiles, 36 steps
+        ((512, 7, 512, 3), 2),  # 32x512x7 3x3 (and 32x512x14 3x3 stride 2): 100 tiles
+        ((256, 14, 256, 3), 1),  # 196 tiles: split 2 lost here in round 3 (0.74-0.80x)
         ((128, 28, 128, 3), 1),  # 392 tiles: enough already
         ((64, 56, 64, 3), 1),
         ((1024, 7, 2048, 1), 1),  # strided 1x1 to 7x7: 400 tiles
