@@ -15,11 +15,14 @@ Two kernels, one epilogue:
     matmul_kernel          Pointer loads, one program per tile: every other GPU, the interpreter,
                            inputs whose strides or offsets TMA cannot take, and (TMA_WHEN_TRACED)
                            launches traced by torch.compile.
-    matmul_tma_r3_kernel   Round 3, off by default (VARIANT): the Hopper kernel's body with an
-                           explicit tile from wave_config / split_config instead of the
-                           autotuner, optionally host-side TensorDescriptors (HOST_DESC) and a
-                           single-launch split-K whose last K slice per tile reduces the fp32
-                           partials (a per-tile counter) and runs the epilogue.
+    matmul_tma_r3_kernel   The Hopper kernel's body with an explicit tile instead of the
+                           autotuner, host-side TensorDescriptors (HOST_DESC) or device-side
+                           ones, and an optional single-launch split-K whose last K slice per
+                           tile reduces the fp32 partials (a per-tile counter) and runs the
+                           epilogue. Shipped (round 4, VARIANT = "hd") for 16-bit direct
+                           launches on the TMA path: hd_config's tile, host descriptors, no
+                           split; matmul_tma_kernel stays for fp32, explicit split-K requests
+                           and variant="default" / "autotune".
 The first two take split_k: with split_k > 1 the K range is cut into slices that run as separate
 work items writing fp32 partial tiles, and splitk_reduce_kernel sums them and applies the epilogue.
 That is for skinny (decode) shapes, M of a few dozen rows with large K, where the output tiles
@@ -36,7 +39,8 @@ Functions:
         The launch behind both, with no input checks: c = act(a @ b + bias); z is the
         pre-activation a @ b + bias, returned only when save_preact (for linear's backward).
         path ("tma" or "pointer") and split_k override the automatic choice (tests, probes).
-        variant / config: the round-3 kernel for 16-bit TMA calls (VARIANT, r3_plan).
+        variant / config: which Hopper kernel and tile 16-bit TMA calls take (VARIANT, r3_plan;
+        "hd" by default, "default" for the autotuned kernel).
     plan(a, b) -> (path, split_k)
         The automatic choice: shapes, strides and the device's capability, never its name.
     check_matmul_args(a, b)
@@ -87,10 +91,17 @@ PERSISTENT = True
 # Inductor's handling of device-side TMA descriptors (scratch allocation, descriptor-store
 # mutation analysis) has not been checked on the GPU with torch 2.11. Direct calls use TMA.
 TMA_WHEN_TRACED = False
-# Round 3 (kernels/notes/matmul.md), for GEMMs of at most about one wave of tiles on the TMA path
-# (16-bit, direct launches). fused_matmul's `variant` keyword picks one per call; this is the
-# default for calls that give none:
-#   "default"  the autotuned matmul_tma_kernel (everything below is off)
+# Which kernel a 16-bit TMA launch (direct, not traced) takes. fused_matmul's `variant` keyword
+# picks one per call; VARIANT is the default for calls that give none:
+#   "hd"       (shipped, round 4) matmul_tma_r3_kernel with host-side TensorDescriptors and the
+#              tile of hd_config: 16x64x256 s5 w4 for M <= 32, 64x64x128 s6 w4 for M <= SKINNY_M,
+#              wave_config's tile where 128x256 tiles make at most R3_MAX_WAVES waves, and
+#              128x256x64 s3 w8 subtiled beyond; no split-K. Round 3 measured host descriptors
+#              ahead of the autotuned kernel on every shape tried (0.70 -> 0.87 at 1024^3,
+#              0.90 -> 0.98 at 2048^3, 0.92 -> 1.02 at 128x4096x4096, 0.95 -> 1.09 at
+#              16x4096x4096). An explicit split_k > 1 without a config takes "default".
+#   "default"  the autotuned matmul_tma_kernel (device-side descriptors); "autotune" is an alias.
+#              Set VARIANT = "default" to go back to the round-3 behaviour.
 #   "wave"     matmul_tma_r3_kernel with an explicit tile from wave_config (the largest tile
 #              whose count fills ~one wave), device-side descriptors, no split
 #   "wave-hd"  the same with host-side TensorDescriptors (no per-program descriptor creation)
@@ -98,10 +109,12 @@ TMA_WHEN_TRACED = False
 #              each (tile, K slice) stores an fp32 partial, the last slice to finish (a per-tile
 #              counter) sums them in order and runs the epilogue; otherwise as "wave"
 #   "sk-hd"    the same with host-side descriptors
-# Shapes the heuristics leave alone (more than R3_MAX_WAVES waves of 128x256 tiles), fp32 and
-# traced launches keep the default kernel whatever the variant.
-VARIANT = "default"
-VARIANTS = ("default", "wave", "wave-hd", "sk", "sk-hd")
+# For wave/wave-hd/sk/sk-hd, shapes the heuristics leave alone (more than R3_MAX_WAVES waves of
+# 128x256 tiles, or skinny M) keep the default kernel. fp32 and traced launches keep the default
+# kernel whatever the variant.
+VARIANT = "hd"
+VARIANTS = ("default", "wave", "wave-hd", "sk", "sk-hd", "hd")
+VARIANT_ALIASES = {"autotune": "default"}
 R3_MAX_WAVES = 2
 
 
@@ -725,6 +738,23 @@ def wave_config(M: int, N: int, K: int, num_sms: int) -> dict | None:
     return _r3_meta(R3_TILES[-1])
 
 
+# hd_config's tiles (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, EPILOGUE_SUBTILE) outside the
+# wave rule: decode (M <= 32), skinny (M <= SKINNY_M) and large (beyond R3_MAX_WAVES waves).
+HD_DECODE_TILE = (16, 64, 256, 5, 4, False)  # round 3: 1.088 at 16x4096x4096
+HD_SKINNY_TILE = (64, 64, 128, 6, 4, False)  # round 3: 1.020 at 128x4096x4096
+HD_LARGE_TILE = (128, 256, 64, 3, 8, True)  # round 3: 0.986 at 4096^3, 0.938 at 1024x14336x4096
+
+
+def hd_config(M: int, N: int, K: int, num_sms: int) -> dict:
+    """The shipped ("hd") tile for a 16-bit GEMM: by M for skinny shapes, else wave_config's
+    tile, else (more than R3_MAX_WAVES waves of 128x256 tiles) HD_LARGE_TILE."""
+    if M <= 32:
+        return _r3_meta(HD_DECODE_TILE)
+    if M <= SKINNY_M:
+        return _r3_meta(HD_SKINNY_TILE)
+    return wave_config(M, N, K, num_sms) or _r3_meta(HD_LARGE_TILE)
+
+
 def split_config(M: int, N: int, K: int, num_sms: int) -> tuple[dict, int] | None:
     """(tile, split_k) for the single-launch split-K: the R3_SPLIT_TILES tile for M, split into
     the most K slices (<= R3_MAX_SPLIT, each >= R3_MIN_K_TILES deep) whose work items still fit
@@ -761,16 +791,21 @@ def _tile_locks(device, count: int) -> torch.Tensor:
 def r3_plan(a, b, variant: str, config: dict | None = None, split_k: int | None = None):
     """(meta, split_k, host_desc) for matmul_tma_r3_kernel, or None for the default kernel.
     config (as _r3_meta returns) and split_k override the heuristics (probes, tests)."""
+    variant = VARIANT_ALIASES.get(variant, variant)
     if variant not in VARIANTS:
-        raise ValueError(f"variant {variant!r}: expected one of {VARIANTS}")
+        raise ValueError(
+            f"variant {variant!r}: expected one of {VARIANTS + tuple(VARIANT_ALIASES)}"
+        )
     if variant == "default":
         return None
     _, num_sms = _device_info(a.device.type, a.device.index)
     M, K = a.shape
     N = b.shape[1]
-    host_desc = variant.endswith("-hd")
+    host_desc = variant.endswith("hd")
     if config is not None:
         return dict(config), max(1, split_k or 1), host_desc
+    if variant == "hd":
+        return hd_config(M, N, K, num_sms), 1, True
     if variant.startswith("sk"):
         planned = split_config(M, N, K, num_sms)
         if planned is not None:
@@ -865,7 +900,10 @@ def fused_matmul(
         path, split_k = "pointer", 1
     r3 = None  # the round-3 kernel's (meta, split_k, host_desc), when a variant takes this call
     if path == "tma" and a.dtype in (torch.float16, torch.bfloat16) and launch is direct:
-        r3 = r3_plan(a, b, variant or VARIANT, config, split_k if config else None)
+        chosen = variant or VARIANT
+        if chosen == "hd" and config is None and split_k is not None and split_k > 1:
+            chosen = "default"  # an explicit split asks for the split-K reduce path
+        r3 = r3_plan(a, b, chosen, config, split_k if config else None)
     split_k = max(1, min(split_k or auto_split, max(1, K)))
     partial = (
         torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)

@@ -375,3 +375,60 @@ def test_r3_variants_on_gpu(shape, b_layout, dtype_name, variant):
         c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True, variant=variant)
         assert relative_error(c, ref_c) < tol(dtype_name)
         assert relative_error(z, ref_z) < tol(dtype_name)
+
+
+# ---- round 4: the shipped "hd" rule (host descriptors, hd_config's tile) ----
+@pytest.mark.parametrize(
+    "shape, tile",
+    # H100 (132 SMs): (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, subtile) of hd_config
+    [((1024, 1024, 1024), (128, 64, 64, 4, 4, False)),
+     ((2048, 2048, 2048), (128, 256, 64, 3, 8, True)),
+     ((1024, 4096, 4096), (128, 256, 64, 3, 8, True)),
+     ((1024, 14336, 4096), (128, 256, 64, 3, 8, True)),
+     ((4096, 4096, 4096), (128, 256, 64, 3, 8, True)),
+     ((16384, 16384, 16384), (128, 256, 64, 3, 8, True)),
+     ((128, 4096, 4096), (64, 64, 128, 6, 4, False)),
+     ((33, 14336, 4096), (64, 64, 128, 6, 4, False)),
+     ((16, 4096, 4096), (16, 64, 256, 5, 4, False)),
+     ((1, 4096, 14336), (16, 64, 256, 5, 4, False)),
+     ((512, 512, 512), (64, 64, 64, 5, 4, False))],
+)  # fmt: skip
+def test_hd_heuristics(shape, tile):
+    km = importlib.import_module("kernels.matmul")
+    meta = km.hd_config(*shape, 132)
+    got = (meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], meta["num_stages"],
+           meta["num_warps"], meta["EPILOGUE_SUBTILE"])  # fmt: skip
+    assert got == tile
+
+
+@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
+@pytest.mark.parametrize(
+    "M, N, K, a_layout, b_layout",
+    [(20, 24, 104, "contiguous", "transposed"), (72, 7, 200, "transposed", "transposed"),
+     (130, 40, 72, "contiguous", "contiguous")],
+)  # fmt: skip
+def test_hd_default_variant(M, N, K, a_layout, b_layout, dtype_name, device):
+    """With no variant, a 16-bit TMA launch takes the shipped "hd" rule (host descriptors, no
+    split); "default" / "autotune" and an explicit split_k reach the autotuned kernel."""
+    km = importlib.import_module("kernels.matmul")
+    assert km.VARIANT == "hd"
+    gen = torch.Generator().manual_seed(11)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(M, K, a_layout, dtype, device, gen)
+    b = random_matrix(K, N, b_layout, dtype, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=dtype)
+    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
+    km.LAST_R3[0] = None
+    c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True, path="tma")
+    meta, split, hd = km.LAST_R3[0]
+    num_sms = km._device_info(a.device.type, a.device.index)[1]
+    want = km.hd_config(M, N, K, num_sms)
+    assert hd and split == 1
+    assert all(meta[k] == want[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "EPILOGUE_SUBTILE"))
+    assert relative_error(c, ref_c) < tol(dtype_name)
+    assert relative_error(z, ref_z) < tol(dtype_name)
+    for kw in ({"variant": "default"}, {"variant": "autotune"}, {"split_k": 2}):
+        km.LAST_R3[0] = None
+        c, _ = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], False, path="tma", **kw)
+        assert km.LAST_R3[0] is None, kw
+        assert relative_error(c, ref_c) < tol(dtype_name)
