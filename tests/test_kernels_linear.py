@@ -233,3 +233,31 @@ def test_llm_shapes_on_gpu(x_shape, out_features, activation, dtype_name):
     for t in (x, weight, bias):
         t.requires_grad_()
     check_backward(x, weight, bias, activation, dtype_name)
+
+
+@pytest.mark.parametrize("programs", [1024, 3])  # single blocks; row loops with several splits
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu"])
+@pytest.mark.parametrize("M, N", [(1, 1), (97, 300), (130, 7), (33, 513)])
+def test_activation_backward_dz_db(M, N, activation, programs, monkeypatch, device):
+    """dZ = dY * act'(Z) and db = column sums of dZ (as stored) against float64, on odd shapes,
+    with one block per program and with several blocks per program and row-splits (the fp32
+    partial rows then summed by column_sum_kernel); the same inputs give the same db bits."""
+    import torch.nn.functional as F
+
+    kl = importlib.import_module("kernels.linear")
+    monkeypatch.setattr(kl, "DZ_PROGRAMS", programs)
+    gen = torch.Generator().manual_seed(12)
+    dtype = torch.bfloat16
+    z = torch.randn(M, N, generator=gen).to(device=device, dtype=dtype)
+    dy = torch.randn(M, N, generator=gen).to(device=device, dtype=dtype)
+    dz, db = kl._activation_backward(dy, z, ACTIVATIONS[activation], True, kl.direct)
+    zd = z.double().requires_grad_()
+    act = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+           "silu": F.silu, "relu": F.relu}[activation]  # fmt: skip
+    (grad,) = torch.autograd.grad(act(zd), zd, dy.double())
+    assert dz.dtype == dtype and db.dtype == dtype and db.shape == (N,)
+    # dZ: one bf16 rounding of a float64 product; db: the sum of dZ as stored, rounded once
+    torch.testing.assert_close(dz.double(), grad, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(db.double(), dz.double().sum(0), rtol=1e-2, atol=1e-2)
+    _, db2 = kl._activation_backward(dy, z, ACTIVATIONS[activation], True, kl.direct)
+    assert torch.equal(db, db2)
