@@ -3,6 +3,7 @@
     python -m experiments.probe_matmul [--quick] [--shapes 4096x4096x4096,16x4096x4096]
                                        [--sections mm,splitk,flags,dtypes,linear,round3]
     TRITON_INTERPRET=1 python -m experiments.probe_matmul --sections round3 --smoke   # no GPU
+    TRITON_INTERPRET=1 python -m experiments.probe_matmul --sections round4 --smoke   # no GPU
 
 Sections (each row: shape, variant, winning config, ms, TFLOP/s, GB/s, ratio = torch ms / ours):
     mm       bf16 square and LLM shapes: torch.matmul, our automatic path, forced TMA without
@@ -15,6 +16,10 @@ Sections (each row: shape, variant, winning config, ms, TFLOP/s, GB/s, ratio = t
              descriptors / in-kernel split-K) on the small and mid shapes, ratio tables, then
              linear 2048x4096x4096 under three VARIANT settings; about 2 minutes on an H100.
     linbwd   linear bias+gelu backward piece by piece (dZ+db, dX, dW), eager vs ours.
+    round4   one run, ~2.5 min on an H100 (--r4-budget): (a) the shipped default (host-side
+             descriptors, hd_config) vs torch on the 19 square + LLM shapes with a ratio table;
+             (c) the linear backward pieces with dZ+db settings; (b) linear forward tiles
+             with and without the epilogue activation, and fwd_bwd, on the 4 linear shapes.
 
 Every variant is first compared with float64 on the first rows of the output
 (torch.testing.assert_close); a failing variant prints FAILED and the probe goes on.
@@ -581,6 +586,8 @@ def r3_config_str(kw):
     text = f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} s{meta['num_stages']}"
     text += f" w{meta['num_warps']}" + (" sub" if meta["EPILOGUE_SUBTILE"] else "")
     text += f" sk{split}" + (" hd" if hd else "") + ("" if meta["FLATTEN"] else " noflat")
+    if meta.get("CTAS_PER_SM", 1) != 1:
+        text += f" x{meta['CTAS_PER_SM']}/SM"
     return text
 
 
@@ -724,6 +731,311 @@ def _r3_linear():
             km.VARIANT = "default"
 
 
+# ---- round 4: the shipped host-descriptor default, linear forward tiles, dZ+db ----
+R4_BUDGET_S = 130.0  # no variant starts after this many seconds (the section's whole budget)
+R4_SMOKE_MM = [(16, 48, 160), (72, 40, 64), (160, 64, 96)]
+R4_SMOKE_LINEAR = [(16, 40, 64), (136, 48, 96)]
+R4_LINBWD_SHAPE = (2048, 4096, 4096)
+
+
+class _R4:
+    """Budget, smoke mode and the timing/check routine shared by the round-4 parts."""
+
+    def __init__(self, budget_s, smoke):
+        self.start = time.time()
+        self.budget_s = budget_s
+        self.smoke = smoke
+        self.dev = "cpu" if smoke else "cuda"
+
+    def over(self):
+        return time.time() - self.start > self.budget_s
+
+    def run(self, shape_str, name, fn, check, flops, nbytes, base, config=lambda: "-"):
+        """Call fn, check its output, then (on the GPU) time it and check it again; a row, or
+        SKIPPED past the budget, or FAILED. Returns ms (None in smoke mode or on failure)."""
+        if self.over():
+            emit(f"{shape_str:>20} {name:<22} SKIPPED (round-4 budget of {self.budget_s:.0f} s)")
+            return None
+        try:
+            km.LAST_R3[0] = None
+            out = fn()
+            if not self.smoke:
+                torch.cuda.synchronize()
+            cfg = config()
+            check(out)
+            if self.smoke:
+                emit(f"{shape_str:>20} {name:<22} ok (checked)  {cfg}")
+                return None
+            time.sleep(R3_IDLE_S)
+            ms = bench(fn)
+            row(shape_str, name, ms, flops, nbytes, base, cfg)
+            check(fn())
+            return ms
+        except Exception as exc:  # noqa: BLE001 - the probe reports and goes on
+            msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+            emit(f"{shape_str:>20} {name:<22} FAILED {msg}")
+            if "-v" in sys.argv:
+                traceback.print_exc()
+            return None
+
+
+def _r4_mm(r4):
+    """(a) The shipped default (VARIANT "hd") against torch.matmul on the 19 square + LLM
+    shapes, bf16; a ratio table with geomean and worst."""
+    emit("== round 4 (a): shipped default (host descriptors, hd_config) vs torch.matmul, bf16 ==")
+    header()
+    shapes = R4_SMOKE_MM if r4.smoke else [(s, s, s) for s in SQUARE] + LLM
+    ratios = []
+    for M, N, K in shapes:
+        got = _r4_mm_shape(r4, M, N, K)
+        if got:
+            ratios.append(got)
+    if ratios:
+        emit("== round 4 (a) ratios (torch ms / ours) ==")
+        for r, sh, cfg in ratios:
+            emit(f"{sh:>20} {r:6.3f}  {cfg}")
+        geo = math.exp(sum(math.log(r) for r, _, _ in ratios) / len(ratios))
+        worst = min(ratios)
+        emit(
+            f"{'geomean':>20} {geo:6.3f} over {len(ratios)} shapes; worst {worst[1]} {worst[0]:.3f}"
+        )
+
+
+def _r4_mm_shape(r4, M, N, K):
+    dtype = torch.bfloat16
+    gen = torch.Generator(device=r4.dev).manual_seed(M + N + K)
+    a = torch.randn(M, K, device=r4.dev, dtype=dtype, generator=gen)
+    b = torch.randn(K, N, device=r4.dev, dtype=dtype, generator=gen)
+    rows = min(M, CHECK_ROWS)
+    ref_rows = a[:rows].double() @ b.double()
+    ref_full = (a.float() @ b.float()) if r4.smoke else (a @ b).float()
+    sh = f"{M}x{N}x{K}"
+    check = _r3_checker(ref_rows, ref_full, dtype, sh)
+    flops, nbytes = 2.0 * M * N * K, (M * K + K * N + M * N) * 2
+    kw = {"path": "tma"} if r4.smoke else {}
+    base = None
+    if not r4.smoke:
+        base = r4.run(sh, "torch", lambda: a @ b, check, flops, nbytes, None)
+    ms = r4.run(sh, "shipped (hd)", lambda: km.fused_matmul(a, b, **kw)[0], check, flops, nbytes,
+                base, lambda: r3_config_str({}))  # fmt: skip
+    if ms and base:
+        return base / ms, sh, r3_config_str({})
+    return None
+
+
+def _r4_dz_settings():
+    """(name, linear-module overrides) for the dZ+db kernel: shipped, round 3's, two others."""
+    return [
+        ("dZ+db shipped", {}),
+        ("dZ+db r3 16x128/256r",
+         {"DZ_BLOCK_M": 16, "DZ_BLOCK_N": 128, "ACTIVATION_BACKWARD_ROWS": 256}),
+        ("dZ+db 64x256 w8", {"DZ_BLOCK_M": 64, "DZ_BLOCK_N": 256, "DZ_NUM_WARPS": 8}),
+        ("dZ+db 16x512 w4", {"DZ_BLOCK_M": 16, "DZ_BLOCK_N": 512}),
+    ]  # fmt: skip
+
+
+def _r4_linbwd(r4):
+    """(c) linear bias+gelu backward pieces, 2048x4096x4096: dZ+db settings, dX, dW vs eager."""
+    from kernels._common import ACTIVATIONS, direct
+
+    kl = importlib.import_module("kernels.linear")
+    emit("== round 4 (c): linear backward pieces, bf16, gelu (ratio = eager ms / ours) ==")
+    header()
+    M, N, K = (72, 40, 64) if r4.smoke else R4_LINBWD_SHAPE
+    gelu = ACTIVATIONS["gelu"]
+    gen = torch.Generator(device=r4.dev).manual_seed(M + N + K)
+    dt = torch.bfloat16
+    x = torch.randn(M, K, device=r4.dev, dtype=dt, generator=gen)
+    w = torch.randn(N, K, device=r4.dev, dtype=dt, generator=gen) / math.sqrt(K)
+    z = torch.randn(M, N, device=r4.dev, dtype=dt, generator=gen)
+    dy = torch.randn(M, N, device=r4.dev, dtype=dt, generator=gen)
+    sh = f"{M}x{N}x{K}"
+    dz_ref = torch.ops.aten.gelu_backward(dy, z)
+    db_ref = dz_ref.float().sum(0)
+
+    def check_dz(out):
+        _close_to(dz_ref.float())(out[0])
+        _close_to(db_ref)(out[1])
+
+    def eager_dz():
+        dz = torch.ops.aten.gelu_backward(dy, z)
+        return dz, dz.sum(0)
+
+    nbytes = 3 * M * N * 2
+    base = (
+        None if r4.smoke else r4.run(sh, "dZ+db eager", eager_dz, lambda _: None, 0.0, nbytes, None)
+    )
+    for name, overrides in _r4_dz_settings():
+        saved = {k: getattr(kl, k) for k in overrides}
+        try:
+            for k, v in overrides.items():
+                setattr(kl, k, v)
+            r4.run(sh, name, lambda: kl._activation_backward(dy, z, gelu, True, direct), check_dz,
+                   0.0, nbytes, base, lambda: f"rows/program {kl._dz_rows(M, N)}")  # fmt: skip
+        finally:
+            for k, v in saved.items():
+                setattr(kl, k, v)
+    kw = {"path": "tma"} if r4.smoke else {}
+    pieces = [
+        ("dX=dZ W", lambda: dz_ref @ w, lambda: km.fused_matmul(dz_ref, w, **kw)[0],
+         (dz_ref.float() @ w.float())),
+        ("dW=dZ^T X", lambda: dz_ref.t() @ x, lambda: km.fused_matmul(dz_ref.t(), x, **kw)[0],
+         (dz_ref.float().t() @ x.float())),
+    ]  # fmt: skip
+    for name, eager, ours, ref in pieces:
+        flops, nb = 2.0 * M * N * K, (M * N + N * K + M * K) * 2
+        b2 = (
+            None
+            if r4.smoke
+            else r4.run(sh, f"{name} eager", eager, lambda _: None, flops, nb, None)
+        )
+        r4.run(sh, f"{name} ours", ours, _close_to(ref), flops, nb, b2, lambda: r3_config_str({}))
+
+
+def _r4_linear_variants(M, N, K):
+    """(name, act, bias?, meta or None) for the linear forward at (M, N, K): the shipped tile
+    with gelu, bias only, no epilogue and gelu_tanh; then explicit tiles with gelu."""
+    tiles = []
+    if M > 128:
+        tiles = [
+            ("128x128s4", _meta(128, 128, 64, 4, 8)),
+            ("128x256s3S", _meta(128, 256, 64, 3, 8, True)),
+            ("128x256s4S", _meta(128, 256, 64, 4, 8, True)),
+            ("128x128s3S-2cta", km._r3_meta((128, 128, 64, 3, 8, True), ctas_per_sm=2)),
+            ("128x128s2S-2cta", km._r3_meta((128, 128, 64, 2, 8, True), ctas_per_sm=2)),
+        ]
+    out = [("shipped gelu", "gelu", True, None), ("shipped bias only", "none", True, None),
+           ("shipped gemm only", "none", False, None),
+           ("shipped gelu_tanh", "gelu_tanh", True, None)]  # fmt: skip
+    out += [(f"{n} gelu", "gelu", True, m) for n, m in tiles]
+    if tiles:  # the two best plain-matmul tiles without the epilogue activation too
+        out += [(f"{n} bias only", "none", True, m) for n, m in tiles[:2]]
+    out.append(("autotune gelu", "gelu", True, "autotune"))
+    return out
+
+
+def _r4_linear(r4):
+    """(b) linear forward, x @ W^T (+ bias, activation) through fused_matmul with W^T as a
+    K-major B, as linear_forward calls it: variants vs eager F.linear (+ activation); then
+    forward + backward vs eager autograd."""
+
+    emit("== round 4 (b): linear forward variants (no grad) vs eager, bf16; then fwd_bwd ==")
+    header()
+    for M, N, K in R4_SMOKE_LINEAR if r4.smoke else LINEAR:
+        _r4_linear_shape(r4, M, N, K)
+
+
+def _r4_linear_shape(r4, M, N, K):
+    from kernels._common import ACTIVATIONS
+
+    dt = torch.bfloat16
+    gen = torch.Generator(device=r4.dev).manual_seed(M + N)
+    x = torch.randn(M, K, device=r4.dev, dtype=dt, generator=gen)
+    w = torch.randn(N, K, device=r4.dev, dtype=dt, generator=gen) / math.sqrt(K)
+    bias = torch.randn(N, device=r4.dev, dtype=dt, generator=gen)
+    sh = f"{M}x{N}x{K}"
+    flops, nbytes = 2.0 * M * N * K, (M * K + N * K + M * N) * 2
+    zf = x.float() @ w.float().t()
+    refs = {
+        ("none", False): zf,
+        ("none", True): zf + bias.float(),
+        ("gelu", True): F.gelu(zf + bias.float()),
+        ("gelu_tanh", True): F.gelu(zf + bias.float(), approximate="tanh"),
+    }
+    eager = {
+        ("none", False): lambda: x @ w.t(),
+        ("none", True): lambda: F.linear(x, w, bias),
+        ("gelu", True): lambda: F.gelu(F.linear(x, w, bias)),
+        ("gelu_tanh", True): lambda: F.gelu(F.linear(x, w, bias), approximate="tanh"),
+    }
+    bases = {}
+    with torch.no_grad():
+        if not r4.smoke:
+            for key, fn in eager.items():
+                name = f"eager {key[0]}" + ("" if key[1] else " nobias")
+                bases[key] = r4.run(sh, name, fn, _close_to(refs[key]), flops, nbytes, None)
+        for name, act, has_bias, meta in _r4_linear_variants(M, N, K):
+            kw = {"path": "tma"} if r4.smoke else {}
+            if meta == "autotune":
+                kw["variant"] = "autotune"
+            elif meta is not None:
+                kw.update(variant="hd", config=meta)
+            fn = lambda act=act, hb=has_bias, kw=kw: km.fused_matmul(  # noqa: E731
+                x, w.t(), bias if hb else None, ACTIVATIONS[act], False, **kw
+            )[0]
+            if meta == "autotune":
+                cfg = lambda: "default " + cfg_str(km.matmul_tma_kernel)  # noqa: E731
+            else:
+                cfg = lambda: r3_config_str({})  # noqa: E731
+            r4.run(sh, name, fn, _close_to(refs[(act, has_bias)]), flops, nbytes,
+                   bases.get((act, has_bias)), cfg)  # fmt: skip
+    del zf, refs
+    # forward + backward through autograd (the shipped defaults), against eager
+    if r4.smoke:
+        xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, bias))
+        linear(xg, wg, bg, "gelu").sum().backward()
+        zb = x.float() @ w.float().t() + bias.float()
+        want = torch.ops.aten.gelu_backward(torch.ones(M, N), zb).sum(0)
+        torch.testing.assert_close(bg.grad.float(), want, rtol=3e-2, atol=3e-2)
+        emit(f"{sh:>20} {'fwd_bwd':<22} ok (checked)")
+        return
+    if not r4.over():
+        try:
+            _r4_fwd_bwd(M, N, K, x, w, bias, r4)
+        except Exception as exc:  # noqa: BLE001
+            emit(f"{sh:>20} fwd_bwd FAILED {type(exc).__name__}: {exc}")
+
+
+def _r4_fwd_bwd(M, N, K, x, w, b, r4):
+    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+    gen = torch.Generator(device=r4.dev).manual_seed(M + N + 1)
+    dy = torch.randn(M, N, device=r4.dev, dtype=x.dtype, generator=gen)
+
+    def step(fwd):
+        def run():
+            for t in (xg, wg, bg):
+                t.grad = None
+            fwd().backward(dy)
+            return xg.grad
+
+        return run
+
+    eager_fn = step(lambda: F.gelu(F.linear(xg, wg, bg)))
+    ours_fn = step(lambda: linear(xg, wg, bg, "gelu"))
+    eager_fn()
+    grads = {n: t.grad.double() for n, t in zip("xwb", (xg, wg, bg), strict=True)}
+
+    def check_grads(_):
+        for n, t in zip("xwb", (xg, wg, bg), strict=True):
+            ref = grads[n]
+            torch.testing.assert_close(
+                t.grad.double(), ref, rtol=3e-2, atol=3e-2 * ref.abs().mean().item()
+            )
+
+    sh = f"{M}x{N}x{K}"
+    flops, nbytes = 6.0 * M * N * K, 3 * (M * K + N * K + M * N) * 2
+    base = r4.run(sh, "fwd_bwd eager", eager_fn, lambda _: None, flops, nbytes, None)
+    r4.run(sh, "fwd_bwd ours", ours_fn, check_grads, flops, nbytes, base)
+
+
+def section_round4(smoke=False, budget_s=R4_BUDGET_S):
+    """Round 4 in one run, most important first: (a) the shipped matmul default on the 19
+    shapes, (c) the linear backward pieces (the new dZ+db kernel), (b) linear forward variants
+    and fwd_bwd. One budget for all: variants not started by budget_s are SKIPPED."""
+    r4 = _R4(budget_s, smoke)
+    if smoke:
+        emit("# round 4 SMOKE: interpreter, checks only, no timings")
+    for name, part in [("a", _r4_mm), ("c", _r4_linbwd), ("b", _r4_linear)]:
+        t0 = time.time()
+        try:
+            part(r4)
+        except Exception as exc:  # noqa: BLE001
+            emit(f"round 4 ({name}) FAILED: {type(exc).__name__}: {exc}")
+            if "-v" in sys.argv:
+                traceback.print_exc()
+        emit(f"-- round 4 ({name}): {time.time() - t0:.1f} s")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -733,7 +1045,7 @@ def main(argv=None):
     parser.add_argument(
         "--sections",
         default="host,mm,sweep,dtypes,linear",
-        help="comma list of host, mm, splitk, sweep, flags, dtypes, linear, round3, linbwd",
+        help="comma list of host, mm, splitk, sweep, flags, dtypes, linear, round3, linbwd, round4",
     )
     parser.add_argument("-v", action="store_true", help="tracebacks for failures")
     parser.add_argument(
@@ -747,14 +1059,23 @@ def main(argv=None):
         default=R3_BUDGET_S,
         help="seconds after which round3 starts no more variants (default %(default)s)",
     )
+    parser.add_argument(
+        "--r4-budget",
+        type=float,
+        default=R4_BUDGET_S,
+        help="seconds after which round4 starts no more variants (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
-    if args.smoke or (not torch.cuda.is_available() and sections == {"round3"}):
+    if args.smoke or (not torch.cuda.is_available() and sections <= {"round3", "round4"}):
         if not km.is_interpreter():
             sys.exit("the smoke run needs TRITON_INTERPRET=1 set before Python starts")
         t0 = time.time()
-        section_round3(args.quick, smoke=True)
-        emit(f"-- section round3 (smoke): {time.time() - t0:.1f} s")
+        if "round4" in sections:
+            section_round4(smoke=True)
+        if "round3" in sections:
+            section_round3(args.quick, smoke=True)
+        emit(f"-- smoke: {time.time() - t0:.1f} s")
         return
     if not torch.cuda.is_available():
         sys.exit("probe_matmul needs a CUDA GPU (or TRITON_INTERPRET=1 and --smoke)")
@@ -781,6 +1102,7 @@ def main(argv=None):
         ("linear", lambda: section_linear(linear_shapes)),
         ("round3", lambda: section_round3(args.quick, budget_s=args.r3_budget)),
         ("linbwd", section_linbwd),
+        ("round4", lambda: section_round4(budget_s=args.r4_budget)),
     ]:
         if name in sections:
             t0 = time.time()

@@ -720,10 +720,16 @@ R3_MAX_SPLIT = 8
 R3_MIN_K_TILES = 4
 
 
-def _r3_meta(tile, group_m=8, flatten=True) -> dict:
+def _r3_meta(tile, group_m=8, flatten=True, ctas_per_sm=1) -> dict:
+    """Launch meta for matmul_tma_r3_kernel. ctas_per_sm > 1 (probes) launches that many
+    persistent programs per SM, so that where two fit (shared memory, registers) one program's
+    epilogue can overlap the other's main loop."""
     bm, bn, bk, stages, warps, sub = tile
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, EPILOGUE_SUBTILE=sub,
+    meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, EPILOGUE_SUBTILE=sub,
                 FLATTEN=flatten, num_stages=stages, num_warps=warps)  # fmt: skip
+    if ctas_per_sm != 1:
+        meta["CTAS_PER_SM"] = ctas_per_sm
+    return meta
 
 
 def wave_config(M: int, N: int, K: int, num_sms: int) -> dict | None:
@@ -819,6 +825,7 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
     M, K = a.shape
     N = b.shape[1]
     meta = dict(meta)
+    ctas_per_sm = meta.pop("CTAS_PER_SM", 1)
     bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
     store_n = bn // 2 if meta["EPILOGUE_SUBTILE"] else bn
     tma_store = (N * c.element_size()) % 16 == 0
@@ -843,7 +850,7 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
     elif not is_interpreter():
         triton.set_allocator(_alloc_scratch)
     work = tiles * split_k
-    grid = (min(4, work),) if is_interpreter() else (min(num_sms, work),)
+    grid = (min(4, work),) if is_interpreter() else (min(ctas_per_sm * num_sms, work),)
     if is_interpreter():
         meta["num_stages"], meta["num_warps"] = 1, 4
     common = {k: v for k, v in common.items() if k != "SPLIT"}
@@ -854,6 +861,8 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
         A_COL_MAJOR=a_layout[0], B_COL_MAJOR=b_layout[0], TMA_STORE=tma_store,
         SPLIT=split_k > 1, HOST_DESC=host_desc, **common, **meta,
     )  # fmt: skip
+    if ctas_per_sm != 1:
+        meta["CTAS_PER_SM"] = ctas_per_sm
     return meta, split_k
 
 
