@@ -19,6 +19,14 @@ names count VALUES per program, not bytes ("c4Kv_w4": coop chunks of 4096 values
     python -m experiments.probe_softmax --round3 --budget 130
 Under `--smoke` the waiting (coop) variants cannot run in the interpreter: they run as the
 two-launch split2 with the same knobs, which checks everything but the wait.
+
+`--round4` compares the shipped default with the banded two-pass design (Config "band":
+kernels/notes/softmax.md, "Round 4") on N = 65536, 262144 and 16384 (a control), both dtypes,
+forward and backward; names in ROUND4_NAMES below ("b8M_c4Kv_w4": bands of 8 MiB of input,
+chunks of 4096 values, 4 warps). Variants ending in `_g` are captured once in a CUDA graph and
+timed as graph replays (do_bench still flushes L2 before each), which takes the host's launch
+cost out: a band config launches 2 kernels a band.
+    python -m experiments.probe_softmax --round4 --budget 85
 """
 
 import argparse
@@ -157,6 +165,69 @@ def round3_candidates(n: int, itemsize: int, backward: bool, pick: Config) -> di
     return out
 
 
+# What each round 4 name means (printed at the start of a --round4 run).
+ROUND4_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "default_g": "the same, timed as a CUDA graph replay (no host launch cost)",
+    "split2_c4Kv_w4": "control: the partials/finish pair over the whole tensor (one band)",
+    "bNM_cKKv_wW": "band: bands of N MiB of input (x; y+dy backward), partials launch then "
+    "finish launch per band, chunks of K*1024 values, W warps",
+    "..._ev": "evict_last on the partials' loads, evict_first on the finish's loads/stores",
+    "..._r": "the finish launch walks its band in reverse (bandr)",
+    "..._g": "timed as a CUDA graph replay",
+}
+# bytes of a "MiB" in the band names; --smoke shrinks it to KiB, so its small rows make bands
+BAND_UNIT = 2**20
+
+
+def _band(mb: int, values: int, warps: int, evict: bool = False, design: str = "band") -> Config:
+    return Config(design, 1, values, warps, evict=evict, band_bytes=mb * BAND_UNIT)
+
+
+def round4_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 4: the banded two-pass design (band size x chunk x warps x evict), plus a
+    whole-tensor split2 control. Names ending in _g are graph-timed by run_shape."""
+    out = {
+        "split2_c4Kv_w4": Config("split2", 1, 4096, 4),
+        "b4M_c4Kv_w4": _band(4, 4096, 4),
+        "b8M_c4Kv_w4": _band(8, 4096, 4),
+        "b16M_c4Kv_w4": _band(16, 4096, 4),
+        "b24M_c4Kv_w4": _band(24, 4096, 4),
+        "b8M_c4Kv_w4_ev": _band(8, 4096, 4, evict=True),
+        "b16M_c4Kv_w4_ev": _band(16, 4096, 4, evict=True),
+        "b16M_c4Kv_w4_r": _band(16, 4096, 4, design="bandr"),
+        "b8M_c8Kv_w8": _band(8, 8192, 8),
+        "b16M_c8Kv_w8": _band(16, 8192, 8),
+        "b16M_c8Kv_w8_ev": _band(16, 8192, 8, evict=True),
+        "b16M_c16Kv_w16": _band(16, 16384, 16),
+        "b4M_c4Kv_w4_g": _band(4, 4096, 4),
+        "b8M_c4Kv_w4_g": _band(8, 4096, 4),
+        "b16M_c4Kv_w4_g": _band(16, 4096, 4),
+        "b16M_c8Kv_w8_ev_g": _band(16, 8192, 8, evict=True),
+    }
+    # the smoke test's short rows: no chunk longer than the row
+    return {k: v for k, v in out.items() if v.block_cols <= max(n, 4096)}
+
+
+def _graphed(fn):
+    """fn as a CUDA graph: the first call runs it (compiling), captures it and replays; later
+    calls replay. Returns the captured output each time."""
+    state = {}
+
+    def call():
+        if "graph" not in state:
+            fn()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                state["out"] = fn()
+            state["graph"] = graph
+        state["graph"].replay()
+        return state["out"]
+
+    return call
+
+
 def backward_candidates(n: int, itemsize: int) -> dict[str, Config]:
     if n <= 4096:
         return {
@@ -209,7 +280,7 @@ def _for_smoke(cfg: Config) -> Config:
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
-def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False):
+def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False, round4=False):
     """Check, time and print every variant of one shape, forward then backward."""
     dtype = DTYPES[dtype_name]
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -224,7 +295,10 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False):
     bwd = {"eager": lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, dtype)}
     bwd_pick = _pick_config(n, m, False, True, x.device, itemsize)
     bwd["default"] = lambda: _backward(y, dy, -1, direct, None)
-    if round3:
+    if round4:
+        fwd_cands = round4_candidates(n, itemsize, False)
+        bwd_cands = round4_candidates(n, itemsize, True)
+    elif round3:
         fwd_cands = round3_candidates(n, itemsize, False, pick)
         bwd_cands = round3_candidates(n, itemsize, True, bwd_pick)
     else:
@@ -237,6 +311,14 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False):
         fwd[name] = lambda cfg=cfg: _forward(x, -1, direct, cfg)
     for name, cfg in bwd_cands.items():
         bwd[name] = lambda cfg=cfg: _backward(y, dy, -1, direct, cfg)
+    if round4:
+        fwd["default_g"] = lambda: _forward(x, -1, direct, None)
+        bwd["default_g"] = lambda: _backward(y, dy, -1, direct, None)
+        if DEVICE == "cuda":  # the interpreter has no graphs: --smoke calls them directly
+            for variants in (fwd, bwd):
+                for name in variants:
+                    if name.endswith("_g"):
+                        variants[name] = _graphed(variants[name])
 
     def fwd_reference():
         return torch.softmax(x.double(), -1)
@@ -293,7 +375,7 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False):
 
 
 def main() -> int:
-    global DEVICE, ROWS, bench
+    global DEVICE, ROWS, BAND_UNIT, bench
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--budget", type=float, default=85.0, help="seconds for the whole probe")
@@ -301,11 +383,17 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma list of N to run (default: all)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--round3", action="store_true", help="the round 3 candidates")
+    parser.add_argument("--round4", action="store_true", help="the round 4 (band) candidates")
     args = parser.parse_args()
+    if args.round4:  # the long rows, then N=16384 as a control
+        ROWS = [(512, 65536), (128, 262144), (2048, 16384)]
     if args.smoke:  # checks the probe itself, without a GPU (run with TRITON_INTERPRET=1)
         DEVICE, ROWS = "cpu", [(5, 128), (3, 4096), (2, 20000)]
         if args.round3:  # a long row of several 4096-value chunks and of loop chunks
             ROWS = [(2, 70000), (3, 16384), (5, 128)]
+        if args.round4:  # KiB bands: several bands of whole rows, chunks of 4096 and more
+            BAND_UNIT = 2**10
+            ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
     elif args.round3:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
@@ -325,8 +413,8 @@ def main() -> int:
     best: dict[tuple, tuple[str, float, float]] = {}
     only = {int(v) for v in args.only.split(",") if v}
     dtypes = args.dtypes.split(",")
-    if args.round3:
-        for name, meaning in ROUND3_NAMES.items():
+    if args.round3 or args.round4:
+        for name, meaning in (ROUND4_NAMES if args.round4 else ROUND3_NAMES).items():
             print(f"# {name:16} {meaning}")
         # shape outer, dtype inner: both dtypes of the long rows come first
         jobs = [(d, m, n) for m, n in ROWS for d in dtypes]
@@ -334,7 +422,9 @@ def main() -> int:
         jobs = [(d, m, n) for d in dtypes for m, n in ROWS]
     for dtype_name, m, n in jobs:
         if not only or n in only:
-            run_shape(dtype_name, m, n, copy_gbs, budget, best, args.rounds, args.round3)
+            run_shape(
+                dtype_name, m, n, copy_gbs, budget, best, args.rounds, args.round3, args.round4
+            )
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
 

@@ -15,6 +15,8 @@ the output once. Three designs share the work (kernels/notes/softmax.md has the 
   the GPU holds programs). "split2" (the interpreter, which runs programs one after another and
   cannot wait): one launch publishes, a second re-reads the row and writes it.
 - online: a loop over the row, read twice; the fallback for rows too long to split.
+- band (a probe candidate, round 4): split2 launched band by band, each band's rows small
+  enough to stay in L2 between its two launches, so x is read from DRAM once.
 
 Rows are addressed through the tensor's own strides, so softmax over a middle dim or over a
 sliced view needs no transposing copy.
@@ -60,7 +62,7 @@ INTERPRETER_SMS = 3
 class Config(NamedTuple):
     """How one launch covers the rows; _pick_config chooses it, the probe passes its own."""
 
-    design: str  # "tile", "coop", "split2" or "online"
+    design: str  # "tile", "coop", "split2", "split2r", "band", "bandr" or "online"
     block_rows: int
     block_cols: int  # tile: the padded row; coop/split2: the chunk; online: the loop tile
     num_warps: int
@@ -77,6 +79,12 @@ class Config(NamedTuple):
     # coop/split2: > 0 loops over the chunk (block_cols values) in tiles of loop_cols, reading
     # it twice (softmax_split_loop_kernel); 0 holds the chunk in registers, read once
     loop_cols: int = 0
+    # -- round 4 (kernels/notes/softmax.md) --
+    # band/bandr: the split2 pair (partials, then finish) launched band by band, a band being
+    # whole rows holding about band_bytes of input (all inputs: x, or y and dy), so the finish
+    # launch re-reads the band from L2; with `evict`, the partials' loads are evict_last and
+    # the finish's loads and stores evict_first. bandr runs each finish launch in reverse.
+    band_bytes: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -831,6 +839,8 @@ def _launch_rows(
                     *moved, ws, rows_inner, n_cols, n_chunks, n_slots, *flat_strides,
                     PHASE=phase, REVERSE=reverse, **common,
                 )  # fmt: skip
+    elif config.design in ("band", "bandr"):
+        _launch_bands(launch, kernels, moved, (rows_outer, rows_inner), strides, config, hints)
     elif config.design == "online":
         launch(kernels["online"])[(row_blocks,)](
             *moved, rows_inner, n_cols, *flat_strides,
@@ -841,6 +851,71 @@ def _launch_rows(
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")
+
+
+def _band_slices(rows_outer: int, rows_inner: int, band_rows: int):
+    """(outer slice, inner slice) of each band: whole outer rows when a band holds at least
+    rows_inner rows, else runs of band_rows inner rows of one outer row."""
+    if band_rows >= rows_inner:
+        step = band_rows // rows_inner
+        return [(slice(o, o + step), slice(None)) for o in range(0, rows_outer, step)]
+    return [
+        (slice(o, o + 1), slice(i, i + band_rows))
+        for o in range(rows_outer)
+        for i in range(0, rows_inner, band_rows)
+    ]
+
+
+def _launch_bands(launch, kernels, moved, rows, strides, config: Config, hints: dict) -> None:
+    """The band design: per band of rows, a partials launch, then a finish launch that re-reads
+    the band (from L2 if it fits) and writes it. Launched back to back, no host sync; one
+    workspace serves every band (stream order keeps the bands apart)."""
+    if config.band_bytes <= 0:
+        raise ValueError(f"band design needs band_bytes > 0, got {config.band_bytes}")
+    rows_outer, rows_inner = rows
+    n_cols = moved[0].shape[-1]
+    n_inputs = len(moved) - 1
+    row_bytes = n_cols * moved[0].element_size() * n_inputs
+    # whole row blocks a band, at least one
+    band_rows = triton.cdiv(max(1, config.band_bytes // row_bytes), config.block_rows)
+    # at most every row (a band of whole outer rows needs no row-block rounding)
+    band_rows = min(band_rows * config.block_rows, rows_outer * rows_inner)
+    # each tensor as (rows_outer, rows_inner, n_cols) with its own strides, to slice bands from
+    views = [
+        t.as_strided((rows_outer, rows_inner, n_cols), s)
+        for t, s in zip(moved, strides, strict=True)
+    ]
+    flat_strides = [s for tensor_strides in strides for s in tensor_strides]
+    n_chunks = triton.cdiv(n_cols, config.block_cols)
+    bands = _band_slices(rows_outer, rows_inner, band_rows)
+    max_rows = band_rows if band_rows < rows_inner else (band_rows // rows_inner) * rows_inner
+    n_slots = max_rows * n_chunks
+    ws = torch.empty(n_slots, device=moved[0].device, dtype=torch.int64)
+    first, then = ("evict_last", "evict_first") if config.evict else ("", "")
+    common = dict(
+        BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
+        MAX_CHUNKS=triton.next_power_of_2(n_chunks), num_warps=config.num_warps,
+        EXP2=hints["EXP2"],
+    )  # fmt: skip
+    split_kernel = kernels["split"]
+    if config.loop_cols:
+        if config.block_cols % config.loop_cols:
+            raise ValueError(f"loop of {config.loop_cols} for chunks of {config.block_cols}")
+        split_kernel = kernels["split_loop"]
+        common.update(
+            LOOP_COLS=config.loop_cols, FIRST_POLICY=first, SLEEP_NS=config.sleep_ns,
+            COUNTER=False,
+        )  # fmt: skip
+    for outer, inner in bands:
+        band = [v[outer, inner] for v in views]
+        band_outer, band_inner = band[0].shape[:2]
+        grid = (band_outer * triton.cdiv(band_inner, config.block_rows) * n_chunks,)
+        for phase, policy in ((0, first), (1, then)):
+            launch(split_kernel)[grid](
+                *band, ws, band_inner, n_cols, n_chunks, n_slots, *flat_strides,
+                PHASE=phase, REVERSE=phase == 1 and config.design == "bandr", POLICY=policy,
+                **common,
+            )  # fmt: skip
 
 
 def _forward(x: torch.Tensor, dim: int, launch: Launcher, config: Config | None) -> torch.Tensor:

@@ -280,6 +280,100 @@ def test_programs_per_sm_estimate():
     assert _programs_per_sm(2**20, 16, 2) >= 1  # never 0
 
 
+# Round 4: the banded two-pass design. band_bytes counts every input (x; y and dy), so the
+# bands below hold 1 to a few rows: remainders, bands inside one outer row, bands of whole
+# outer rows, row blocks (softmax over an outer dim) and a single band over everything.
+BAND = {
+    "band_1row": Config("band", 1, 32, 4, band_bytes=1),
+    "band_3rows_ev": Config("band", 1, 32, 4, band_bytes=3 * 4 * 101 * 2, evict=True),
+    "bandr_2rows": Config("bandr", 1, 64, 4, band_bytes=2 * 4 * 101 * 2),
+    "band_rows4": Config("band", 4, 16, 4, band_bytes=700),
+    "band_loop": Config("band", 2, 64, 4, band_bytes=900, loop_cols=16, evict=True, exp2=1),
+    "band_exp2fma": Config("band", 1, 128, 4, band_bytes=5000, exp2=2),
+    "band_all": Config("band", 1, 32, 8, band_bytes=2**40),
+}
+
+
+@pytest.mark.parametrize("config_name", BAND)
+@pytest.mark.parametrize(
+    "shape, dim", [((45, 101), -1), ((101, 13), 0), ((3, 21, 7), 1), ((5, 3, 77), -1)]
+)
+def test_band_forward_and_backward(config_name, shape, dim, device):
+    config = BAND[config_name]
+    x = torch.randn(shape, device=device) * 3
+    x.select(dim, 5).fill_(-float("inf"))
+    x = x.transpose(0, -1).contiguous().transpose(0, -1)  # non-contiguous, any dim
+    y = _forward(x, dim, direct, config)
+    y_ref = torch.softmax(x.double(), dim)
+    assert relative_error(y, y_ref) < TOLERANCES["fp32"]
+    dy = torch.randn_like(x)  # x's (non-contiguous) strides; y's are row-major along dim
+    dx = _backward(y, dy, dim, direct, config)
+    y64 = y.double()
+    dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES["fp32"]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero encountered")
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_band_extremes_and_views(dtype_name, device):
+    """Odd M and N, a band size that leaves a remainder, -inf chunks and rows, a sliced view."""
+    dtype = DTYPES[dtype_name]
+    n = 1037
+    base = torch.randn(9, n + 6, device=device) * 3
+    base[0] *= 1e4 if dtype != torch.float16 else 1e3
+    base[1, :700] = -float("inf")
+    base[2] = 3.25
+    base[4] = -float("inf")
+    base[5, n + 2] = 1e4  # maximum in the last, short chunk (the view starts at column 3)
+    x = base.to(dtype)[:, 3 : n + 3]  # rows with a stride of n + 6, offset start
+    itemsize = x.element_size()
+    config = Config("band", 1, 256, 4, band_bytes=2 * n * itemsize, evict=True)  # 2 rows
+    y = _forward(x, -1, direct, config)
+    ref = torch.softmax(x.double(), -1)
+    assert torch.isnan(y[4]).all()
+    keep = [0, 1, 2, 3, 5, 6, 7, 8]
+    if dtype == torch.float16:
+        ref = ref.to(dtype).double()
+    assert relative_error(y[keep], ref[keep]) < TOLERANCES[dtype_name]
+    assert (y[1, :697] == 0).all()  # the view starts at column 3
+    yk = y[keep]
+    dy = torch.randn(n, len(keep), device=device, dtype=dtype).t()
+    dx = _backward(yk, dy, -1, direct, config._replace(design="bandr"))
+    y64, dy64 = yk.double(), dy.double()
+    dx_ref = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
+
+
+@pytest.mark.parametrize(
+    "rows_outer, rows_inner, band_rows", [(1, 10, 3), (4, 5, 2), (4, 5, 5), (7, 3, 6), (3, 2, 99)]
+)
+def test_band_slices_cover_every_row_once(rows_outer, rows_inner, band_rows):
+    seen = torch.zeros(rows_outer, rows_inner, dtype=torch.int64)
+    for outer, inner in softmax_module._band_slices(rows_outer, rows_inner, band_rows):
+        seen[outer, inner] += 1
+    assert (seen == 1).all()
+
+
+def test_bad_band(device):
+    x = torch.randn(4, 300, device=device)
+    with pytest.raises(ValueError, match="band_bytes > 0"):
+        _forward(x, -1, direct, Config("band", 1, 128, 4))
+
+
+def test_round4_probe_candidates_are_valid():
+    """Every round 4 probe variant at its GPU shapes: chunks that fit in registers and at most
+    MAX_SPLIT_CHUNKS a row (the finish gathers a row's partials in one tile)."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for n in (16384, 65536, 262144):
+        for itemsize in (2, 4):
+            for backward in (False, True):
+                for name, cfg in probe.round4_candidates(n, itemsize, backward).items():
+                    assert cfg.design in ("band", "bandr", "split2"), name
+                    assert cfg.block_cols <= 16384, name
+                    assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
+                    assert cfg.design == "split2" or cfg.band_bytes >= 2**22, name
+
+
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
 def test_long_rows(dtype_name, device):
     # fp16 is left out: its outputs (~1/262144) are subnormal and lose digits, in torch as well
@@ -437,11 +531,15 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
         Config("coop", 1, 4096, 4, sleep_ns=0, counter=True, evict=True, exp2=2),
         Config("coop", 1, 65536, 8, counter=True, evict=True, exp2=1, loop_cols=4096),
         Config("online", 1, 4096, 8, evict=True, exp2=2),
+        # round 4: bands of 2 rows (bf16; 1 row in fp32 and in the backward)
+        Config("band", 1, 4096, 4, evict=True, band_bytes=2**20),
     ],
-    ids=lambda c: f"{c.design}{c.block_cols}"
-    + (f"_loop{c.loop_cols}" if c.loop_cols else "")
-    + ("_ctr" if c.counter else "")
-    + (f"_exp2{c.exp2}" if c.exp2 else ""),
+    ids=lambda c: (
+        f"{c.design}{c.block_cols}"
+        + (f"_loop{c.loop_cols}" if c.loop_cols else "")
+        + ("_ctr" if c.counter else "")
+        + (f"_exp2{c.exp2}" if c.exp2 else "")
+    ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
     """Each long-row design at N = 262144 (64 chunks of 4096), with -inf entries and rows."""
@@ -458,8 +556,10 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     # each y is rounded to the dtype (relative error u), so a row's sum is 1 within u, not within
     # float64's default tolerance, which failed every bf16 design and the fp32 online one on an H100
     torch.testing.assert_close(
-        y[keep].double().sum(-1), torch.ones(5, device="cuda", dtype=torch.float64),
-        rtol=0, atol=TOLERANCES[dtype_name],
+        y[keep].double().sum(-1),
+        torch.ones(5, device="cuda", dtype=torch.float64),
+        rtol=0,
+        atol=TOLERANCES[dtype_name],
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
