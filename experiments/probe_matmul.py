@@ -586,6 +586,8 @@ def r3_config_str(kw):
     text = f"{meta['BLOCK_M']}x{meta['BLOCK_N']}x{meta['BLOCK_K']} s{meta['num_stages']}"
     text += f" w{meta['num_warps']}" + (" sub" if meta["EPILOGUE_SUBTILE"] else "")
     text += f" sk{split}" + (" hd" if hd else "") + ("" if meta["FLATTEN"] else " noflat")
+    if meta.get("BIAS_IN_ACC"):
+        text += " biasacc"
     if meta.get("CTAS_PER_SM", 1) != 1:
         text += f" x{meta['CTAS_PER_SM']}/SM"
     return text
@@ -892,6 +894,13 @@ def _r4_linbwd(r4):
         r4.run(sh, f"{name} ours", ours, _close_to(ref), flops, nb, b2, lambda: r3_config_str({}))
 
 
+def r4_sms():
+    """The GPU's SM count (None without one)."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
 def _r4_linear_variants(M, N, K):
     """(name, act, bias?, meta or None) for the linear forward at (M, N, K): the shipped tile
     with gelu, bias only, no epilogue and gelu_tanh; then explicit tiles with gelu."""
@@ -907,6 +916,10 @@ def _r4_linear_variants(M, N, K):
     out = [("shipped gelu", "gelu", True, None), ("shipped bias only", "none", True, None),
            ("shipped gemm only", "none", False, None),
            ("shipped gelu_tanh", "gelu_tanh", True, None)]  # fmt: skip
+    # the bias starting the accumulator (kernels.matmul.BIAS_IN_ACC): fewer epilogue registers
+    shipped = km.hd_config(M, N, K, 132 if r4_sms() is None else r4_sms())
+    out += [("shipped gelu biasacc", "gelu", True, {**shipped, "BIAS_IN_ACC": True}),
+            ("shipped bias biasacc", "none", True, {**shipped, "BIAS_IN_ACC": True})]  # fmt: skip
     out += [(f"{n} gelu", "gelu", True, m) for n, m in tiles]
     if tiles:  # the two best plain-matmul tiles without the epilogue activation too
         out += [(f"{n} bias only", "none", True, m) for n, m in tiles[:2]]

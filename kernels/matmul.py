@@ -113,6 +113,9 @@ TMA_WHEN_TRACED = False
 # 128x256 tiles, or skinny M) keep the default kernel. fp32 and traced launches keep the default
 # kernel whatever the variant.
 VARIANT = "hd"
+# matmul_tma_r3_kernel without split-K: start the accumulator at the bias instead of adding it in
+# the epilogue (probe --sections round4 compares; a config's "BIAS_IN_ACC" key overrides).
+BIAS_IN_ACC = False
 VARIANTS = ("default", "wave", "wave-hd", "sk", "sk-hd", "hd")
 VARIANT_ALIASES = {"autotune": "default"}
 R3_MAX_WAVES = 2
@@ -480,7 +483,7 @@ def matmul_tma_r3_kernel(
     TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
     SPLIT: tl.constexpr, HOST_DESC: tl.constexpr, FLATTEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr, BIAS_IN_ACC: tl.constexpr = False,
 ):  # fmt: skip
     STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
     if HOST_DESC:
@@ -538,6 +541,13 @@ def matmul_tma_r3_kernel(
         off_n = pid_n * BLOCK_N
 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if BIAS_IN_ACC:
+            # The bias starts the accumulator (no split only): the epilogue then holds no
+            # broadcast bias registers (~64 a thread at 128x256 / 8 warps, which with gelu took
+            # the kernel to 255 registers and spills, offline sm_90 compile).
+            offs_bn = off_n + tl.arange(0, BLOCK_N)
+            bias0 = tl.load(bias_ptr + offs_bn * stride_bias, mask=offs_bn < N, other=0.0)
+            acc += bias0.to(tl.float32)[None, :]
         for ki in range(k_lo, k_hi):
             off_k = ki * BLOCK_K
             if A_COL_MAJOR:
@@ -575,11 +585,28 @@ def matmul_tma_r3_kernel(
         else:
             last = True  # a Python bool: the write-back below is unconditional, as in
             # matmul_tma_kernel
-        if last:
+        if last and BIAS_IN_ACC and TMA_STORE and EPILOGUE_SUBTILE:
+            # The bias is in acc: split first, then one half at a time (activation, stores), so
+            # the activation's temporaries cover half the tile.
+            h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, STORE_N)), (0, 2, 1)))
+            if STORE_PREACT:
+                z_desc.store([off_m, off_n], h0.to(preact_ptr.dtype.element_ty))
+            c_desc.store(
+                [off_m, off_n], apply_activation(h0, ACTIVATION).to(c_ptr.dtype.element_ty)
+            )
+            if STORE_PREACT:
+                z_desc.store([off_m, off_n + STORE_N], h1.to(preact_ptr.dtype.element_ty))
+            c_desc.store([off_m, off_n + STORE_N],
+                         apply_activation(h1, ACTIVATION).to(c_ptr.dtype.element_ty))  # fmt: skip
+        elif last:
             offs_m = off_m + tl.arange(0, BLOCK_M)
             offs_n = off_n + tl.arange(0, BLOCK_N)
-            z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
-                             ACTIVATION)  # fmt: skip
+            if BIAS_IN_ACC:
+                z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, False,
+                                 ACTIVATION)  # fmt: skip
+            else:
+                z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
+                                 ACTIVATION)  # fmt: skip
             if TMA_STORE:
                 if EPILOGUE_SUBTILE:
                     y0, y1 = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, 2, STORE_N)), (0, 2, 1)))
@@ -831,6 +858,7 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
     tma_store = (N * c.element_size()) % 16 == 0
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     split_k = max(1, min(split_k, triton.cdiv(K, bk)))
+    bias_in_acc = meta.pop("BIAS_IN_ACC", BIAS_IN_ACC) and bias is not None and split_k == 1
     partial = locks = None
     if split_k > 1:
         partial = torch.empty(tiles * split_k * bm * bn, device=a.device, dtype=torch.float32)
@@ -859,10 +887,12 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
         M, N, K, split_k,
         a_layout[1], b_layout[1], c.stride(0), bias.stride(0) if bias is not None else 0,
         A_COL_MAJOR=a_layout[0], B_COL_MAJOR=b_layout[0], TMA_STORE=tma_store,
-        SPLIT=split_k > 1, HOST_DESC=host_desc, **common, **meta,
+        SPLIT=split_k > 1, HOST_DESC=host_desc, BIAS_IN_ACC=bias_in_acc, **common, **meta,
     )  # fmt: skip
     if ctas_per_sm != 1:
         meta["CTAS_PER_SM"] = ctas_per_sm
+    if bias_in_acc:
+        meta["BIAS_IN_ACC"] = True
     return meta, split_k
 
 

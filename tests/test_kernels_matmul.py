@@ -432,3 +432,23 @@ def test_hd_default_variant(M, N, K, a_layout, b_layout, dtype_name, device):
         c, _ = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], False, path="tma", **kw)
         assert km.LAST_R3[0] is None, kw
         assert relative_error(c, ref_c) < tol(dtype_name)
+
+
+@pytest.mark.parametrize("subtile", [False, True])
+@pytest.mark.parametrize("M, N, K", [(40, 24, 72), (65, 7, 104), (1, 40, 32)])
+def test_bias_in_acc(M, N, K, subtile, device):
+    """BIAS_IN_ACC (the bias starts the accumulator; with a subtiled TMA store the epilogue runs
+    per half): c and the pre-activation z against float64, every activation."""
+    km = importlib.import_module("kernels.matmul")
+    gen = torch.Generator().manual_seed(13)
+    a = random_matrix(M, K, "contiguous", torch.bfloat16, device, gen)
+    b = random_matrix(K, N, "transposed", torch.bfloat16, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=torch.bfloat16)
+    meta = {**r3_meta(subtile), "BIAS_IN_ACC": True}
+    for act in ACT_NAMES:
+        c, z = fused_matmul(a, b, bias, ACTIVATIONS[act], True, path="tma", variant="hd",
+                            config=meta)  # fmt: skip
+        assert km.LAST_R3[0][0].get("BIAS_IN_ACC") is True
+        ref_c, ref_z = fused_reference(a, b, bias, act)
+        assert relative_error(c, ref_c) < tol("bf16"), act
+        assert relative_error(z, ref_z) < tol("bf16"), act
