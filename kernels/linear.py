@@ -168,15 +168,17 @@ def column_sum_kernel(
 COLUMN_SUM_ROWS = 512
 
 
-# activation_backward_kernel's launch (round 4). Round 3 ran 16x128 blocks looping over 256 rows:
-# 256 programs for a 2048x4096 dZ, two per SM, 52.9 us on the H100 against eager's 35.8 and a
-# copy-bandwidth floor of ~16 us (read dY and Z, write dZ: 48 MB). Now each program takes
+# activation_backward_kernel's launch. Round 3 ran 16x128 blocks looping over 256 rows: 256
+# programs for a 2048x4096 dZ, two per SM, 52.9 us on the H100 against eager's 35.8 and a
+# copy-bandwidth floor of ~16 us (read dY and Z, write dZ: 48 MB). Each program takes
 # DZ_BLOCK_M x DZ_BLOCK_N blocks (16-byte vector loads along N), and covers as few rows as keep
 # the program count near DZ_PROGRAMS (a 2-D grid of single blocks up to that size); each program
 # writes one fp32 row of column sums, and column_sum_kernel adds those rows in order: db is
-# deterministic (no atomics).
-DZ_BLOCK_M = 32
-DZ_BLOCK_N = 256
+# deterministic (no atomics). Measured at 2048x4096 gelu (H100, round 4, eager 37.2 us): 32x256
+# w4 (round 4's default) 49.3 us, 64x256 w8 47.1, 16x512 w4 43.4 (shipped in round 5), round 3's
+# 16x128 / 256 rows 53.6. To go back to round 4: DZ_BLOCK_M = 32, DZ_BLOCK_N = 256.
+DZ_BLOCK_M = 16
+DZ_BLOCK_N = 512
 DZ_NUM_WARPS = 4
 DZ_PROGRAMS = 1024  # ~8 per SM on an H100
 # A fixed number of rows per program instead (round 3: 256, with DZ_BLOCK_M 16, DZ_BLOCK_N 128);

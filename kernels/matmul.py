@@ -113,9 +113,14 @@ TMA_WHEN_TRACED = False
 # 128x256 tiles, or skinny M) keep the default kernel. fp32 and traced launches keep the default
 # kernel whatever the variant.
 VARIANT = "hd"
-# matmul_tma_r3_kernel without split-K: start the accumulator at the bias instead of adding it in
-# the epilogue (probe --sections round4 compares; a config's "BIAS_IN_ACC" key overrides).
-BIAS_IN_ACC = False
+# Column blocks of matmul_tma_r3_kernel's subtiled (EPILOGUE_SUBTILE) epilogue, by whether it
+# runs an activation: each block adds its slice of the bias, activates and is stored by TMA
+# before the next, so fewer registers are live at once (offline sm_90 compile, 128x256x64 s3 w8,
+# bias + exact gelu: 255 registers and 48 B of spills with the round-4 full-tile epilogue; see
+# kernels/notes/matmul.md, round 5). A config's "EPILOGUE_SPLITS" key overrides (1, 2 or 4).
+# Round 4's BIAS_IN_ACC (the bias starting the accumulator) is gone: 0.42-0.45x eager on the H100.
+EPILOGUE_SPLITS = 2
+EPILOGUE_SPLITS_ACT = 4
 VARIANTS = ("default", "wave", "wave-hd", "sk", "sk-hd", "hd")
 VARIANT_ALIASES = {"autotune": "default"}
 R3_MAX_WAVES = 2
@@ -272,6 +277,28 @@ def _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias,
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
         acc += bias.to(tl.float32)[None, :]
     return acc, apply_activation(acc, ACTIVATION)
+
+
+@triton.jit
+def _halves(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The left and right column halves of an fp32 (BLOCK_M, BLOCK_N) block. In the wgmma
+    accumulator layout the top column bits index a thread's registers, so this moves nothing."""
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _epilogue_store(x, off_m, col, N, bias_ptr, stride_bias, c_desc, z_desc, c_ptr, preact_ptr,
+                    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+                    STORE_N: tl.constexpr):  # fmt: skip
+    """One column block of the subtiled epilogue: z = x + bias[col:col + STORE_N] (its slice
+    loaded here, not the whole tile's), then Z (when STORE_PREACT) and act(z) by TMA."""
+    if HAS_BIAS:
+        offs_n = col + tl.arange(0, STORE_N)
+        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
+        x = x + bias.to(tl.float32)[None, :]
+    if STORE_PREACT:
+        z_desc.store([off_m, col], x.to(preact_ptr.dtype.element_ty))
+    c_desc.store([off_m, col], apply_activation(x, ACTIVATION).to(c_ptr.dtype.element_ty))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,9 +510,14 @@ def matmul_tma_r3_kernel(
     TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
     SPLIT: tl.constexpr, HOST_DESC: tl.constexpr, FLATTEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EPILOGUE_SUBTILE: tl.constexpr, BIAS_IN_ACC: tl.constexpr = False,
+    EPILOGUE_SUBTILE: tl.constexpr, EPILOGUE_SPLITS: tl.constexpr = 0,
 ):  # fmt: skip
-    STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
+    # The TMA store's column blocks: EPILOGUE_SPLITS (1, 2 or 4) when given, else 2 for
+    # EPILOGUE_SUBTILE and 1 without (the host passes epilogue_splits(), and sizes the host-side
+    # C and Z descriptors' blocks to match).
+    SPLITS: tl.constexpr = EPILOGUE_SPLITS if EPILOGUE_SPLITS else (2 if EPILOGUE_SUBTILE else 1)
+    tl.static_assert(SPLITS == 1 or SPLITS == 2 or SPLITS == 4, "EPILOGUE_SPLITS: 1, 2 or 4")
+    STORE_N: tl.constexpr = BLOCK_N // SPLITS
     if HOST_DESC:
         a_desc = a_hd
         b_desc = b_hd
@@ -541,13 +573,6 @@ def matmul_tma_r3_kernel(
         off_n = pid_n * BLOCK_N
 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if BIAS_IN_ACC:
-            # The bias starts the accumulator (no split only): the epilogue then holds no
-            # broadcast bias registers (~64 a thread at 128x256 / 8 warps, which with gelu took
-            # the kernel to 255 registers and spills, offline sm_90 compile).
-            offs_bn = off_n + tl.arange(0, BLOCK_N)
-            bias0 = tl.load(bias_ptr + offs_bn * stride_bias, mask=offs_bn < N, other=0.0)
-            acc += bias0.to(tl.float32)[None, :]
         for ki in range(k_lo, k_hi):
             off_k = ki * BLOCK_K
             if A_COL_MAJOR:
@@ -585,50 +610,55 @@ def matmul_tma_r3_kernel(
         else:
             last = True  # a Python bool: the write-back below is unconditional, as in
             # matmul_tma_kernel
-        if last and BIAS_IN_ACC and TMA_STORE and EPILOGUE_SUBTILE:
-            # The bias is in acc: split first, then one half at a time (activation, stores), so
-            # the activation's temporaries cover half the tile.
-            h0, h1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, STORE_N)), (0, 2, 1)))
-            if STORE_PREACT:
-                z_desc.store([off_m, off_n], h0.to(preact_ptr.dtype.element_ty))
-            c_desc.store(
-                [off_m, off_n], apply_activation(h0, ACTIVATION).to(c_ptr.dtype.element_ty)
-            )
-            if STORE_PREACT:
-                z_desc.store([off_m, off_n + STORE_N], h1.to(preact_ptr.dtype.element_ty))
-            c_desc.store([off_m, off_n + STORE_N],
-                         apply_activation(h1, ACTIVATION).to(c_ptr.dtype.element_ty))  # fmt: skip
-        elif last:
-            offs_m = off_m + tl.arange(0, BLOCK_M)
-            offs_n = off_n + tl.arange(0, BLOCK_N)
-            if BIAS_IN_ACC:
-                z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, False,
-                                 ACTIVATION)  # fmt: skip
-            else:
+        # (the conditions are split so that the TMA_STORE / SPLITS choice stays a
+        # compile-time one when `last` is a runtime flag)
+        if TMA_STORE and SPLITS > 1:
+            if last:
+                # Subtiled epilogue: split the accumulator into SPLITS column blocks first, then per
+                # block load its slice of the bias, add, activate, store. The activation's
+                # temporaries and the broadcast bias cover 1/SPLITS of the tile, and a block's
+                # registers die once it is stored (the full-tile epilogue at 128x256 / 8 warps held
+                # the bias for all 256 columns: 255 registers and spills with exact gelu).
+                h0, h1 = _halves(acc, BLOCK_M, BLOCK_N)
+                if SPLITS == 4:
+                    q0, q1 = _halves(h0, BLOCK_M, BLOCK_N // 2)
+                    _epilogue_store(q0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
+                                    c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                                    STORE_N)  # fmt: skip
+                    _epilogue_store(q1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
+                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                    STORE_PREACT, STORE_N)  # fmt: skip
+                    q2, q3 = _halves(h1, BLOCK_M, BLOCK_N // 2)
+                    _epilogue_store(q2, off_m, off_n + 2 * STORE_N, N, bias_ptr, stride_bias,
+                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                    STORE_PREACT, STORE_N)  # fmt: skip
+                    _epilogue_store(q3, off_m, off_n + 3 * STORE_N, N, bias_ptr, stride_bias,
+                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                    STORE_PREACT, STORE_N)  # fmt: skip
+                else:
+                    _epilogue_store(h0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
+                                    c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                                    STORE_N)  # fmt: skip
+                    _epilogue_store(h1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
+                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                    STORE_PREACT, STORE_N)  # fmt: skip
+        else:
+            if last:
+                offs_m = off_m + tl.arange(0, BLOCK_M)
+                offs_n = off_n + tl.arange(0, BLOCK_N)
                 z, y = _epilogue(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
                                  ACTIVATION)  # fmt: skip
-            if TMA_STORE:
-                if EPILOGUE_SUBTILE:
-                    y0, y1 = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, 2, STORE_N)), (0, 2, 1)))
-                    c_desc.store([off_m, off_n], y0.to(c_ptr.dtype.element_ty))
-                    c_desc.store([off_m, off_n + STORE_N], y1.to(c_ptr.dtype.element_ty))
-                    if STORE_PREACT:
-                        z0, z1 = tl.split(
-                            tl.permute(tl.reshape(z, (BLOCK_M, 2, STORE_N)), (0, 2, 1))
-                        )
-                        z_desc.store([off_m, off_n], z0.to(preact_ptr.dtype.element_ty))
-                        z_desc.store([off_m, off_n + STORE_N], z1.to(preact_ptr.dtype.element_ty))
-                else:
+                if TMA_STORE:  # one store of the whole tile (SPLITS == 1)
                     c_desc.store([off_m, off_n], y.to(c_ptr.dtype.element_ty))
                     if STORE_PREACT:
                         z_desc.store([off_m, off_n], z.to(preact_ptr.dtype.element_ty))
-            else:
-                c_offsets = offs_m[:, None] * stride_c + offs_n[None, :]
-                c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-                if STORE_PREACT:
-                    tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty),
-                             mask=c_mask)  # fmt: skip
-                tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+                else:
+                    c_offsets = offs_m[:, None] * stride_c + offs_n[None, :]
+                    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+                    if STORE_PREACT:
+                        tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty),
+                                 mask=c_mask)  # fmt: skip
+                    tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -847,6 +877,20 @@ def r3_plan(a, b, variant: str, config: dict | None = None, split_k: int | None 
     return (meta, 1, host_desc) if meta is not None else None
 
 
+def epilogue_splits(meta: dict, act_id: int, block_n: int) -> int:
+    """Column blocks of matmul_tma_r3_kernel's epilogue (1, 2 or 4): meta's "EPILOGUE_SPLITS"
+    when set, else 1 without EPILOGUE_SUBTILE, EPILOGUE_SPLITS_ACT with an activation and
+    EPILOGUE_SPLITS without; never blocks under 16 columns (TMA wants 16-byte boxes)."""
+    splits = meta.get("EPILOGUE_SPLITS") or 0
+    if not splits:
+        if not meta.get("EPILOGUE_SUBTILE"):
+            return 1
+        splits = EPILOGUE_SPLITS if act_id == ACTIVATIONS["none"] else EPILOGUE_SPLITS_ACT
+    while splits > 1 and block_n // splits < 16:
+        splits //= 2
+    return splits
+
+
 def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_desc, common,
                num_sms):  # fmt: skip
     M, K = a.shape
@@ -854,11 +898,13 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
     meta = dict(meta)
     ctas_per_sm = meta.pop("CTAS_PER_SM", 1)
     bm, bn, bk = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]
-    store_n = bn // 2 if meta["EPILOGUE_SUBTILE"] else bn
+    meta.pop("BIAS_IN_ACC", None)  # round 4's switch, removed: accepted and ignored
+    splits = epilogue_splits(meta, common["ACTIVATION"], bn)
+    meta["EPILOGUE_SPLITS"] = splits
+    store_n = bn // splits
     tma_store = (N * c.element_size()) % 16 == 0
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     split_k = max(1, min(split_k, triton.cdiv(K, bk)))
-    bias_in_acc = meta.pop("BIAS_IN_ACC", BIAS_IN_ACC) and bias is not None and split_k == 1
     partial = locks = None
     if split_k > 1:
         partial = torch.empty(tiles * split_k * bm * bn, device=a.device, dtype=torch.float32)
@@ -887,12 +933,10 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
         M, N, K, split_k,
         a_layout[1], b_layout[1], c.stride(0), bias.stride(0) if bias is not None else 0,
         A_COL_MAJOR=a_layout[0], B_COL_MAJOR=b_layout[0], TMA_STORE=tma_store,
-        SPLIT=split_k > 1, HOST_DESC=host_desc, BIAS_IN_ACC=bias_in_acc, **common, **meta,
+        SPLIT=split_k > 1, HOST_DESC=host_desc, **common, **meta,
     )  # fmt: skip
     if ctas_per_sm != 1:
         meta["CTAS_PER_SM"] = ctas_per_sm
-    if bias_in_acc:
-        meta["BIAS_IN_ACC"] = True
     return meta, split_k
 
 

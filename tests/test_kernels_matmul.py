@@ -434,21 +434,58 @@ def test_hd_default_variant(M, N, K, a_layout, b_layout, dtype_name, device):
         assert relative_error(c, ref_c) < tol(dtype_name)
 
 
-@pytest.mark.parametrize("subtile", [False, True])
-@pytest.mark.parametrize("M, N, K", [(40, 24, 72), (65, 7, 104), (1, 40, 32)])
-def test_bias_in_acc(M, N, K, subtile, device):
-    """BIAS_IN_ACC (the bias starts the accumulator; with a subtiled TMA store the epilogue runs
-    per half): c and the pre-activation z against float64, every activation."""
+@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("M, N, K", [(40, 24, 72), (65, 136, 104), (1, 64, 32), (70, 7, 40)])
+def test_epilogue_splits(M, N, K, with_bias, splits, device):
+    """The subtiled epilogue (round 5): the tile's columns in 1, 2 or 4 blocks, each adding its
+    own slice of the bias, activating and storing by TMA (N = 7 takes the masked full-tile
+    store). c and the pre-activation z against float64, every activation, bias on and off."""
     km = importlib.import_module("kernels.matmul")
     gen = torch.Generator().manual_seed(13)
     a = random_matrix(M, K, "contiguous", torch.bfloat16, device, gen)
     b = random_matrix(K, N, "transposed", torch.bfloat16, device, gen)
     bias = torch.randn(N, generator=gen).to(device=device, dtype=torch.bfloat16)
-    meta = {**r3_meta(subtile), "BIAS_IN_ACC": True}
+    bias = bias if with_bias else None
+    meta = {**km._r3_meta((32, 64, 32, 1, 4, splits > 1)), "EPILOGUE_SPLITS": splits}
     for act in ACT_NAMES:
         c, z = fused_matmul(a, b, bias, ACTIVATIONS[act], True, path="tma", variant="hd",
                             config=meta)  # fmt: skip
-        assert km.LAST_R3[0][0].get("BIAS_IN_ACC") is True
+        assert km.LAST_R3[0][0]["EPILOGUE_SPLITS"] == splits
         ref_c, ref_z = fused_reference(a, b, bias, act)
         assert relative_error(c, ref_c) < tol("bf16"), act
         assert relative_error(z, ref_z) < tol("bf16"), act
+        c2, z2 = fused_matmul(a, b, bias, ACTIVATIONS[act], False, path="tma", variant="hd",
+                              config=meta)  # fmt: skip
+        assert z2 is None and torch.equal(c2, c), act
+
+
+def test_epilogue_splits_rule():
+    """4 column blocks with an activation, 2 without, 1 unsubtiled; an explicit count wins;
+    never blocks under 16 columns; round 4's BIAS_IN_ACC key is accepted and ignored."""
+    km = importlib.import_module("kernels.matmul")
+    sub = km._r3_meta((128, 256, 64, 3, 8, True))
+    plain = km._r3_meta((128, 128, 64, 4, 8, False))
+    assert km.epilogue_splits(sub, ACTIVATIONS["none"], 256) == 2
+    for act in ("relu", "gelu", "gelu_tanh", "silu"):
+        assert km.epilogue_splits(sub, ACTIVATIONS[act], 256) == 4
+        assert km.epilogue_splits(plain, ACTIVATIONS[act], 128) == 1
+    assert km.epilogue_splits({**sub, "EPILOGUE_SPLITS": 1}, ACTIVATIONS["gelu"], 256) == 1
+    assert km.epilogue_splits(km._r3_meta((32, 32, 32, 1, 4, True)), ACTIVATIONS["gelu"], 32) == 2
+    assert not hasattr(km, "BIAS_IN_ACC")
+
+
+def test_bias_in_acc_key_ignored(device):
+    """A config with round 4's BIAS_IN_ACC key still runs (the probe passes it): same result."""
+    km = importlib.import_module("kernels.matmul")
+    gen = torch.Generator().manual_seed(17)
+    a = random_matrix(40, 72, "contiguous", torch.bfloat16, device, gen)
+    b = random_matrix(72, 24, "transposed", torch.bfloat16, device, gen)
+    bias = torch.randn(24, generator=gen).to(device=device, dtype=torch.bfloat16)
+    meta = r3_meta(True)
+    c, _ = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], False, path="tma", variant="hd",
+                        config={**meta, "BIAS_IN_ACC": True})  # fmt: skip
+    assert "BIAS_IN_ACC" not in km.LAST_R3[0][0]
+    c2, _ = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], False, path="tma", variant="hd",
+                         config=meta)  # fmt: skip
+    assert torch.equal(c, c2)
