@@ -245,7 +245,27 @@ def apply_activation(x, ACTIVATION: tl.constexpr):
     if ACTIVATION == RELU:
         x = tl.maximum(x, 0.0)
     elif ACTIVATION == GELU:
-        x = 0.5 * x * (1.0 + tl.erf(x * SQRT_HALF))
+        # Exact gelu x·Phi(x), Phi the normal CDF, without tl.erf: libdevice's erff evaluates
+        # both of its branches an element (~63 SASS instructions, sm_90), and in the matmul
+        # epilogue that ran with the tensor cores idle (0.80x eager vs 1.02 for gelu_tanh on the
+        # H100). Here Q = Phi(-|x|) = erfc(u)/2 with u = |x|/sqrt(2), and erfc(u) =
+        # t·exp(-u² + P(t)), t = 1/(1 + u/2), P a degree-9 polynomial (Numerical Recipes'
+        # erfcc, fractional error < 1.2e-7 for all u): one division, one exp, ~22 instructions,
+        # no branches. Against float64 in fp32 (CPU, exact exp and division): gelu's relative
+        # error <= 3.3e-6 wherever |gelu| > 1e-6 (the 1 + erf form loses the negative tail to
+        # cancellation: 7e-2 there), and <= 2.3e-7 of |x| everywhere (1 + erf form: 1.6e-7).
+        u = tl.abs(x) * SQRT_HALF
+        t = 1.0 / (1.0 + 0.5 * u)
+        p = t * 0.17087277 - 0.82215223
+        p = p * t + 1.48851587
+        p = p * t - 1.13520398
+        p = p * t + 0.27886807
+        p = p * t - 0.18628806
+        p = p * t + 0.09678418
+        p = p * t + 0.37409196
+        p = p * t + 1.00002368
+        q = 0.5 * t * tl.exp(p * t - 1.26551223 - u * u)
+        x = x * tl.where(x < 0.0, q, 1.0 - q)
     elif ACTIVATION == GELU_TANH:
         # 0.5·x·(1 + tanh(u)) == x·sigmoid(2u); triton.language has no tanh.
         x = x * tl.sigmoid((x + x * x * x * GELU_TANH_CUBIC) * (2.0 * SQRT_2_OVER_PI))
