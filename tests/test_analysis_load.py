@@ -131,7 +131,11 @@ def _offline(tmp_path, rows) -> pd.DataFrame:
     return load_results(tmp_path / "offline").frame
 
 
-@pytest.mark.parametrize("folder", ["h100", "h100_bench", "h100_fp32_partial", "h200x2_launchers"])
+COMMITTED = ["h100", "h100_bench", "h100_bench_r4", "h100_linear_r5", "h100_fp32_partial",
+             "h200_bench", "h200x2_launchers"]  # fmt: skip
+
+
+@pytest.mark.parametrize("folder", COMMITTED)
 def test_every_committed_results_folder_loads_without_problems(folder):
     results = load_results(REPO_ROOT / "results" / folder)
     assert results.problems == [] and len(results.frame) > 0
