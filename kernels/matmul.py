@@ -825,15 +825,24 @@ def wave_config(M: int, N: int, K: int, num_sms: int) -> dict | None:
 # wave rule: decode (M <= 32), skinny (M <= SKINNY_M) and large (beyond R3_MAX_WAVES waves).
 HD_DECODE_TILE = (16, 64, 256, 5, 4, False)  # round 3: 1.088 at 16x4096x4096
 HD_SKINNY_TILE = (64, 64, 128, 6, 4, False)  # round 3: 1.020 at 128x4096x4096
+# 32 < M <= 128 with many columns (64x64 tiles would fill more than HD_SKINNY_WAVES waves): a wide
+# tile reads each weight tile once per M block and keeps the tile count under a wave. Round 2
+# measured 64x256x64 s4 w4 at 0.97-0.98 of cuBLAS on 128x14336x4096 (device descriptors), where
+# HD_SKINNY_TILE ran at 0.92 in round 4.
+HD_SKINNY_WIDE_TILE = (64, 256, 64, 4, 4, False)
+HD_SKINNY_WAVES = 2
 HD_LARGE_TILE = (128, 256, 64, 3, 8, True)  # round 3: 0.986 at 4096^3, 0.938 at 1024x14336x4096
 
 
 def hd_config(M: int, N: int, K: int, num_sms: int) -> dict:
-    """The shipped ("hd") tile for a 16-bit GEMM: by M for skinny shapes, else wave_config's
+    """The shipped ("hd") tile for a 16-bit GEMM: by M (and for 32 < M <= 128 by the 64x64 tile
+    count) for skinny shapes, else wave_config's
     tile, else (more than R3_MAX_WAVES waves of 128x256 tiles) HD_LARGE_TILE."""
     if M <= 32:
         return _r3_meta(HD_DECODE_TILE)
     if M <= SKINNY_M:
+        if triton.cdiv(M, 64) * triton.cdiv(N, 64) > HD_SKINNY_WAVES * num_sms:
+            return _r3_meta(HD_SKINNY_WIDE_TILE)
         return _r3_meta(HD_SKINNY_TILE)
     return wave_config(M, N, K, num_sms) or _r3_meta(HD_LARGE_TILE)
 

@@ -397,6 +397,8 @@ def test_r3_variants_on_gpu(shape, b_layout, dtype_name, variant):
      ((16384, 16384, 16384), (128, 256, 64, 3, 8, True)),
      ((128, 4096, 4096), (64, 64, 128, 6, 4, False)),
      ((33, 14336, 4096), (64, 64, 128, 6, 4, False)),
+     ((128, 14336, 4096), (64, 256, 64, 4, 4, False)),  # 64x64 tiles: 448 > 2 waves
+     ((128, 4096, 14336), (64, 64, 128, 6, 4, False)),
      ((16, 4096, 4096), (16, 64, 256, 5, 4, False)),
      ((1, 4096, 14336), (16, 64, 256, 5, 4, False)),
      ((512, 512, 512), (64, 64, 64, 5, 4, False))],
@@ -413,7 +415,8 @@ def test_hd_heuristics(shape, tile):
 @pytest.mark.parametrize(
     "M, N, K, a_layout, b_layout",
     [(20, 24, 104, "contiguous", "transposed"), (72, 7, 200, "transposed", "transposed"),
-     (130, 40, 72, "contiguous", "contiguous")],
+     (130, 40, 72, "contiguous", "contiguous"),
+     (72, 200, 104, "contiguous", "transposed")],  # the wide skinny tile (1 SM in the interpreter)
 )  # fmt: skip
 def test_hd_default_variant(M, N, K, a_layout, b_layout, dtype_name, device):
     """With no variant, a 16-bit TMA launch takes the shipped "hd" rule (host descriptors, no
