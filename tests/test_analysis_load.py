@@ -131,8 +131,8 @@ def _offline(tmp_path, rows) -> pd.DataFrame:
     return load_results(tmp_path / "offline").frame
 
 
-COMMITTED = ["h100", "h100_bench", "h100_bench_r4", "h100_linear_r5", "h100_fp32_partial",
-             "h200_bench", "h200x2_launchers"]  # fmt: skip
+COMMITTED = ["h100", "h100_bench", "h100_bench_r4", "h100_linear_r5", "h100_matmul_r6",
+             "h100_fp32_partial", "h200_bench", "h200x2_launchers"]  # fmt: skip
 
 
 @pytest.mark.parametrize("folder", COMMITTED)
