@@ -21,6 +21,7 @@ the probe goes on; once the time budget is spent the remaining optional rows are
 """
 
 import argparse
+import importlib
 import math
 import sys
 import time
@@ -197,11 +198,14 @@ def alternates(s):
 # Round 3: bias-free kernel comparison of the persistent 1x1 paths and split-K
 # ---------------------------------------------------------------------------------------------
 def matmul_config():
-    """kernels.matmul's tuned config for its last shape (the autotuner's best_config)."""
-    import importlib
-
+    """The config of kernels.matmul's last launch: the tile rule's (LAST_R3, the default since
+    round 4), else the autotuned kernel's best_config."""
     try:
         matmul = importlib.import_module("kernels.matmul")
+        last = matmul.LAST_R3[0]
+        if last is not None:
+            meta, split, host_desc = last
+            return f"{meta} split {split}{' host descriptors' if host_desc else ''}"
         cfg = getattr(matmul.matmul_tma_kernel, "best_config", None)
         return "?" if cfg is None else f"{cfg.kwargs} s{cfg.num_stages} w{cfg.num_warps}"
     except Exception as exc:  # noqa: BLE001 - a report detail
@@ -364,9 +368,11 @@ def round3(args):
                 fn = partial(conv.conv2d_forward, x, w, None, *geo(s), **kw)
                 if name == "matmul_wave":  # kernels.matmul's round-3 wave-sized tile, host TMA
                     fn = partial(_with_matmul_kwargs, {"variant": "wave-hd"}, fn)
+                if name == "matmul":
+                    importlib.import_module("kernels.matmul").LAST_R3[0] = None
                 one(s, name, fn, ref, base, auto, report=not name.startswith("matmul"))
                 if name == "matmul":
-                    print(f"{'':<26} {'':<16} matmul_tma_kernel config: {matmul_config()}")
+                    print(f"{'':<26} {'':<16} matmul config: {matmul_config()}")
             del ref
         print(f"-- round 3 {title} done at {elapsed():.0f}s", flush=True)
 
