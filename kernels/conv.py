@@ -577,21 +577,17 @@ def conv_window_kernel(
                       ACTIVATION)  # fmt: skip
 
 
-@_autotune(GEMM_TILES, ["M", "C", "K", "stride_xm", "stride_yk", "A_TMA", "B_TMA"])
-@triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
-@triton.jit(do_not_specialize=["M"])
-def conv_gemm_kernel(
-    # x: (M, C) matrix (or TMA descriptor); w: (K, C) matrix (or descriptor); y: (M, K) strides
-    x, w, bias_ptr, y,
+@triton.jit
+def _gemm_tile(
+    x, w, bias_ptr, y, pid_m, pid_n,
     M, C, K,
     stride_xm, stride_wk, stride_ym, stride_yk,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
     A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_C: tl.constexpr,
 ):  # fmt: skip
-    """A 1x1 stride-1 conv on NHWC: y(M, K) = x(M, C) @ w(K, C)^T, + bias, activation."""
-    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+    """One (pid_m, pid_n) output tile of the 1x1 GEMM y(M, K) = x(M, C) @ w(K, C)^T, + bias,
+    activation: the body of conv_gemm_kernel and of each conv_gemm_persistent_kernel step."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_c = tl.arange(0, BLOCK_K)
@@ -621,6 +617,26 @@ def conv_gemm_kernel(
     else:
         y_row = offs_m.to(tl.int64) * stride_ym
         _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+
+
+@_autotune(GEMM_TILES, ["M", "C", "K", "stride_xm", "stride_yk", "A_TMA", "B_TMA"])
+@triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
+@triton.jit(do_not_specialize=["M"])
+def conv_gemm_kernel(
+    # x: (M, C) matrix (or TMA descriptor); w: (K, C) matrix (or descriptor); y: (M, K) strides
+    x, w, bias_ptr, y,
+    M, C, K,
+    stride_xm, stride_wk, stride_ym, stride_yk,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_C: tl.constexpr,
+):  # fmt: skip
+    """A 1x1 stride-1 conv on NHWC: y(M, K) = x(M, C) @ w(K, C)^T, + bias, activation."""
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+    _gemm_tile(x, w, bias_ptr, y, pid_m, pid_n, M, C, K, stride_xm, stride_wk, stride_ym,
+               stride_yk, HAS_BIAS, ACTIVATION, DOT_PRECISION, A_TMA, B_TMA, Y_TMA, BLOCK_M,
+               BLOCK_N, BLOCK_K, EVEN_C)  # fmt: skip
 
 
 @_autotune(WINDOW_PERSISTENT_TILES, _CONV_KEY + ["FLATTEN"])
@@ -709,38 +725,11 @@ def conv_gemm_persistent_kernel(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(K, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    offs_c = tl.arange(0, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=FLATTEN):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_ok = offs_m < M
-        n_ok = offs_n < K
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for c0 in range(0, C, BLOCK_K):
-            c = c0 + offs_c
-            if A_TMA:
-                a = x.load([pid_m * BLOCK_M, c0])
-            else:
-                a_ptrs = x + offs_m.to(tl.int64)[:, None] * stride_xm + c[None, :]
-                if EVEN_C:
-                    a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
-                else:
-                    a = tl.load(a_ptrs, mask=m_ok[:, None] & (c < C)[None, :], other=0.0)
-            if B_TMA:
-                b = w.load([pid_n * BLOCK_N, c0]).T
-            else:
-                b_ptrs = w + offs_n[None, :] * stride_wk + c[:, None]
-                b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-        if Y_TMA:
-            acc = _bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
-            y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
-        else:
-            y_row = offs_m.to(tl.int64) * stride_ym
-            _epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS,
-                      ACTIVATION)  # fmt: skip
+        _gemm_tile(x, w, bias_ptr, y, pid_m, pid_n, M, C, K, stride_xm, stride_wk, stride_ym,
+                   stride_yk, HAS_BIAS, ACTIVATION, DOT_PRECISION, A_TMA, B_TMA, Y_TMA, BLOCK_M,
+                   BLOCK_N, BLOCK_K, EVEN_C)  # fmt: skip
 
 
 def _traceable(kernel):
