@@ -394,6 +394,25 @@ def section_linear(shapes):
         linear_case(M, N, K, torch.bfloat16)
 
 
+def fwd_bwd_steps(x, w, b, dy):
+    """Leaf copies (xg, wg, bg) of x, w, b, and two calls that clear their gradients and run
+    forward + backward(dy) of bias+gelu linear: eager's and ours. Each returns xg.grad."""
+    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+
+    def step(fwd):
+        def run():
+            for t in (xg, wg, bg):
+                t.grad = None
+            fwd().backward(dy)
+            return xg.grad
+
+        return run
+
+    eager_fn = step(lambda: F.gelu(F.linear(xg, wg, bg)))
+    ours_fn = step(lambda: linear(xg, wg, bg, "gelu"))
+    return (xg, wg, bg), eager_fn, ours_fn
+
+
 def linear_case(M, N, K, dtype):
     gen = torch.Generator(device="cuda").manual_seed(M + N)
     x = torch.randn(M, K, device="cuda", dtype=dtype, generator=gen)
@@ -426,20 +445,8 @@ def linear_case(M, N, K, dtype):
             km.matmul_tma_kernel,
         )
     # forward + backward: gradients of x, w and b
-    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
     dy = torch.randn(M, N, device="cuda", dtype=dtype, generator=gen)
-
-    def step(fwd):
-        def run():
-            for t in (xg, wg, bg):
-                t.grad = None
-            fwd().backward(dy)
-            return xg.grad
-
-        return run
-
-    eager_fn = step(lambda: F.gelu(F.linear(xg, wg, bg)))
-    ours_fn = step(lambda: linear(xg, wg, bg, "gelu"))
+    (xg, wg, bg), eager_fn, ours_fn = fwd_bwd_steps(x, w, b, dy)
     grads = {}
     try:
         eager_fn()
@@ -1001,21 +1008,9 @@ def _r4_linear_shape(r4, M, N, K):
 
 
 def _r4_fwd_bwd(M, N, K, x, w, b, r4):
-    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
     gen = torch.Generator(device=r4.dev).manual_seed(M + N + 1)
     dy = torch.randn(M, N, device=r4.dev, dtype=x.dtype, generator=gen)
-
-    def step(fwd):
-        def run():
-            for t in (xg, wg, bg):
-                t.grad = None
-            fwd().backward(dy)
-            return xg.grad
-
-        return run
-
-    eager_fn = step(lambda: F.gelu(F.linear(xg, wg, bg)))
-    ours_fn = step(lambda: linear(xg, wg, bg, "gelu"))
+    (xg, wg, bg), eager_fn, ours_fn = fwd_bwd_steps(x, w, b, dy)
     eager_fn()
     grads = {n: t.grad.double() for n, t in zip("xwb", (xg, wg, bg), strict=True)}
 
