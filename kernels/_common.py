@@ -74,3 +74,22 @@ def dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
     if dtype == torch.float32 and allow_tf32 and not is_interpreter():
         return "tf32"
     return "ieee"
+
+
+# Split-K arrival counters, one zeroed int32 per output tile. Every kernel that uses them leaves
+# them at zero (the last program of a tile resets its own), so one buffer serves every later call
+# that runs after it on the same stream. Calls on two streams may overlap, so each stream gets
+# its own buffer. A CUDA graph keeps the buffer of the stream it was captured on: two graphs
+# captured on one stream and replayed concurrently on two others would still share it.
+_TILE_COUNTERS: dict = {}
+
+
+def tile_counters(device: torch.device, count: int, minimum: int = 1024) -> torch.Tensor:
+    """At least `count` zeroed int32 counters for split-K launches on `device`'s current stream."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    key = (device.type, device.index, stream)
+    counters = _TILE_COUNTERS.get(key)
+    if counters is None or counters.numel() < count:
+        counters = torch.zeros(max(count, minimum), device=device, dtype=torch.int32)
+        _TILE_COUNTERS[key] = counters
+    return counters

@@ -47,6 +47,7 @@ from kernels._common import (
     direct,
     dot_precision,
     is_interpreter,
+    tile_counters,
 )
 from kernels.matmul import apply_activation, fused_matmul, grouped_tile
 
@@ -844,12 +845,9 @@ def _persistent_programs(device) -> int:
     return _num_sms(device.index)
 
 
-_SPLIT_LOCKS: dict = {}
-
-
 def _split_buffers(kernel, split_k, tiles_of, device):
     """fp32 workspace for every tile's SPLIT_K partial tiles, and the per-tile arrival counters
-    (cached per device, zero between calls: the last program of each tile resets its own). Sized
+    (kernels._common.tile_counters: cached per stream, zero between calls). Sized
     for the largest grid any of the kernel's configs can launch."""
     tiles = ws = 0
     for config in kernel.configs:
@@ -858,11 +856,7 @@ def _split_buffers(kernel, split_k, tiles_of, device):
         count = tiles_of(meta)
         tiles = max(tiles, count)
         ws = max(ws, count * block_m * meta["BLOCK_N"])
-    key = (device.type, device.index)
-    locks = _SPLIT_LOCKS.get(key)
-    if locks is None or locks.numel() < tiles:
-        locks = torch.zeros(max(tiles, 4096), device=device, dtype=torch.int32)
-        _SPLIT_LOCKS[key] = locks
+    locks = tile_counters(device, tiles, minimum=4096)
     return torch.empty(ws * split_k, device=device, dtype=torch.float32), locks
 
 

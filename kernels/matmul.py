@@ -67,6 +67,7 @@ from kernels._common import (
     direct,
     dot_precision,
     is_interpreter,
+    tile_counters,
 )
 
 # Kernels may only read globals that are tl.constexpr. Keep a tensor on the left of any arithmetic
@@ -866,20 +867,6 @@ def split_config(M: int, N: int, K: int, num_sms: int) -> tuple[dict, int] | Non
     return (_r3_meta(tile, flatten=False), split) if split > 1 else None
 
 
-_LOCKS: dict = {}
-
-
-def _tile_locks(device, count: int) -> torch.Tensor:
-    """A zeroed int32 counter per tile, cached per device: the kernel leaves them at zero. Two
-    split-K launches running at once on different streams would share them: not supported."""
-    key = (device.type, device.index)
-    locks = _LOCKS.get(key)
-    if locks is None or locks.numel() < count:
-        locks = torch.zeros(max(count, 1024), device=device, dtype=torch.int32)
-        _LOCKS[key] = locks
-    return locks
-
-
 def r3_plan(a, b, variant: str, config: dict | None = None, split_k: int | None = None):
     """(meta, split_k, host_desc) for matmul_tma_r3_kernel, or None for the default kernel.
     config (as _r3_meta returns) and split_k override the heuristics (probes, tests)."""
@@ -937,7 +924,7 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
     partial = locks = None
     if split_k > 1:
         partial = torch.empty(tiles * split_k * bm * bn, device=a.device, dtype=torch.float32)
-        locks = _tile_locks(a.device, tiles)
+        locks = tile_counters(a.device, tiles)
     hds = [None] * 4
     if host_desc:
         from triton.tools.tensor_descriptor import TensorDescriptor

@@ -564,14 +564,41 @@ def test_window_persistent_refuses_split_and_stride(device):
         conv2d_forward(x, weight, stride=2, padding=1, path="window_persistent")
 
 
+def test_tile_counters_are_cached_zeroed_and_grow(device):
+    from kernels._common import tile_counters
+
+    dev = torch.device(device)
+    first = tile_counters(dev, 10, minimum=16)
+    assert first.dtype == torch.int32 and first.numel() >= 16 and int(first.abs().sum()) == 0
+    assert tile_counters(dev, 16, minimum=16) is first  # cached while it is large enough
+    bigger = tile_counters(dev, first.numel() + 1, minimum=16)
+    assert bigger.numel() == first.numel() + 1 and int(bigger.abs().sum()) == 0
+    assert tile_counters(dev, 4, minimum=16) is bigger
+
+
+@pytest.mark.gpu
+def test_tile_counters_are_per_stream():
+    """Split-K launches on two streams may overlap, so they must not share arrival counters."""
+    from kernels._common import tile_counters
+
+    dev = torch.device("cuda")
+    here = tile_counters(dev, 8)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        there = tile_counters(dev, 8)
+        assert tile_counters(dev, 8) is there
+    assert there.data_ptr() != here.data_ptr()
+    assert tile_counters(dev, 8) is here
+
+
 def test_split_k_counters_reset_between_calls(device):
     """The last program of each tile resets its counter: repeated calls give the same result."""
     geometry = ((1, 20, 6, 7), (40, 3, 3), 1, 1, 1)
     x, weight, bias = make_inputs(geometry, torch.float32, device)
     first = conv2d_forward(x, weight, bias, 1, 1, 1, "relu", path="implicit", split_k=3)
-    import kernels.conv as conv_module
+    from kernels._common import _TILE_COUNTERS
 
-    for locks in conv_module._SPLIT_LOCKS.values():
+    for locks in _TILE_COUNTERS.values():
         assert int(locks.abs().sum()) == 0
     for _ in range(2):
         again = conv2d_forward(x, weight, bias, 1, 1, 1, "relu", path="implicit", split_k=3)

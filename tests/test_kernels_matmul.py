@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from experiments.correctness import relative_error, tolerance
-from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision
+from kernels._common import _TILE_COUNTERS, ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision
 from kernels.matmul import (
     _tma_layout,
     apply_activation,
@@ -292,7 +292,7 @@ def test_r3_kernel(M, N, K, a_layout, b_layout, dtype_name, split_k, variant, de
         for out, ref, what in [(c, ref_c, f"{act} c"), (z, ref_z, f"{act} z")]:
             err = relative_error(out, ref)
             assert err < tol(dtype_name), f"{what}: relative error {err:.2e}"
-    for locks in km._LOCKS.values():
+    for locks in _TILE_COUNTERS.values():
         assert int(locks.abs().sum()) == 0
 
 
