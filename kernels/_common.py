@@ -4,8 +4,11 @@ Each wrapper validates its inputs here, so a bad call fails with one clear Value
 TypeError before anything is launched.
 """
 
+import contextlib
+import functools
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +40,45 @@ def direct(kernel):
 def is_interpreter() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class GpuInfo(NamedTuple):
+    capability: tuple[int, int]
+    sms: int
+
+
+_PRETEND: list[GpuInfo] = []
+
+
+def gpu_info(device: torch.device) -> GpuInfo | None:
+    """Compute capability and SM count of the GPU that runs kernels on `device`'s tensors, or None
+    where none does (CPU tensors, the interpreter). Every kernel's dispatch asks this, and only
+    this, about the hardware: by capability, never by name. Inside pretend_gpu() it answers the
+    pretended GPU for any device."""
+    if _PRETEND:
+        return _PRETEND[-1]
+    if device.type != "cuda" or is_interpreter():
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _cuda_info(index)
+
+
+@functools.cache
+def _cuda_info(index: int) -> GpuInfo:
+    props = torch.cuda.get_device_properties(index)
+    return GpuInfo((props.major, props.minor), props.multi_processor_count)
+
+
+@contextlib.contextmanager
+def pretend_gpu(capability: tuple[int, int], sms: int):
+    """Dispatch as if the tensors sat on a GPU of this capability and SM count, whatever their
+    device: for compiling the kernels a GPU would launch on a machine without one
+    (experiments.resources). Launching anything inside it is the caller's problem."""
+    _PRETEND.append(GpuInfo(tuple(capability), int(sms)))
+    try:
+        yield _PRETEND[-1]
+    finally:
+        _PRETEND.pop()
 
 
 def check_tensor(name: str, t, *, ndim: int | None = None, min_ndim: int | None = None) -> None:

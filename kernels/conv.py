@@ -33,7 +33,6 @@ that beat converting x to channels_last first (`nchw="convert"`, one extra pass 
 call) by 1.4-2x. The output follows the input's layout.
 """
 
-import functools
 
 import torch
 import triton
@@ -46,6 +45,7 @@ from kernels._common import (
     check_tensor,
     direct,
     dot_precision,
+    gpu_info,
     is_interpreter,
     tile_counters,
 )
@@ -808,11 +808,6 @@ def _window_ok(x: torch.Tensor, stride_hw) -> bool:
     return all((x.stride(d) * x.element_size()) % 16 == 0 for d in (0, 2, 3))
 
 
-@functools.cache
-def _num_sms(index) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _auto_split_k(x, M, K, C, R, S) -> int:
     """Reduction splits for implicit / window convs with too few output tiles to fill the GPU
     (the 7x7-output layers: 100 tiles of 64x128 on 132 SMs). Off unless AUTO_SPLIT_K: double the
@@ -820,9 +815,10 @@ def _auto_split_k(x, M, K, C, R, S) -> int:
     AUTO_SPLIT_MIN_STEPS steps of 64 channels, and the split stays <= AUTO_SPLIT_MAX. ResNet-50 at
     batch 32 (132 SMs): 2 for the 7x7-output 3x3s (512 channels), 1 elsewhere. Round 3 measured
     split 2 at 1.12-1.15x the unsplit kernel there, and 0.74-0.80x on the 196-tile 14x14 layers."""
-    if not AUTO_SPLIT_K or x.device.type != "cuda" or is_interpreter():
+    info = gpu_info(x.device)
+    if not AUTO_SPLIT_K or info is None:
         return 1
-    return split_k_rule(M, K, C, R, S, _num_sms(x.device.index))
+    return split_k_rule(M, K, C, R, S, info.sms)
 
 
 def split_k_rule(M, K, C, R, S, sms) -> int:
@@ -840,9 +836,8 @@ def split_k_rule(M, K, C, R, S, sms) -> int:
 def _persistent_programs(device) -> int:
     """Programs per unit of PER_SM for the persistent kernels: the SM count (4 in the
     interpreter, so that its programs loop over several tiles)."""
-    if device.type != "cuda" or is_interpreter():
-        return 4
-    return _num_sms(device.index)
+    info = gpu_info(device)
+    return 4 if info is None else info.sms
 
 
 def _split_buffers(kernel, split_k, tiles_of, device):
@@ -880,17 +875,8 @@ def _auto_path(x, gemm_ok, use_tma, R, S, P, Q, stride_hw) -> str:
 
 
 def _hopper(device: torch.device) -> bool:
-    return (
-        TensorDescriptor is not None
-        and device.type == "cuda"
-        and not is_interpreter()
-        and _capability(device.index)[0] >= 9
-    )
-
-
-@functools.cache
-def _capability(index) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+    info = gpu_info(device)
+    return TensorDescriptor is not None and info is not None and info.capability >= (9, 0)
 
 
 def _as_matrix(t: torch.Tensor) -> bool:

@@ -54,7 +54,6 @@ The ids of ACTIVATIONS are also exported as tl.constexpr globals (NONE, RELU, GE
 SILU) so kernels can name them.
 """
 
-import functools
 
 import torch
 import triton
@@ -66,6 +65,7 @@ from kernels._common import (
     check_tensor,
     direct,
     dot_precision,
+    gpu_info,
     is_interpreter,
     tile_counters,
 )
@@ -720,14 +720,13 @@ def check_matmul_args(a, b) -> None:
         )
 
 
-@functools.cache
-def _device_info(device_type: str, index: int | None) -> tuple[bool, int]:
-    """(has TMA, SM count) of a device, asked once: capability >= 9.0, never the GPU's name."""
-    if device_type != "cuda" or is_interpreter():
+def _device_info(device: torch.device) -> tuple[bool, int]:
+    """(has TMA, SM count): capability >= 9.0 (kernels._common.gpu_info), never the GPU's name;
+    (False, 1) where no GPU runs the kernels."""
+    info = gpu_info(device)
+    if info is None:
         return False, 1
-    index = torch.cuda.current_device() if index is None else index
-    props = torch.cuda.get_device_properties(index)
-    return (props.major, props.minor) >= (9, 0), props.multi_processor_count
+    return info.capability >= (9, 0), info.sms
 
 
 def _tma_layout(t: torch.Tensor) -> tuple[bool, int] | None:
@@ -769,7 +768,7 @@ def plan(a: torch.Tensor, b: torch.Tensor) -> tuple[str, int]:
     fp32 problems, but for skinny ones the copy would cost more than the GEMM, so those take the
     pointer kernel with split-K (0.89x cuBLAS at 16x4096x4096 against 0.51x on TMA).
     """
-    has_tma, num_sms = _device_info(a.device.type, a.device.index)
+    has_tma, num_sms = _device_info(a.device)
     M, K = a.shape
     N = b.shape[1]
     tf32 = dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32) == "tf32"
@@ -877,7 +876,7 @@ def r3_plan(a, b, variant: str, config: dict | None = None, split_k: int | None 
         )
     if variant == "default":
         return None
-    _, num_sms = _device_info(a.device.type, a.device.index)
+    _, num_sms = _device_info(a.device)
     M, K = a.shape
     N = b.shape[1]
     host_desc = variant.endswith("hd")
@@ -992,7 +991,7 @@ def fused_matmul(
         return c, preact
     auto_path, auto_split = plan(a, b)
     if auto_path == "tma" and launch is not direct and not TMA_WHEN_TRACED:
-        _, num_sms = _device_info(a.device.type, a.device.index)
+        _, num_sms = _device_info(a.device)
         auto_path, auto_split = "pointer", _auto_split_k(M, N, K, num_sms)
     path = path or auto_path
     if K == 0:  # an empty sum, the epilogue of zeros; TMA cannot describe an empty operand
@@ -1032,7 +1031,7 @@ def fused_matmul(
         a_layout, b_layout = _tma_layout(a), _tma_layout(b)
         if a_layout is None or b_layout is None:
             raise ValueError("the TMA path needs 16-byte aligned operands with a unit stride")
-        _, num_sms = _device_info(a.device.type, a.device.index)
+        _, num_sms = _device_info(a.device)
         if r3 is not None:
             meta, r3_split, host_desc = r3
             LAST_R3[0] = _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, r3_split,

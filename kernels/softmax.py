@@ -22,14 +22,20 @@ Rows are addressed through the tensor's own strides, so softmax over a middle di
 sliced view needs no transposing copy.
 """
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels._common import Launcher, check_same, check_tensor, direct, is_interpreter
+from kernels._common import (
+    Launcher,
+    check_same,
+    check_tensor,
+    direct,
+    gpu_info,
+    is_interpreter,
+)
 
 # A tile program holds at most this many elements (16384 fp32 values over 16 warps is 32
 # registers a thread); a longer row takes the split or online path. Tests lower it to reach
@@ -690,11 +696,9 @@ def _row_dims(moved: list[torch.Tensor]):
     return (outer, inner), strides
 
 
-@functools.lru_cache(maxsize=16)
 def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda" or is_interpreter():
-        return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    info = gpu_info(device)
+    return INTERPRETER_SMS if info is None else info.sms
 
 
 def _programs_per_sm(tile_elems: int, num_warps: int, n_inputs: int) -> int:
@@ -747,7 +751,7 @@ def _pick_config(
     chunk_cols = max(1, chunk_elems // min_rows)
     # rows of more than MAX_SPLIT_CHUNKS chunks take bigger chunks, up to the on-chip limit
     chunk_cols = max(chunk_cols, triton.next_power_of_2(triton.cdiv(n_cols, MAX_SPLIT_CHUNKS)))
-    on_gpu = device.type == "cuda" and not is_interpreter()
+    on_gpu = gpu_info(device) is not None
     if on_gpu and not backward and itemsize == 2 and rows_inner >= 2 * _sm_count(device):
         # 16-bit forward with rows enough to fill the GPU twice over: the online loop (x read
         # twice) measured 60% of copy at N=65536, the coop kernel 31-35% (round 2)

@@ -432,7 +432,7 @@ def test_hd_default_variant(M, N, K, a_layout, b_layout, dtype_name, device):
     km.LAST_R3[0] = None
     c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True, path="tma")
     meta, split, hd = km.LAST_R3[0]
-    num_sms = km._device_info(a.device.type, a.device.index)[1]
+    num_sms = km._device_info(a.device)[1]
     want = km.hd_config(M, N, K, num_sms)
     assert hd and split == 1
     assert all(meta[k] == want[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "EPILOGUE_SUBTILE"))
