@@ -14,7 +14,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup experiment sweep bench resume test test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup experiment sweep bench resume resources test test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -62,6 +62,10 @@ bench: $(SETUP) ## A kernel's speed-target sweeps + ratio table: make bench kern
 
 resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
 	$(PY) -m experiments.resume $(SWEEP) $(ARGS)
+
+resources: $(SETUP) ## Registers/spills/smem of each kernel a GPU would launch, compiled offline: make resources kernel=conv [dtype=fp16] [pass=fwd_bwd] [ARGS="--shapes resnet50 --arch 90 --sms 132"]
+	@$(if $(filter matmul linear softmax conv,$(kernel)),,echo "error: make resources needs kernel=matmul|linear|softmax|conv" >&2; exit 2)
+	TRITON_INTERPRET=0 $(PY) -m experiments.resources --kernel $(kernel) $(if $(dtype),--dtype $(dtype)) $(if $(pass),--pass $(pass)) $(ARGS)
 
 test: $(SETUP) ## CPU test suite (what CI runs): kernels in the Triton interpreter, Inductor on CPU
 	$(PY) -m pytest -m "not gpu" $(ARGS)
