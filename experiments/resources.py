@@ -1,7 +1,7 @@
 """What the shipped Triton kernels compile to on a GPU, worked out on a machine without one.
 
-    TRITON_INTERPRET=0 python -m experiments.resources --kernel conv [--shapes resnet50] [--dtype bf16]
-        [--pass fwd|fwd_bwd] [--arch 90] [--sms 132] [--set bias=false ...] [--json out.json]
+    TRITON_INTERPRET=0 python -m experiments.resources --kernel conv [--shapes resnet50]
+        [--dtype bf16] [--pass fwd|fwd_bwd] [--arch 90] [--sms 132] [--set bias=false ...] [--json out.json]
     make resources kernel=conv ARGS="--shapes resnet50"
 
 Each shape of a conf shape set goes through the same call the benchmark's `triton` mode makes
@@ -272,7 +272,7 @@ def table(records: list[Compiled]) -> str:
             r.ptx_sha, shapes,
         ])  # fmt: skip
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in [head, *rows]]  # fmt: skip
     return "\n".join(lines)
 
@@ -285,8 +285,10 @@ def main(argv=None) -> int:
     parser.add_argument("--pass", dest="pass_name", default="fwd", help="fwd or fwd_bwd")
     parser.add_argument("--arch", type=int, default=90, help="compute capability, 90 = sm_90a")
     parser.add_argument("--sms", type=int, default=132, help="SM count (H100 SXM: 132)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        help="kernel config override, e.g. bias=false or activation=relu")  # fmt: skip
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[],
+        help="kernel config override, e.g. bias=false or activation=relu",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the records here")
     args = parser.parse_args(argv)
     try:
@@ -304,9 +306,11 @@ def main(argv=None) -> int:
     from triton import knobs
 
     records = list(compiler.compiled.values())
-    print(f"# {args.kernel} {set_name} {args.dtype} {args.pass_name}: {len(labels)} shapes, "
-          f"{len(records)} compiled kernels for sm_{args.arch} ({args.sms} SMs), offline: triton "
-          f"{_triton_version()}, ptxas {knobs.nvidia.ptxas.version}, torch {torch.__version__}")  # fmt: skip
+    print(
+        f"# {args.kernel} {set_name} {args.dtype} {args.pass_name}: {len(labels)} shapes, "
+        f"{len(records)} compiled kernels for sm_{args.arch} ({args.sms} SMs), offline: triton "
+        f"{_triton_version()}, ptxas {knobs.nvidia.ptxas.version}, torch {torch.__version__}"
+    )
     print(table(records))
     if args.json:
         payload = {"kernel": args.kernel, "shapes": set_name, "dtype": args.dtype,
