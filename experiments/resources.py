@@ -1,7 +1,8 @@
 """What the shipped Triton kernels compile to on a GPU, worked out on a machine without one.
 
     TRITON_INTERPRET=0 python -m experiments.resources --kernel conv [--shapes resnet50]
-        [--dtype bf16] [--pass fwd|fwd_bwd] [--arch 90] [--sms 132] [--set bias=false ...] [--json out.json]
+        [--dtype bf16] [--pass fwd|fwd_bwd] [--arch 90] [--sms 132] [--set bias=false ...]
+        [--json out.json]
     make resources kernel=conv ARGS="--shapes resnet50"
 
 Each shape of a conf shape set goes through the same call the benchmark's `triton` mode makes
