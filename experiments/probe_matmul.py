@@ -833,13 +833,17 @@ def _r4_mm_shape(r4, M, N, K):
 
 
 def _r4_dz_settings():
-    """(name, linear-module overrides) for the dZ+db kernel: shipped, round 3's, two others."""
+    """(name, linear-module overrides) for the dZ+db kernel: shipped, round 3's, round 4's, and
+    (round 7) the blocks that `make resources` compiles to 128 registers for gelu instead of the
+    shipped 16x512 w4's 167, for more programs per SM (kernels/notes/matmul.md, round 7)."""
     return [
         ("dZ+db shipped", {}),
         ("dZ+db r3 16x128/256r",
          {"DZ_BLOCK_M": 16, "DZ_BLOCK_N": 128, "ACTIVATION_BACKWARD_ROWS": 256}),
         ("dZ+db 64x256 w8", {"DZ_BLOCK_M": 64, "DZ_BLOCK_N": 256, "DZ_NUM_WARPS": 8}),
-        ("dZ+db 16x512 w4", {"DZ_BLOCK_M": 16, "DZ_BLOCK_N": 512}),
+        ("dZ+db 16x512 w8", {"DZ_BLOCK_M": 16, "DZ_BLOCK_N": 512, "DZ_NUM_WARPS": 8}),
+        ("dZ+db 8x512 w4", {"DZ_BLOCK_M": 8, "DZ_BLOCK_N": 512, "DZ_NUM_WARPS": 4}),
+        ("dZ+db 16x256 w4", {"DZ_BLOCK_M": 16, "DZ_BLOCK_N": 256, "DZ_NUM_WARPS": 4}),
     ]  # fmt: skip
 
 
