@@ -59,7 +59,7 @@ class Compiled:
         rows = c.get("BLOCK_M") or c.get("BLOCK_ROWS")
         if rows is None and "BLOCK_H" in c:
             rows = f"{c['BLOCK_H']}*{c['BLOCK_W']}"
-        dims = [rows, c.get("BLOCK_N") or c.get("BLOCK_COLS"), c.get("BLOCK_K")]
+        dims = [rows, c.get("BLOCK_N") or c.get("BLOCK_COLS") or c.get("CHUNK"), c.get("BLOCK_K")]
         return "x".join(str(d) for d in dims if d is not None) or "-"
 
 
