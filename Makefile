@@ -63,9 +63,15 @@ bench: $(SETUP) ## A kernel's speed-target sweeps + ratio table: make bench kern
 resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
 	$(PY) -m experiments.resume $(SWEEP) $(ARGS)
 
-resources: $(SETUP) ## Registers/spills/smem of each kernel a GPU would launch, compiled offline: make resources kernel=conv [dtype=fp16] [pass=fwd_bwd] [ARGS="--shapes resnet50 --arch 90 --sms 132"]
+# TRITON=3.6.0 compiles with that Triton release instead of the installed one (the GPU
+# machines' version): it is pip-installed once, without dependencies, into .triton-<version>/.
+TRITON ?=
+TRITON_DIR = .triton-$(TRITON)
+
+resources: $(SETUP) ## Registers/spills/smem of each kernel a GPU would launch, compiled offline: make resources kernel=conv [dtype=fp16] [pass=fwd_bwd] [TRITON=3.6.0] [ARGS="--shapes resnet50 --arch 90 --sms 132"]
 	@$(if $(filter matmul linear softmax conv,$(kernel)),,echo "error: make resources needs kernel=matmul|linear|softmax|conv" >&2; exit 2)
-	TRITON_INTERPRET=0 $(PY) -m experiments.resources --kernel $(kernel) $(if $(dtype),--dtype $(dtype)) $(if $(pass),--pass $(pass)) $(ARGS)
+	$(if $(TRITON),test -d $(TRITON_DIR)/triton || $(PY) -m pip install -q --no-deps --target $(TRITON_DIR) triton==$(TRITON))
+	TRITON_INTERPRET=0 $(if $(TRITON),PYTHONPATH=$(TRITON_DIR)) $(PY) -m experiments.resources --kernel $(kernel) $(if $(dtype),--dtype $(dtype)) $(if $(pass),--pass $(pass)) $(ARGS)
 
 test: $(SETUP) ## CPU test suite (what CI runs): kernels in the Triton interpreter, Inductor on CPU
 	$(PY) -m pytest -m "not gpu" $(ARGS)

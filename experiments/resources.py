@@ -307,18 +307,18 @@ def main(argv=None) -> int:
     from triton import knobs
 
     records = list(compiler.compiled.values())
-    print(
-        f"# {args.kernel} {set_name} {args.dtype} {args.pass_name}: {len(labels)} shapes, "
-        f"{len(records)} compiled kernels for sm_{args.arch} ({args.sms} SMs), offline: triton "
-        f"{_triton_version()}, ptxas {knobs.nvidia.ptxas.version}, torch {torch.__version__}"
-    )
-    print(table(records))
     if args.json:
         payload = {"kernel": args.kernel, "shapes": set_name, "dtype": args.dtype,
                    "pass": args.pass_name, "arch": args.arch, "sms": args.sms,
                    "triton": _triton_version(), "ptxas": knobs.nvidia.ptxas.version,
                    "labels": labels, "compiled": [asdict(r) for r in records]}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
+    print(
+        f"# {args.kernel} {set_name} {args.dtype} {args.pass_name}: {len(labels)} shapes, "
+        f"{len(records)} compiled kernels for sm_{args.arch} ({args.sms} SMs), offline: triton "
+        f"{_triton_version()}, ptxas {knobs.nvidia.ptxas.version}, torch {torch.__version__}"
+    )
+    print(table(records))
     return 0
 
 
