@@ -20,6 +20,7 @@ Sections (each row: shape, variant, winning config, ms, TFLOP/s, GB/s, ratio = t
              descriptors, hd_config) vs torch on the 19 square + LLM shapes with a ratio table;
              (c) the linear backward pieces with dZ+db settings; (b) linear forward tiles
              with and without the epilogue activation, and fwd_bwd, on the 4 linear shapes.
+             --r4-parts c runs only (c), a, b or any mix likewise.
 
 Every variant is first compared with float64 on the first rows of the output
 (torch.testing.assert_close); a failing variant prints FAILED and the probe goes on.
@@ -1031,14 +1032,17 @@ def _r4_fwd_bwd(M, N, K, x, w, b, r4):
     r4.run(sh, "fwd_bwd ours", ours_fn, check_grads, flops, nbytes, base)
 
 
-def section_round4(smoke=False, budget_s=R4_BUDGET_S):
+def section_round4(smoke=False, budget_s=R4_BUDGET_S, parts="acb"):
     """Round 4 in one run, most important first: (a) the shipped matmul default on the 19
     shapes, (c) the linear backward pieces (the new dZ+db kernel), (b) linear forward variants
-    and fwd_bwd. One budget for all: variants not started by budget_s are SKIPPED."""
+    and fwd_bwd; `parts` picks some of them. One budget for all: variants not started by
+    budget_s are SKIPPED."""
     r4 = _R4(budget_s, smoke)
     if smoke:
         emit("# round 4 SMOKE: interpreter, checks only, no timings")
     for name, part in [("a", _r4_mm), ("c", _r4_linbwd), ("b", _r4_linear)]:
+        if name not in parts:
+            continue
         t0 = time.time()
         try:
             part(r4)
@@ -1078,6 +1082,11 @@ def main(argv=None):
         default=R4_BUDGET_S,
         help="seconds after which round4 starts no more variants (default %(default)s)",
     )
+    parser.add_argument(
+        "--r4-parts",
+        default="acb",
+        help="which parts of round4 to run, e.g. c for the dZ+db settings only (default acb)",
+    )
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
     if args.smoke or (not torch.cuda.is_available() and sections <= {"round3", "round4"}):
@@ -1085,7 +1094,7 @@ def main(argv=None):
             sys.exit("the smoke run needs TRITON_INTERPRET=1 set before Python starts")
         t0 = time.time()
         if "round4" in sections:
-            section_round4(smoke=True)
+            section_round4(smoke=True, parts=args.r4_parts)
         if "round3" in sections:
             section_round3(args.quick, smoke=True)
         emit(f"-- smoke: {time.time() - t0:.1f} s")
@@ -1115,7 +1124,7 @@ def main(argv=None):
         ("linear", lambda: section_linear(linear_shapes)),
         ("round3", lambda: section_round3(args.quick, budget_s=args.r3_budget)),
         ("linbwd", section_linbwd),
-        ("round4", lambda: section_round4(budget_s=args.r4_budget)),
+        ("round4", lambda: section_round4(budget_s=args.r4_budget, parts=args.r4_parts)),
     ]:
         if name in sections:
             t0 = time.time()
