@@ -322,6 +322,87 @@ def _epilogue_store(x, off_m, col, N, bias_ptr, stride_bias, c_desc, z_desc, c_p
     c_desc.store([off_m, col], apply_activation(x, ACTIVATION).to(c_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _operand_descriptors(a_ptr, b_ptr, M, N, K, stride_a, stride_b,
+                         A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):  # fmt: skip
+    """Device-side TMA descriptors of A and B as stored (TMA zero-fills reads past the edges)."""
+    if A_COL_MAJOR:
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[K, M], strides=[stride_a, 1], block_shape=[BLOCK_K, BLOCK_M]
+        )
+    else:
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BLOCK_M, BLOCK_K]
+        )
+    if B_COL_MAJOR:
+        b_desc = tl.make_tensor_descriptor(
+            b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BLOCK_N, BLOCK_K]
+        )
+    else:
+        b_desc = tl.make_tensor_descriptor(
+            b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BLOCK_K, BLOCK_N]
+        )
+    return a_desc, b_desc
+
+
+@triton.jit
+def _work_item(work, split_k, k_per_split, k_tiles, num_pid_m, num_pid_n,
+               SPLIT: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
+    """(tile, split, first K step, end K step, tile row, tile column) of a persistent program's
+    work item. With SPLIT a tile's K slices are adjacent work items, so they run side by side;
+    without, the K range is the whole of K, with bounds the compiler can see."""
+    if SPLIT:
+        tile = work // split_k
+        split = work % split_k
+        k_lo = split * k_per_split
+        k_hi = min(k_lo + k_per_split, k_tiles)
+    else:
+        tile = work
+        split = 0
+        k_lo = 0
+        k_hi = k_tiles
+    pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+    return tile, split, k_lo, k_hi, pid_m, pid_n
+
+
+@triton.jit
+def _tma_mainloop(a_desc, b_desc, off_m, off_n, k_lo, k_hi,
+                  A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
+                  UPCAST_TO_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):  # fmt: skip
+    """The fp32 (BLOCK_M, BLOCK_N) accumulator over K steps [k_lo, k_hi), tiles loaded by TMA."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_lo, k_hi):
+        off_k = ki * BLOCK_K
+        if A_COL_MAJOR:
+            a = a_desc.load([off_k, off_m]).T
+        else:
+            a = a_desc.load([off_m, off_k])
+        if B_COL_MAJOR:
+            b = b_desc.load([off_n, off_k]).T
+        else:
+            b = b_desc.load([off_k, off_n])
+        if UPCAST_TO_FP32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_ptr, preact_ptr,
+                  STORE_PREACT: tl.constexpr):  # fmt: skip
+    """Pointer stores of C (and Z) for a row-major output, masked at the edges."""
+    c_offsets = offs_m[:, None] * stride_c + offs_n[None, :]
+    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if STORE_PREACT:
+        tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty), mask=c_mask)
+    tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Pointer kernel (any GPU, the interpreter, unaligned inputs)
 # ---------------------------------------------------------------------------------------------
@@ -415,22 +496,8 @@ def matmul_tma_kernel(
     EPILOGUE_SUBTILE: tl.constexpr,
 ):  # fmt: skip
     # ---- descriptors over the operands as stored: TMA zero-fills reads past the edges ----
-    if A_COL_MAJOR:
-        a_desc = tl.make_tensor_descriptor(
-            a_ptr, shape=[K, M], strides=[stride_a, 1], block_shape=[BLOCK_K, BLOCK_M]
-        )
-    else:
-        a_desc = tl.make_tensor_descriptor(
-            a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BLOCK_M, BLOCK_K]
-        )
-    if B_COL_MAJOR:
-        b_desc = tl.make_tensor_descriptor(
-            b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BLOCK_N, BLOCK_K]
-        )
-    else:
-        b_desc = tl.make_tensor_descriptor(
-            b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BLOCK_K, BLOCK_N]
-        )
+    a_desc, b_desc = _operand_descriptors(a_ptr, b_ptr, M, N, K, stride_a, stride_b, A_COL_MAJOR,
+                                          B_COL_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
     STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
     if TMA_STORE:
         c_desc = tl.make_tensor_descriptor(
@@ -449,35 +516,13 @@ def matmul_tma_kernel(
     num_work = num_pid_m * num_pid_n * split_k
     for work in tl.range(tl.program_id(0), num_work, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):  # fmt: skip
-        if SPLIT:
-            tile = work // split_k
-            split = work % split_k
-            k_lo = split * k_per_split
-            k_hi = min(k_lo + k_per_split, k_tiles)
-        else:  # the full K range, with bounds the compiler can see
-            tile = work
-            split = 0
-            k_lo = 0
-            k_hi = k_tiles
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        tile, split, k_lo, k_hi, pid_m, pid_n = _work_item(
+            work, split_k, k_per_split, k_tiles, num_pid_m, num_pid_n, SPLIT, GROUP_M
+        )
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_lo, k_hi):
-            off_k = ki * BLOCK_K
-            if A_COL_MAJOR:
-                a = a_desc.load([off_k, off_m]).T
-            else:
-                a = a_desc.load([off_m, off_k])
-            if B_COL_MAJOR:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            if UPCAST_TO_FP32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, A_COL_MAJOR, B_COL_MAJOR,
+                            UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
 
         # ---- write-back ----
         offs_m = off_m + tl.arange(0, BLOCK_M)
@@ -506,12 +551,8 @@ def matmul_tma_kernel(
                     if STORE_PREACT:
                         z_desc.store([off_m, off_n], z.to(preact_ptr.dtype.element_ty))
             else:
-                c_offsets = offs_m[:, None] * stride_c + offs_n[None, :]
-                c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-                if STORE_PREACT:
-                    tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty),
-                             mask=c_mask)  # fmt: skip
-                tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+                _store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_ptr, preact_ptr,
+                              STORE_PREACT)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,22 +586,9 @@ def matmul_tma_r3_kernel(
         c_desc = c_hd
         z_desc = z_hd
     else:
-        if A_COL_MAJOR:
-            a_desc = tl.make_tensor_descriptor(
-                a_ptr, shape=[K, M], strides=[stride_a, 1], block_shape=[BLOCK_K, BLOCK_M]
-            )
-        else:
-            a_desc = tl.make_tensor_descriptor(
-                a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BLOCK_M, BLOCK_K]
-            )
-        if B_COL_MAJOR:
-            b_desc = tl.make_tensor_descriptor(
-                b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BLOCK_N, BLOCK_K]
-            )
-        else:
-            b_desc = tl.make_tensor_descriptor(
-                b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BLOCK_K, BLOCK_N]
-            )
+        a_desc, b_desc = _operand_descriptors(a_ptr, b_ptr, M, N, K, stride_a, stride_b,
+                                              A_COL_MAJOR, B_COL_MAJOR, BLOCK_M, BLOCK_N,
+                                              BLOCK_K)  # fmt: skip
         c_desc = c_hd
         z_desc = z_hd
         if TMA_STORE:
@@ -579,35 +607,13 @@ def matmul_tma_r3_kernel(
     k_per_split = tl.cdiv(k_tiles, split_k)
     num_work = num_pid_m * num_pid_n * split_k
     for work in tl.range(tl.program_id(0), num_work, tl.num_programs(0), flatten=FLATTEN):
-        if SPLIT:  # a tile's slices are adjacent work items, so they run side by side
-            tile = work // split_k
-            split = work % split_k
-            k_lo = split * k_per_split
-            k_hi = min(k_lo + k_per_split, k_tiles)
-        else:
-            tile = work
-            split = 0
-            k_lo = 0
-            k_hi = k_tiles
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        tile, split, k_lo, k_hi, pid_m, pid_n = _work_item(
+            work, split_k, k_per_split, k_tiles, num_pid_m, num_pid_n, SPLIT, GROUP_M
+        )
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_lo, k_hi):
-            off_k = ki * BLOCK_K
-            if A_COL_MAJOR:
-                a = a_desc.load([off_k, off_m]).T
-            else:
-                a = a_desc.load([off_m, off_k])
-            if B_COL_MAJOR:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            if UPCAST_TO_FP32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, A_COL_MAJOR, B_COL_MAJOR,
+                            UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
 
         if SPLIT:
             # Partials are tile-major, (tiles, split_k, BLOCK_M, BLOCK_N) fp32: each slice's block
@@ -674,12 +680,8 @@ def matmul_tma_r3_kernel(
                     if STORE_PREACT:
                         z_desc.store([off_m, off_n], z.to(preact_ptr.dtype.element_ty))
                 else:
-                    c_offsets = offs_m[:, None] * stride_c + offs_n[None, :]
-                    c_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-                    if STORE_PREACT:
-                        tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty),
-                                 mask=c_mask)  # fmt: skip
-                    tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+                    _store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_ptr, preact_ptr,
+                                  STORE_PREACT)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
