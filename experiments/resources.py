@@ -11,9 +11,10 @@ a GPU of compute capability `--arch` with `--sms` SMs (kernels._common.pretend_g
 launched: every Triton launch is compiled for that target instead, and an autotuned kernel has
 each of its candidate configs compiled (which one wins is only known on the GPU). ptxas, as
 Triton bundles it, reports the registers and spills of each compiled kernel; shared memory comes
-from Triton's own metadata. The `ptx` column is a hash of the generated PTX: two commits that
-print the same hashes generate the same code, which is how a refactor of a kernel is checked
-without a GPU.
+from Triton's own metadata, and CTAs/SM is how many programs those two (and the warp and CTA
+limits) let one SM hold at once. The `ptx` column is a hash of the generated PTX: two commits
+that print the same hashes generate the same code, which is how a refactor of a kernel is
+checked without a GPU.
 
 Caveats: the GPU machines may run another Triton and ptxas than this one (the header names
 this one's), and the figures are the compiler's, not a profiler's.
@@ -49,6 +50,7 @@ class Compiled:
     spill_stores: int | None
     spill_loads: int | None
     ptx_sha: str
+    ctas_per_sm: int | None = None  # resident CTAs per SM that registers and shared memory allow
     autotuned: bool = False  # one candidate of an autotuner (the GPU picks among them)
     grids: list = field(default_factory=list)  # launch grids seen, one per launch
     shapes: list = field(default_factory=list)  # the shape labels that launched it
@@ -149,6 +151,9 @@ class OfflineCompiler:
                 spill_stores=stores,
                 spill_loads=loads,
                 ptx_sha=ptx_digest(kernel.asm["ptx"]),
+                ctas_per_sm=ctas_per_sm(
+                    self.target.arch, registers, kernel.metadata.shared, kernel.metadata.num_warps
+                ),
                 autotuned=self._autotuning > 0,
             )
             self.compiled[key] = record
@@ -173,6 +178,31 @@ def ptx_digest(ptx: str) -> str:
             continue
         kept.append(line)
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:12]
+
+
+# Per-SM limits by compute capability (CUDA occupancy tables): shared memory a CTA may use in all
+# (bytes), with 1 KB reserved per CTA; resident warps; resident CTAs. Every one of these has a
+# 64K-register file, allocated per warp in units of 256 registers.
+SM_LIMITS = {
+    80: (167936, 64, 32),
+    86: (102400, 48, 16),
+    89: (102400, 48, 24),
+    90: (233472, 64, 32),
+}
+
+
+def ctas_per_sm(arch: int, registers: int | None, shared_bytes: int, num_warps: int) -> int | None:
+    """How many CTAs of this kernel fit on one SM at once: the tightest of registers, shared
+    memory, warps and the CTA limit (None for an arch not in SM_LIMITS or without a register
+    count)."""
+    if arch not in SM_LIMITS or registers is None:
+        return None
+    smem, max_warps, max_ctas = SM_LIMITS[arch]
+    per_warp = -(-registers * 32 // 256) * 256
+    fits = [max_ctas, max_warps // num_warps, (65536 // per_warp) // num_warps]
+    if shared_bytes:
+        fits.append(smem // (shared_bytes + 1024))
+    return max(0, min(fits))
 
 
 def _plain(value):
@@ -257,8 +287,8 @@ def compile_shapes(kernel, shapes, dtype_name, pass_name, arch, sms, overrides=(
 
 
 def table(records: list[Compiled]) -> str:
-    head = ["kernel", "tile", "warps", "stages", "regs", "spill st/ld", "smem KB", "grid", "ptx",
-            "shapes"]  # fmt: skip
+    head = ["kernel", "tile", "warps", "stages", "regs", "spill st/ld", "smem KB", "CTAs/SM",
+            "grid", "ptx", "shapes"]  # fmt: skip
     rows = []
     for r in records:
         grids = [g[: max(i + 1 for i, d in enumerate(g) if d != 1 or i == 0)] for g in r.grids]
@@ -269,8 +299,8 @@ def table(records: list[Compiled]) -> str:
         spills = "-" if r.spill_stores is None else f"{r.spill_stores}/{r.spill_loads}"
         rows.append([
             r.kernel + (" (autotune)" if r.autotuned else ""), r.tile, str(r.num_warps),
-            str(r.num_stages), str(r.registers), spills, f"{r.shared_bytes / 1024:.0f}", grid,
-            r.ptx_sha, shapes,
+            str(r.num_stages), str(r.registers), spills, f"{r.shared_bytes / 1024:.0f}",
+            "-" if r.ctas_per_sm is None else str(r.ctas_per_sm), grid, r.ptx_sha, shapes,
         ])  # fmt: skip
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()

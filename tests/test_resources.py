@@ -94,6 +94,7 @@ def test_matmul_on_hopper_compiles_the_tma_kernels_with_a_compiler_report(hopper
         assert r["num_warps"] in (4, 8) and len(r["ptx_sha"]) == 12
         assert r["shapes"] and set(r["shapes"]) <= set(payload["labels"])
         assert r["grids"] and all(g[0] >= 1 for g in r["grids"])
+        assert 1 <= r["ctas_per_sm"] <= 32
     tma = [r for r in records if r["kernel"] == "matmul_tma_r3_kernel"]
     assert all(r["shared_bytes"] > 0 and not r["autotuned"] for r in tma)
     # different tiles compile to different code
@@ -164,3 +165,16 @@ def test_the_benchmarked_kernels_compile_for_the_h100_without_spills(
     spilling = [(r["kernel"], r["constexprs"], r["spill_stores"], r["spill_loads"])
                 for r in records if r["spill_stores"] or r["spill_loads"]]  # fmt: skip
     assert not spilling, f"spills on sm_90: {spilling}"
+
+
+def test_ctas_per_sm_takes_the_tightest_limit():
+    from experiments.resources import ctas_per_sm
+
+    assert ctas_per_sm(90, 168, 0, 4) == 3  # 168 x 32 = 5376 registers a warp: 12 warps
+    assert ctas_per_sm(90, 128, 0, 4) == 4  # 4096 a warp: 16 warps
+    assert ctas_per_sm(90, 166, 176 * 1024, 8) == 1  # shared memory: 228 KB holds one
+    assert ctas_per_sm(90, 60, 200 * 1024, 4) == 1
+    assert ctas_per_sm(90, 32, 0, 1) == 32  # the CTA limit
+    assert ctas_per_sm(90, 32, 0, 4) == 16  # the warp limit: 64 warps
+    assert ctas_per_sm(80, 128, 100 * 1024, 4) == 1  # an A100 holds 164 KB
+    assert ctas_per_sm(75, 128, 0, 4) is None and ctas_per_sm(90, None, 0, 4) is None
