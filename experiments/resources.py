@@ -25,9 +25,11 @@ import contextlib
 import hashlib
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -79,6 +81,7 @@ class OfflineCompiler:
         self.shape = "?"
         self._binders: dict = {}
         self._autotuning = 0
+        self.timing_host = False  # launches return at once (compile_shapes' host timing)
 
     @contextlib.contextmanager
     def active(self):
@@ -92,10 +95,13 @@ class OfflineCompiler:
         saved = jit.JITFunction.run, Autotuner._bench, Autotuner.run
 
         def run(fn, *args, grid, warmup, **kwargs):
+            if compiler.timing_host:
+                return None  # compiled already: nothing more to do or to count
             return compiler._compile(fn, args, kwargs, grid)
 
         def tune(tuner, *args, **kwargs):
-            tuner.cache.clear()  # every shape compiles every candidate, cached key or not
+            if not compiler.timing_host:
+                tuner.cache.clear()  # every shape compiles every candidate, cached key or not
             return saved[2](tuner, *args, **kwargs)
 
         def bench(tuner, *args, config, **meta):
@@ -250,8 +256,12 @@ def load_kernel_cfg(kernel: str, overrides: list[str]):
     return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
 
 
-def compile_shapes(kernel, shapes, dtype_name, pass_name, arch, sms, overrides=()):
-    """Compile every kernel launch the `triton` mode makes for these shapes; (compiler, labels)."""
+def compile_shapes(kernel, shapes, dtype_name, pass_name, arch, sms, overrides=(), host_calls=0):
+    """Compile every kernel launch the `triton` mode makes for these shapes: (compiler, shape set,
+    labels, host us). With host_calls > 0 each shape's call is then repeated that many times
+    with every Triton launch returning at once, and host us maps each label to the median CPU
+    microseconds a call took: the kernels' Python wrappers (and autotuners' key lookups), not
+    Triton's own launch path (argument binding, the C launcher) nor the driver."""
     from experiments.workloads import make_workload, resolve_shapes, triton_ops
     from kernels._common import is_interpreter, pretend_gpu
 
@@ -269,7 +279,7 @@ def compile_shapes(kernel, shapes, dtype_name, pass_name, arch, sms, overrides=(
     dtype = DTYPES[dtype_name]
     compiler = OfflineCompiler(arch)
     generator = torch.Generator().manual_seed(0)
-    labels = []
+    labels, host_us = [], {}
     with compiler.active(), pretend_gpu((arch // 10, arch % 10), sms):
         for shape in parsed:
             compiler.shape = workload.label(shape)
@@ -278,12 +288,26 @@ def compile_shapes(kernel, shapes, dtype_name, pass_name, arch, sms, overrides=(
             inputs = workload.make_inputs(shape, dtype, "cpu", generator)
             if pass_name == "fwd_bwd":
                 inputs = tuple(t.requires_grad_() for t in inputs)
-                out = module(*inputs)
-                out.backward(torch.empty_like(out))
-            else:
-                with torch.no_grad():
-                    module(*inputs)
-    return compiler, set_name, labels
+
+            def call(module=module, inputs=inputs):
+                if pass_name == "fwd_bwd":
+                    out = module(*inputs)
+                    out.backward(torch.empty_like(out))
+                else:
+                    with torch.no_grad():
+                        module(*inputs)
+
+            call()  # compiles
+            if host_calls > 0:
+                compiler.timing_host = True
+                times = []
+                for _ in range(host_calls):
+                    start = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - start)
+                compiler.timing_host = False
+                host_us[compiler.shape] = statistics.median(times) * 1e6
+    return compiler, set_name, labels, host_us
 
 
 def table(records: list[Compiled]) -> str:
@@ -321,11 +345,15 @@ def main(argv=None) -> int:
         help="kernel config override, e.g. bias=false or activation=relu",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the records here")
+    parser.add_argument(
+        "--host-calls", type=int, default=0,
+        help="then time this many calls per shape with nothing launched: the Python host path",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        compiler, set_name, labels = compile_shapes(
+        compiler, set_name, labels, host_us = compile_shapes(
             args.kernel, args.shapes, args.dtype, args.pass_name, args.arch, args.sms,
-            args.overrides,
+            args.overrides, args.host_calls,
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - one clear line and a non-zero exit
         from experiments.errors import ConfigError
@@ -341,7 +369,8 @@ def main(argv=None) -> int:
         payload = {"kernel": args.kernel, "shapes": set_name, "dtype": args.dtype,
                    "pass": args.pass_name, "arch": args.arch, "sms": args.sms,
                    "triton": _triton_version(), "ptxas": knobs.nvidia.ptxas.version,
-                   "labels": labels, "compiled": [asdict(r) for r in records]}  # fmt: skip
+                   "labels": labels, "host_us": host_us,
+                   "compiled": [asdict(r) for r in records]}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1) + "\n")
     print(
         f"# {args.kernel} {set_name} {args.dtype} {args.pass_name}: {len(labels)} shapes, "
@@ -349,6 +378,12 @@ def main(argv=None) -> int:
         f"{_triton_version()}, ptxas {knobs.nvidia.ptxas.version}, torch {torch.__version__}"
     )
     print(table(records))
+    if host_us:
+        print(f"\n# host path: median of {args.host_calls} calls, launches returning at once "
+              "(the kernels' Python wrappers; not Triton's launch path or the driver)")  # fmt: skip
+        width = max(len(label) for label in host_us)
+        for label, us in host_us.items():
+            print(f"{label.ljust(width)}  {us:7.1f} us")
     return 0
 
 

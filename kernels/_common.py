@@ -37,9 +37,32 @@ def direct(kernel):
     return kernel
 
 
+@functools.cache
 def is_interpreter() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1). Read once:
+    `triton.jit` reads it when it decorates a kernel, so a later change would not take effect
+    for the kernels anyway."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Host-side integer helpers. triton.cdiv and triton.next_power_of_2 are constexpr_functions, and
+# a call from Python goes through their wrapper (an import and argument unwrapping): about 4 us a
+# call on the CPU machine, and a matmul call made five of them. These are the same formulas.
+def cdiv(x, y):
+    """ceil(x / y) for positive integers."""
+    return (x + y - 1) // y
+
+
+def next_power_of_2(n):
+    """The smallest power of 2 >= n (0 for n <= 0, as triton.next_power_of_2)."""
+    n -= 1
+    n |= n >> 1
+    n |= n >> 2
+    n |= n >> 4
+    n |= n >> 8
+    n |= n >> 16
+    n |= n >> 32
+    return n + 1
 
 
 class GpuInfo(NamedTuple):

@@ -41,12 +41,14 @@ import triton.language as tl
 from kernels._common import (
     Launcher,
     activation_id,
+    cdiv,
     check_same,
     check_tensor,
     direct,
     dot_precision,
     gpu_info,
     is_interpreter,
+    next_power_of_2,
     tile_counters,
 )
 from kernels.matmul import apply_activation, fused_matmul, grouped_tile
@@ -277,9 +279,9 @@ def _prune(configs, named_args, **kwargs):
         # rows only (also keeps the probe's compile count down: one compile per config and split)
         if split and (meta["BLOCK_N"] != 128 or meta["BLOCK_M"] > 128 or meta["BLOCK_K"] != 64):
             continue
-        if meta["BLOCK_N"] > max(64, triton.next_power_of_2(K)):
+        if meta["BLOCK_N"] > max(64, next_power_of_2(K)):
             continue
-        if meta["BLOCK_M"] > max(64, triton.next_power_of_2(M)):
+        if meta["BLOCK_M"] > max(64, next_power_of_2(M)):
             continue
         if split_taps and c_gemm % meta["BLOCK_K"] != 0:
             continue
@@ -824,8 +826,8 @@ def _auto_split_k(x, M, K, C, R, S) -> int:
 def split_k_rule(M, K, C, R, S, sms) -> int:
     """_auto_split_k's choice for an (M rows, K output channels, C·R·S reduction) conv on `sms`
     SMs, whatever AUTO_SPLIT_K says."""
-    tiles = triton.cdiv(M, 64) * triton.cdiv(K, 128)
-    steps = R * S * triton.cdiv(C, 64)
+    tiles = cdiv(M, 64) * cdiv(K, 128)
+    steps = R * S * cdiv(C, 64)
     split = 1
     while (split * 2 <= AUTO_SPLIT_MAX and tiles * split < sms
            and steps // (split * 2) >= AUTO_SPLIT_MIN_STEPS):  # fmt: skip
@@ -1001,7 +1003,7 @@ def conv2d_forward(
     M = N * P * Q
 
     def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"]),)
+        return (cdiv(M, meta["BLOCK_M"]) * cdiv(K, meta["BLOCK_N"]),)
 
     # NHWC output: y is an (M, K) matrix, written by TMA stores on Hopper
     y2d = y.as_strided((M, K), (y.stride(3), 1)) if _as_matrix(y) else None
@@ -1030,7 +1032,7 @@ def conv2d_forward(
             sms = _persistent_programs(x.device)
 
             def grid(meta):
-                tiles = triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"])
+                tiles = cdiv(M, meta["BLOCK_M"]) * cdiv(K, meta["BLOCK_N"])
                 return (min(tiles, sms * meta.get("PER_SM", 1)),)
 
             kernel = conv_gemm_persistent_kernel
@@ -1067,8 +1069,8 @@ def conv2d_forward(
             out = TensorDescriptor(y, [N, P, Q, K], y_strides, [1, 8, 8, 64])
 
         def grid(meta):
-            tiles = triton.cdiv(P, meta["BLOCK_H"]) * triton.cdiv(Q, meta["BLOCK_W"])
-            tiles = N * tiles * triton.cdiv(K, meta["BLOCK_N"])
+            tiles = cdiv(P, meta["BLOCK_H"]) * cdiv(Q, meta["BLOCK_W"])
+            tiles = N * tiles * cdiv(K, meta["BLOCK_N"])
             if chosen == "window_persistent":
                 tiles = min(tiles, _persistent_programs(x.device) * meta.get("PER_SM", 1))
             return (tiles,)
@@ -1093,12 +1095,12 @@ def conv2d_forward(
         if chosen == "window":
 
             def tiles_of(meta):
-                tiles = triton.cdiv(P, meta["BLOCK_H"]) * triton.cdiv(Q, meta["BLOCK_W"])
-                return N * tiles * triton.cdiv(K, meta["BLOCK_N"])
+                tiles = cdiv(P, meta["BLOCK_H"]) * cdiv(Q, meta["BLOCK_W"])
+                return N * tiles * cdiv(K, meta["BLOCK_N"])
         else:
 
             def tiles_of(meta):
-                return triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(K, meta["BLOCK_N"])
+                return cdiv(M, meta["BLOCK_M"]) * cdiv(K, meta["BLOCK_N"])
 
         ws, locks = _split_buffers(kernel, splits, tiles_of, x.device)
 

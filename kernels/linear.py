@@ -46,6 +46,7 @@ from kernels._common import (
     ACTIVATIONS,
     TORCH_ACTIVATIONS,
     activation_id,
+    cdiv,
     check_same,
     check_tensor,
     direct,
@@ -190,7 +191,7 @@ def _dz_rows(M: int, N: int) -> int:
     """Rows per activation_backward_kernel program: a multiple of DZ_BLOCK_M."""
     if ACTIVATION_BACKWARD_ROWS:
         return ACTIVATION_BACKWARD_ROWS
-    blocks = triton.cdiv(M, DZ_BLOCK_M) * triton.cdiv(N, DZ_BLOCK_N)
+    blocks = cdiv(M, DZ_BLOCK_M) * cdiv(N, DZ_BLOCK_N)
     return DZ_BLOCK_M * max(1, blocks // DZ_PROGRAMS)
 
 
@@ -204,13 +205,13 @@ def _activation_backward(dy, z, act_id, need_db, launch):
             db.zero_()
         return dz, db
     rows = _dz_rows(M, N)
-    splits = triton.cdiv(M, rows)
+    splits = cdiv(M, rows)
     partial = None
     if need_db:
         partial = (
             db if splits == 1 else torch.empty((splits, N), device=dy.device, dtype=torch.float32)
         )
-    launch(activation_backward_kernel)[(triton.cdiv(N, DZ_BLOCK_N), splits)](
+    launch(activation_backward_kernel)[(cdiv(N, DZ_BLOCK_N), splits)](
         dy, z, dz, partial,
         M, N, rows,
         dy.stride(0), dy.stride(1), z.stride(0), z.stride(1), dz.stride(0), dz.stride(1),
@@ -226,7 +227,7 @@ def _activation_backward(dy, z, act_id, need_db, launch):
 def _launch_column_sum(x, out, rows_per_program, launch):
     """Column sums of each rows_per_program rows of x (M, N): out is (N,) or (splits, N)."""
     M, N = x.shape
-    grid = lambda META: (triton.cdiv(N, META["BLOCK_N"]), max(1, triton.cdiv(M, rows_per_program)))
+    grid = lambda META: (cdiv(N, META["BLOCK_N"]), max(1, cdiv(M, rows_per_program)))
     launch(column_sum_kernel)[grid](
         x, out,
         M, N, rows_per_program,
@@ -240,7 +241,7 @@ def _column_sum(x, launch):
     out = torch.empty((N,), device=x.device, dtype=x.dtype)
     if N == 0:
         return out
-    splits = triton.cdiv(M, COLUMN_SUM_ROWS)
+    splits = cdiv(M, COLUMN_SUM_ROWS)
     if splits <= 1:
         _launch_column_sum(x, out, COLUMN_SUM_ROWS, launch)
         return out

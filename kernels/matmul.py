@@ -61,6 +61,7 @@ import triton.language as tl
 
 from kernels._common import (
     ACTIVATIONS,
+    cdiv,
     check_same,
     check_tensor,
     direct,
@@ -754,7 +755,7 @@ def _auto_split_k(M: int, N: int, K: int, num_sms: int) -> int:
     of B, with each slice still at least 512 deep so the pipeline runs at full depth."""
     if M > SKINNY_M:
         return 1
-    tiles = triton.cdiv(M, 64) * triton.cdiv(N, 128)
+    tiles = cdiv(M, 64) * cdiv(N, 128)
     split = 1
     while tiles * split * 2 <= 2 * num_sms and K // (split * 2) >= 512 and split < 16:
         split *= 2
@@ -815,10 +816,10 @@ def wave_config(M: int, N: int, K: int, num_sms: int) -> dict | None:
     """The round-3 tile for a 16-bit GEMM with M > SKINNY_M: the largest of R3_TILES whose count
     reaches R3_WAVE_FILL of a wave (else the smallest). None where 128x256 tiles already make more
     than R3_MAX_WAVES waves (the autotuned kernel's ground) or M is skinny."""
-    if M <= SKINNY_M or triton.cdiv(M, 128) * triton.cdiv(N, 256) > R3_MAX_WAVES * num_sms:
+    if M <= SKINNY_M or cdiv(M, 128) * cdiv(N, 256) > R3_MAX_WAVES * num_sms:
         return None
     for tile in R3_TILES:
-        if triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1]) >= R3_WAVE_FILL * num_sms:
+        if cdiv(M, tile[0]) * cdiv(N, tile[1]) >= R3_WAVE_FILL * num_sms:
             return _r3_meta(tile)
     return _r3_meta(R3_TILES[-1])
 
@@ -843,7 +844,7 @@ def hd_config(M: int, N: int, K: int, num_sms: int) -> dict:
     if M <= 32:
         return _r3_meta(HD_DECODE_TILE)
     if M <= SKINNY_M:
-        if triton.cdiv(M, 64) * triton.cdiv(N, 64) > HD_SKINNY_WAVES * num_sms:
+        if cdiv(M, 64) * cdiv(N, 64) > HD_SKINNY_WAVES * num_sms:
             return _r3_meta(HD_SKINNY_WIDE_TILE)
         return _r3_meta(HD_SKINNY_TILE)
     return wave_config(M, N, K, num_sms) or _r3_meta(HD_LARGE_TILE)
@@ -854,8 +855,8 @@ def split_config(M: int, N: int, K: int, num_sms: int) -> tuple[dict, int] | Non
     the most K slices (<= R3_MAX_SPLIT, each >= R3_MIN_K_TILES deep) whose work items still fit
     one wave. None when that is no split (tiles fill half a wave or more, or K is short)."""
     tile = next(t for m, t in R3_SPLIT_TILES if m is None or M <= m)
-    tiles = triton.cdiv(M, tile[0]) * triton.cdiv(N, tile[1])
-    k_tiles = triton.cdiv(K, tile[2])
+    tiles = cdiv(M, tile[0]) * cdiv(N, tile[1])
+    k_tiles = cdiv(K, tile[2])
     split = 1
     while (split < R3_MAX_SPLIT and tiles * (split + 1) <= num_sms
            and k_tiles // (split + 1) >= R3_MIN_K_TILES):  # fmt: skip
@@ -863,7 +864,7 @@ def split_config(M: int, N: int, K: int, num_sms: int) -> tuple[dict, int] | Non
     if split == 1:
         return None
     # Equal slices: with k_per_split = cdiv(k_tiles, split) no slice is left empty.
-    while split > 1 and (split - 1) * triton.cdiv(k_tiles, split) >= k_tiles:
+    while split > 1 and (split - 1) * cdiv(k_tiles, split) >= k_tiles:
         split -= 1
     return (_r3_meta(tile, flatten=False), split) if split > 1 else None
 
@@ -920,8 +921,8 @@ def _r3_launch(a, b, c, bias, preact, a_layout, b_layout, meta, split_k, host_de
     meta["EPILOGUE_SPLITS"] = splits
     store_n = bn // splits
     tma_store = (N * c.element_size()) % 16 == 0
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    split_k = max(1, min(split_k, triton.cdiv(K, bk)))
+    tiles = cdiv(M, bm) * cdiv(N, bn)
+    split_k = max(1, min(split_k, cdiv(K, bk)))
     partial = locks = None
     if split_k > 1:
         partial = torch.empty(tiles * split_k * bm * bn, device=a.device, dtype=torch.float32)
@@ -1043,7 +1044,7 @@ def fused_matmul(
             triton.set_allocator(_alloc_scratch)
 
         def grid(META):
-            work = triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]) * split_k
+            work = cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]) * split_k
             if is_interpreter():
                 return (min(4, work),)
             return (min(num_sms, work) if PERSISTENT else work,)
@@ -1059,7 +1060,7 @@ def fused_matmul(
         )  # fmt: skip
     else:
         grid = lambda META: (
-            triton.cdiv(M, META["BLOCK_M"]) * triton.cdiv(N, META["BLOCK_N"]),
+            cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]),
             split_k,
         )
         launch(matmul_kernel)[grid](
@@ -1072,7 +1073,7 @@ def fused_matmul(
 
     if split_k > 1:
         block_m, block_n = 16, 256
-        launch(splitk_reduce_kernel)[(triton.cdiv(N, block_n), triton.cdiv(M, block_m))](
+        launch(splitk_reduce_kernel)[(cdiv(N, block_n), cdiv(M, block_m))](
             partial, c, bias, preact,
             M, N, stride_bias,
             HAS_BIAS=bias is not None, ACTIVATION=act_id, STORE_PREACT=save_preact,

@@ -30,11 +30,13 @@ import triton.language as tl
 
 from kernels._common import (
     Launcher,
+    cdiv,
     check_same,
     check_tensor,
     direct,
     gpu_info,
     is_interpreter,
+    next_power_of_2,
 )
 
 # A tile program holds at most this many elements (16384 fp32 values over 16 warps is 32
@@ -732,12 +734,12 @@ def _pick_config(
     itemsize: int = 4,
 ) -> Config:
     """The design and sizes the probe measured best for these rows (kernels/notes/softmax.md)."""
-    min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, triton.next_power_of_2(rows_inner))
-    padded_cols = triton.next_power_of_2(n_cols)
+    min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, next_power_of_2(rows_inner))
+    padded_cols = next_power_of_2(n_cols)
     if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
         tile_elems = min(TILE_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
         block_rows = max(min_rows, tile_elems // padded_cols)
-        block_rows = max(min(block_rows, triton.next_power_of_2(rows_inner)), min_rows)
+        block_rows = max(min(block_rows, next_power_of_2(rows_inner)), min_rows)
         elems = block_rows * padded_cols
         # the backward loads two inputs: twice the bytes a thread
         warps = _warps_for(elems * itemsize * (2 if backward else 1))
@@ -750,7 +752,7 @@ def _pick_config(
         chunk_elems = min(SPLIT_CHUNK_ELEMS, ONE_PASS_MAX_ELEMS)
     chunk_cols = max(1, chunk_elems // min_rows)
     # rows of more than MAX_SPLIT_CHUNKS chunks take bigger chunks, up to the on-chip limit
-    chunk_cols = max(chunk_cols, triton.next_power_of_2(triton.cdiv(n_cols, MAX_SPLIT_CHUNKS)))
+    chunk_cols = max(chunk_cols, next_power_of_2(cdiv(n_cols, MAX_SPLIT_CHUNKS)))
     on_gpu = gpu_info(device) is not None
     if on_gpu and not backward and itemsize == 2 and rows_inner >= 2 * _sm_count(device):
         # 16-bit forward with rows enough to fill the GPU twice over: the online loop (x read
@@ -787,7 +789,7 @@ def _launch_rows(
         config = _pick_config(n_cols, rows_inner, rows_adjacent, backward, device, itemsize)
     kernels = _KERNELS[backward]
     flat_strides = [s for tensor_strides in strides for s in tensor_strides]
-    row_blocks = rows_outer * triton.cdiv(rows_inner, config.block_rows)
+    row_blocks = rows_outer * cdiv(rows_inner, config.block_rows)
     # evict_first on loads and stores used once; EXP2 is read by the forward kernels only
     hints = dict(POLICY="evict_first" if config.evict else "", EXP2=int(config.exp2))
 
@@ -807,12 +809,12 @@ def _launch_rows(
             NUM_STAGES=config.num_stages, num_warps=config.num_warps, **hints,
         )  # fmt: skip
     elif config.design in ("coop", "split2", "split2r"):
-        n_chunks = triton.cdiv(n_cols, config.block_cols)
+        n_chunks = cdiv(n_cols, config.block_cols)
         n_slots = rows_outer * rows_inner * n_chunks
         grid = (row_blocks * n_chunks,)
         common = dict(
             BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
-            MAX_CHUNKS=triton.next_power_of_2(n_chunks), num_warps=config.num_warps, **hints,
+            MAX_CHUNKS=next_power_of_2(n_chunks), num_warps=config.num_warps, **hints,
         )  # fmt: skip
         split_kernel = kernels["split"]
         if config.loop_cols:
@@ -881,7 +883,7 @@ def _launch_bands(launch, kernels, moved, rows, strides, config: Config, hints: 
     n_inputs = len(moved) - 1
     row_bytes = n_cols * moved[0].element_size() * n_inputs
     # whole row blocks a band, at least one
-    band_rows = triton.cdiv(max(1, config.band_bytes // row_bytes), config.block_rows)
+    band_rows = cdiv(max(1, config.band_bytes // row_bytes), config.block_rows)
     # at most every row (a band of whole outer rows needs no row-block rounding)
     band_rows = min(band_rows * config.block_rows, rows_outer * rows_inner)
     # each tensor as (rows_outer, rows_inner, n_cols) with its own strides, to slice bands from
@@ -890,7 +892,7 @@ def _launch_bands(launch, kernels, moved, rows, strides, config: Config, hints: 
         for t, s in zip(moved, strides, strict=True)
     ]
     flat_strides = [s for tensor_strides in strides for s in tensor_strides]
-    n_chunks = triton.cdiv(n_cols, config.block_cols)
+    n_chunks = cdiv(n_cols, config.block_cols)
     bands = _band_slices(rows_outer, rows_inner, band_rows)
     max_rows = band_rows if band_rows < rows_inner else (band_rows // rows_inner) * rows_inner
     n_slots = max_rows * n_chunks
@@ -898,7 +900,7 @@ def _launch_bands(launch, kernels, moved, rows, strides, config: Config, hints: 
     first, then = ("evict_last", "evict_first") if config.evict else ("", "")
     common = dict(
         BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
-        MAX_CHUNKS=triton.next_power_of_2(n_chunks), num_warps=config.num_warps,
+        MAX_CHUNKS=next_power_of_2(n_chunks), num_warps=config.num_warps,
         EXP2=hints["EXP2"],
     )  # fmt: skip
     split_kernel = kernels["split"]
@@ -913,7 +915,7 @@ def _launch_bands(launch, kernels, moved, rows, strides, config: Config, hints: 
     for outer, inner in bands:
         band = [v[outer, inner] for v in views]
         band_outer, band_inner = band[0].shape[:2]
-        grid = (band_outer * triton.cdiv(band_inner, config.block_rows) * n_chunks,)
+        grid = (band_outer * cdiv(band_inner, config.block_rows) * n_chunks,)
         for phase, policy in ((0, first), (1, then)):
             launch(split_kernel)[grid](
                 *band, ws, band_inner, n_cols, n_chunks, n_slots, *flat_strides,

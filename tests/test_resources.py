@@ -178,3 +178,14 @@ def test_ctas_per_sm_takes_the_tightest_limit():
     assert ctas_per_sm(90, 32, 0, 4) == 16  # the warp limit: 64 warps
     assert ctas_per_sm(80, 128, 100 * 1024, 4) == 1  # an A100 holds 164 KB
     assert ctas_per_sm(75, 128, 0, 4) is None and ctas_per_sm(90, None, 0, 4) is None
+
+
+def test_host_calls_time_the_python_path_per_shape(tmp_path):
+    out = tmp_path / "r.json"
+    done = run_tool("--kernel", "softmax", "--shapes", "cpu", "--host-calls", "5",
+                    "--json", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    payload = json.loads(out.read_text())
+    assert set(payload["host_us"]) == set(payload["labels"])
+    assert all(0 < us < 1e6 for us in payload["host_us"].values())
+    assert "# host path: median of 5 calls" in done.stdout
