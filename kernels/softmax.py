@@ -812,19 +812,7 @@ def _launch_rows(
         n_chunks = cdiv(n_cols, config.block_cols)
         n_slots = rows_outer * rows_inner * n_chunks
         grid = (row_blocks * n_chunks,)
-        common = dict(
-            BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
-            MAX_CHUNKS=next_power_of_2(n_chunks), num_warps=config.num_warps, **hints,
-        )  # fmt: skip
-        split_kernel = kernels["split"]
-        if config.loop_cols:
-            if config.block_cols % config.loop_cols:
-                raise ValueError(f"loop of {config.loop_cols} for chunks of {config.block_cols}")
-            split_kernel = kernels["split_loop"]
-            common.update(
-                LOOP_COLS=config.loop_cols, FIRST_POLICY="evict_last" if config.evict else "",
-                SLEEP_NS=config.sleep_ns, COUNTER=config.counter,
-            )  # fmt: skip
+        split_kernel, common = _split_kernel(kernels, config, n_chunks, config.counter, **hints)
         if config.design == "coop":
             if is_interpreter():
                 # the interpreter runs programs one after another: a waiting one never returns
@@ -857,6 +845,25 @@ def _launch_rows(
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")
+
+
+def _split_kernel(kernels: dict, config: Config, n_chunks: int, counter: bool, **extra):
+    """(kernel, meta) for the chunked designs: kernels["split"], or kernels["split_loop"] when
+    config.loop_cols is set (it must divide the chunk), whose first pass over the chunk asks L2
+    to keep it when config.evict."""
+    meta = dict(
+        BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
+        MAX_CHUNKS=next_power_of_2(n_chunks), num_warps=config.num_warps, **extra,
+    )  # fmt: skip
+    if not config.loop_cols:
+        return kernels["split"], meta
+    if config.block_cols % config.loop_cols:
+        raise ValueError(f"loop of {config.loop_cols} for chunks of {config.block_cols}")
+    meta.update(
+        LOOP_COLS=config.loop_cols, FIRST_POLICY="evict_last" if config.evict else "",
+        SLEEP_NS=config.sleep_ns, COUNTER=counter,
+    )  # fmt: skip
+    return kernels["split_loop"], meta
 
 
 def _band_slices(rows_outer: int, rows_inner: int, band_rows: int):
@@ -898,20 +905,7 @@ def _launch_bands(launch, kernels, moved, rows, strides, config: Config, hints: 
     n_slots = max_rows * n_chunks
     ws = torch.empty(n_slots, device=moved[0].device, dtype=torch.int64)
     first, then = ("evict_last", "evict_first") if config.evict else ("", "")
-    common = dict(
-        BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
-        MAX_CHUNKS=next_power_of_2(n_chunks), num_warps=config.num_warps,
-        EXP2=hints["EXP2"],
-    )  # fmt: skip
-    split_kernel = kernels["split"]
-    if config.loop_cols:
-        if config.block_cols % config.loop_cols:
-            raise ValueError(f"loop of {config.loop_cols} for chunks of {config.block_cols}")
-        split_kernel = kernels["split_loop"]
-        common.update(
-            LOOP_COLS=config.loop_cols, FIRST_POLICY=first, SLEEP_NS=config.sleep_ns,
-            COUNTER=False,
-        )  # fmt: skip
+    split_kernel, common = _split_kernel(kernels, config, n_chunks, False, EXP2=hints["EXP2"])
     for outer, inner in bands:
         band = [v[outer, inner] for v in views]
         band_outer, band_inner = band[0].shape[:2]
