@@ -161,11 +161,16 @@ def run_variant(shape_str, variant, fn, check, flops, nbytes, base_ms, kernel=No
         row(shape_str, variant, ms, flops, nbytes, base_ms, config)
         return ms
     except Exception as exc:  # noqa: BLE001 - the probe reports and goes on
-        msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
-        emit(f"{shape_str:>20} {variant:<22} FAILED {msg}")
-        if "-v" in sys.argv:
-            traceback.print_exc()
+        report_failure(shape_str, variant, exc)
         return None
+
+
+def report_failure(shape_str, variant, exc):
+    """One FAILED line in place of the variant's row (the traceback too with -v)."""
+    msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+    emit(f"{shape_str:>20} {variant:<22} FAILED {msg}")
+    if "-v" in sys.argv:
+        traceback.print_exc()
 
 
 def matmul_case(M, N, K, dtype, variants, *, b_transposed=False):
@@ -673,10 +678,7 @@ def section_round3(quick, smoke=False, budget_s=R3_BUDGET_S):
                 table[(shape_str, name)] = table[(shape_str, "dup:" + cfg)] = ratio
                 configs[(shape_str, name)] = cfg
             except Exception as exc:  # noqa: BLE001 - the probe reports and goes on
-                msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
-                emit(f"{shape_str:>20} {name:<22} FAILED {msg}")
-                if "-v" in sys.argv:
-                    traceback.print_exc()
+                report_failure(shape_str, name, exc)
         if not smoke:
             # The default once more, long after its autotuning; the table keeps its better time.
             again = run_variant(shape_str, "default (again)",
@@ -782,10 +784,7 @@ class _R4:
             check(fn())
             return ms
         except Exception as exc:  # noqa: BLE001 - the probe reports and goes on
-            msg = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
-            emit(f"{shape_str:>20} {name:<22} FAILED {msg}")
-            if "-v" in sys.argv:
-                traceback.print_exc()
+            report_failure(shape_str, name, exc)
             return None
 
 
