@@ -88,9 +88,10 @@ class OfflineCompiler:
         from triton.runtime import jit
         from triton.runtime.autotuner import Autotuner
 
-        for needed in ("create_function_from_signature",):
-            if not hasattr(jit, needed):
-                raise RuntimeError(f"triton {_triton_version()} lacks jit.{needed}; use 3.4-3.8")
+        if not hasattr(jit, "create_function_from_signature"):
+            raise RuntimeError(
+                f"triton {_triton_version()} lacks jit.create_function_from_signature; use 3.4-3.8"
+            )
         compiler = self
         saved = jit.JITFunction.run, Autotuner._bench, Autotuner.run
 
@@ -355,13 +356,9 @@ def main(argv=None) -> int:
             args.kernel, args.shapes, args.dtype, args.pass_name, args.arch, args.sms,
             args.overrides, args.host_calls,
         )  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 - one clear line and a non-zero exit
-        from experiments.errors import ConfigError
-
-        if isinstance(exc, ValueError | ConfigError | RuntimeError):
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except (ValueError, RuntimeError) as exc:  # bad input (ConfigError is a ValueError): one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from triton import knobs
 
     records = list(compiler.compiled.values())
