@@ -27,6 +27,12 @@ chunks of 4096 values, 4 warps). Variants ending in `_g` are captured once in a 
 timed as graph replays (do_bench still flushes L2 before each), which takes the host's launch
 cost out: a band config launches 2 kernels a band.
     python -m experiments.probe_softmax --round4 --budget 85
+
+`--round5` times the coop chunk/warps grid on the long rows again (the slot gather changed), and
+on every N a `same_bytes` row: torch moving the same bytes in one kernel (a copy forward, an add
+of y and dy backward), timed the same way, so "% of copy" can be read against the copy of this
+size as well as the 1 GB one; names in ROUND5_NAMES below.
+    python -m experiments.probe_softmax --round5 --budget 150
 """
 
 import argparse
@@ -165,6 +171,41 @@ def round3_candidates(n: int, itemsize: int, backward: bool, pick: Config) -> di
     return out
 
 
+# What each round 5 name means (printed at the start of a --round5 run).
+ROUND5_NAMES = {
+    "default": "the shipped _pick_config choice (the coop kernels now gather one row's slots "
+    "as a vector: kernels/notes/softmax.md, round 8)",
+    "same_bytes": "not softmax: the same bytes moved by torch in one kernel, timed alike (fwd: "
+    "out.copy_(x); bwd: torch.add(y, dy, out=dx)), the roofline at this size",
+    "cNKv_wW": "coop, chunks of N*1024 values, W warps",
+    "lNKv_MK_wW_ev": "coop-loop (round 3): chunks read twice in a loop of M*1024 values",
+    "online16K_w8 / online_ev": "the online loop (x read twice), as round 3",
+}
+
+
+def round5_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 5: the coop chunk/warps grid again, now that the slot gather no longer costs
+    registers per chunk; the tile rows get only the default and the same-bytes reference."""
+    if n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    out = {
+        "c2Kv_w2": _coopv(2048, 2),
+        "c4Kv_w4": _coopv(4096, 4),
+        "c8Kv_w4": _coopv(8192, 4),
+        "c8Kv_w8": _coopv(8192, 8),
+        "c16Kv_w8": _coopv(16384, 8),
+        "c16Kv_w16": _coopv(16384, 16),
+    }
+    if backward:
+        out["l16Kv_4K_w8_ev"] = _loop(16384, 4096, 8)
+        out["l16Kv_4K_w16_ev"] = _loop(16384, 4096, 16)
+    else:
+        e2 = 2 if itemsize == 2 else 1
+        out["online16K_w8"] = Config("online", 1, 16384 // itemsize, 8)
+        out["online_ev"] = Config("online", 1, 16384 // itemsize, 8, exp2=e2, evict=True)
+    return out
+
+
 # What each round 4 name means (printed at the start of a --round4 run).
 ROUND4_NAMES = {
     "default": "the shipped _pick_config choice",
@@ -280,7 +321,9 @@ def _for_smoke(cfg: Config) -> Config:
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
-def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False, round4=False):
+def run_shape(
+    dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False, round4=False, round5=False
+):
     """Check, time and print every variant of one shape, forward then backward."""
     dtype = DTYPES[dtype_name]
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -295,7 +338,10 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False, ro
     bwd = {"eager": lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, dtype)}
     bwd_pick = _pick_config(n, m, False, True, x.device, itemsize)
     bwd["default"] = lambda: _backward(y, dy, -1, direct, None)
-    if round4:
+    if round5:
+        fwd_cands = round5_candidates(n, itemsize, False)
+        bwd_cands = round5_candidates(n, itemsize, True)
+    elif round4:
         fwd_cands = round4_candidates(n, itemsize, False)
         bwd_cands = round4_candidates(n, itemsize, True)
     elif round3:
@@ -311,6 +357,10 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False, ro
         fwd[name] = lambda cfg=cfg: _forward(x, -1, direct, cfg)
     for name, cfg in bwd_cands.items():
         bwd[name] = lambda cfg=cfg: _backward(y, dy, -1, direct, cfg)
+    if round5:  # the roofline at this size, timed alike (not a Triton variant)
+        out = torch.empty_like(x)
+        fwd["same_bytes"] = lambda: out.copy_(x)
+        bwd["same_bytes"] = lambda: torch.add(y, dy, out=out)
     if round4:
         fwd["default_g"] = lambda: _forward(x, -1, direct, None)
         bwd["default_g"] = lambda: _backward(y, dy, -1, direct, None)
@@ -340,6 +390,11 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False, ro
                 errors[name] = "SKIPPED (time budget)"
                 continue
             try:
+                if name == "same_bytes":  # not softmax: nothing to check
+                    fn()
+                    ok.append(name)
+                    errors[name] = 0.0
+                    continue
                 err = relative_error(fn(), reference)
                 if not err < tol:
                     raise AssertionError(f"relative error {err:.2e} >= {tol:.1e}")
@@ -369,7 +424,7 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False, ro
             print(f"{row} {ms:8.4f} {gbs:6.0f} {100 * gbs / copy_gbs:5.1f}% {ratio}  "
                   f"err {errors[name]:.1e}")  # fmt: skip
             key = (dtype_name, n, pass_name)
-            if name != "eager" and (key not in best or ms < best[key][1]):
+            if name not in ("eager", "same_bytes") and (key not in best or ms < best[key][1]):
                 best[key] = (name, ms, gbs)
         sys.stdout.flush()
 
@@ -384,6 +439,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--round3", action="store_true", help="the round 3 candidates")
     parser.add_argument("--round4", action="store_true", help="the round 4 (band) candidates")
+    parser.add_argument("--round5", action="store_true", help="the round 5 (coop grid) candidates")
     args = parser.parse_args()
     if args.round4:  # the long rows, then N=16384 as a control
         ROWS = [(512, 65536), (128, 262144), (2048, 16384)]
@@ -395,7 +451,9 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-    elif args.round3:  # long rows first: they are round 3's first question
+        if args.round5:  # a long row of several chunks of every size in the grid
+            ROWS = [(2, 70000), (5, 128)]
+    elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
     budget = Budget(args.budget)
     start = time.monotonic()
@@ -413,8 +471,9 @@ def main() -> int:
     best: dict[tuple, tuple[str, float, float]] = {}
     only = {int(v) for v in args.only.split(",") if v}
     dtypes = args.dtypes.split(",")
-    if args.round3 or args.round4:
-        for name, meaning in (ROUND4_NAMES if args.round4 else ROUND3_NAMES).items():
+    if args.round3 or args.round4 or args.round5:
+        names = ROUND5_NAMES if args.round5 else ROUND4_NAMES if args.round4 else ROUND3_NAMES
+        for name, meaning in names.items():
             print(f"# {name:16} {meaning}")
         # shape outer, dtype inner: both dtypes of the long rows come first
         jobs = [(d, m, n) for m, n in ROWS for d in dtypes]
@@ -423,8 +482,9 @@ def main() -> int:
     for dtype_name, m, n in jobs:
         if not only or n in only:
             run_shape(
-                dtype_name, m, n, copy_gbs, budget, best, args.rounds, args.round3, args.round4
-            )
+                dtype_name, m, n, copy_gbs, budget, best, args.rounds, args.round3, args.round4,
+                args.round5,
+            )  # fmt: skip
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
 

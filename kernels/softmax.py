@@ -185,17 +185,25 @@ def _wait_counters(counters, n_chunks, row_ok, SLEEP_NS: tl.constexpr):
 
 @triton.jit
 def _split_partials(
-    slots, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.constexpr, SLEEP_NS: tl.constexpr
-):
+    ws_ptr, row, n_chunks, row_ok, WAIT: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    SLEEP_NS: tl.constexpr,
+):  # fmt: skip
     """Gather the packed partials of each row (waiting until all are published if WAIT).
 
-    Returns a (BLOCK_ROWS, MAX_CHUNKS) int64 tile of packed partials, 0 where masked. A
-    published partial is never 0 (see the callers), so 0 marks a slot not yet written; the
-    volatile loads go to memory each time round the loop.
+    Row r's slots start at ws_ptr + r * n_chunks. Returns a (BLOCK_ROWS, MAX_CHUNKS) int64 tile
+    of packed partials, 0 where masked; for one row, a (MAX_CHUNKS,) vector instead: a
+    (1, MAX_CHUNKS) tile takes layouts that give every thread all of its slots (232 registers
+    a thread for the backward at 32 chunks a row), a vector one slot a thread. A published
+    partial is never 0 (see the callers), so 0 marks a slot not yet written; the volatile loads
+    go to memory each time round the loop.
     """
     k = tl.arange(0, MAX_CHUNKS)
-    slot_ok = row_ok[:, None] & (k < n_chunks)[None, :]
-    ptrs = slots[:, None] + k[None, :]
+    if row.shape[0] == 1:
+        slot_ok = (k < n_chunks) & (tl.sum(row_ok.to(tl.int32), axis=0) > 0)
+        ptrs = ws_ptr + tl.sum(row, axis=0) * n_chunks + k
+    else:
+        slot_ok = row_ok[:, None] & (k < n_chunks)[None, :]
+        ptrs = (ws_ptr + row * n_chunks)[:, None] + k[None, :]
     packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
     if WAIT:
         missing = tl.sum(tl.where(packed == 0, 1, 0))
@@ -210,6 +218,37 @@ def _split_partials(
         # published (seen in L2 before the sum's barrier), so one more load sees them all.
         packed = tl.load(ptrs, mask=slot_ok, other=1, volatile=True)
     return tl.where(slot_ok, packed, 0)
+
+
+@triton.jit
+def _chunk_sum(values, row_ok):
+    """Per-row sum over the chunks of _split_partials' tile (or one row's vector), in chunk
+    order whatever order the chunks finished in: deterministic. Shape (BLOCK_ROWS,)."""
+    if len(values.shape) == 1:
+        out = tl.where(row_ok, tl.sum(values, axis=0), 0.0)
+    else:
+        out = tl.sum(values, axis=1)
+    return out
+
+
+@triton.jit
+def _chunk_max(values, row_ok):
+    """Per-row max over the chunks, as _chunk_sum."""
+    if len(values.shape) == 1:
+        out = tl.where(row_ok, tl.max(values, axis=0), 0.0)
+    else:
+        out = tl.max(values, axis=1)
+    return out
+
+
+@triton.jit
+def _per_chunk(row_values, like):
+    """Broadcast a per-row value against _split_partials' tile (or one row's vector)."""
+    if len(like.shape) == 1:
+        out = tl.sum(row_values, axis=0)
+    else:
+        out = row_values[:, None]
+    return out
 
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -231,21 +270,21 @@ def _exp_shifted(x, shift, EXP2: tl.constexpr):
 
 @triton.jit
 def _forward_row_stats(
-    slots, counters, n_chunks, row_ok,
+    ws_ptr, row, counters, n_chunks, row_ok,
     PHASE: tl.constexpr, COUNTER: tl.constexpr, SLEEP_NS: tl.constexpr, MAX_CHUNKS: tl.constexpr,
 ):  # fmt: skip
     """(row max, row sum of exp(x - row max)) from the chunks' partials (waiting if PHASE 2)."""
     if COUNTER and PHASE == 2:
         _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
-    packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
+    packed = _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
     maxes, sums = _unpack(packed)
-    k_ok = (tl.arange(0, MAX_CHUNKS) < n_chunks)[None, :]
-    maxes = tl.where(k_ok, maxes, -float("inf"))
-    row_max = tl.max(maxes, axis=1)
+    published = packed != 0  # masked slots read 0, and a published partial never is
+    maxes = tl.where(published, maxes, -float("inf"))
     # rows past the end combine with max 0, so no NaN is computed for them
-    row_max = tl.where(row_ok, row_max, 0.0)
+    row_max = tl.where(row_ok, _chunk_max(maxes, row_ok), 0.0)
     # an all -inf row: row_max = -inf and exp(-inf - -inf) = NaN, as torch gives
-    row_sum = tl.sum(tl.where(k_ok, sums * tl.exp(maxes - row_max[:, None]), 0.0), axis=1)
+    scaled = sums * tl.exp(maxes - _per_chunk(row_max, maxes))
+    row_sum = _chunk_sum(tl.where(published, scaled, 0.0), row_ok)
     return row_max, row_sum
 
 
@@ -326,7 +365,7 @@ def softmax_split_kernel(
         _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
     if PHASE != 0:
         row_max, row_sum = _forward_row_stats(
-            slots, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+            ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
         )
         y = _exp_shifted(x, row_max, EXP2) * (1.0 / row_sum)[:, None]
         y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
@@ -387,7 +426,7 @@ def softmax_split_loop_kernel(
         )
     if PHASE != 0:
         row_max, row_sum = _forward_row_stats(
-            slots, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+            ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
         )
         inv_sum = (1.0 / row_sum)[:, None]
         for start in range(0, CHUNK, LOOP_COLS):
@@ -522,10 +561,9 @@ def softmax_backward_split_kernel(
     if PHASE != 0:
         if COUNTER and PHASE == 2:
             _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
-        packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
+        packed = _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
         dots, _ = _unpack(packed)
-        # summed in chunk order, whatever order the chunks finished in: deterministic
-        row_dot = tl.sum(dots, axis=1)
+        row_dot = _chunk_sum(dots, row_ok)
         dx = y * (dy - row_dot[:, None])
         dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
         tl.store(
@@ -574,9 +612,9 @@ def softmax_backward_split_loop_kernel(
     if PHASE != 0:
         if COUNTER and PHASE == 2:
             _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
-        packed = _split_partials(slots, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
+        packed = _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
         dots, _ = _unpack(packed)
-        row_dot = tl.sum(dots, axis=1)[:, None]
+        row_dot = _chunk_sum(dots, row_ok)[:, None]
         for start in range(0, CHUNK, LOOP_COLS):
             cols = first + start + offs
             mask = row_ok[:, None] & (cols < end)[None, :]

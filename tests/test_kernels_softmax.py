@@ -378,6 +378,22 @@ def test_round4_probe_candidates_are_valid():
                     assert cfg.design == "split2" or cfg.band_bytes >= 2**22, name
 
 
+def test_round5_probe_candidates_are_valid():
+    """Every round 5 probe variant at the GPU shapes: coop chunks that fit in registers and
+    at most MAX_SPLIT_CHUNKS a row (the coop wait needs all of a row's programs resident)."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for m, n in probe.ROWS:
+        for itemsize in (2, 4):
+            for backward in (False, True):
+                cands = probe.round5_candidates(n, itemsize, backward)
+                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                for name, cfg in cands.items():
+                    assert cfg.block_cols <= 16384, name
+                    assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
+                    assert cfg.design in ("coop", "online"), name
+                    assert not (backward and cfg.design == "online"), name
+
+
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
 def test_long_rows(dtype_name, device):
     # fp16 is left out: its outputs (~1/262144) are subnormal and lose digits, in torch as well
