@@ -382,7 +382,7 @@ def test_round5_probe_candidates_are_valid():
     """Every round 5 probe variant at the GPU shapes: coop chunks that fit in registers and
     at most MAX_SPLIT_CHUNKS a row (the coop wait needs all of a row's programs resident)."""
     probe = importlib.import_module("experiments.probe_softmax")
-    for m, n in probe.ROWS:
+    for _, n in probe.ROWS:
         for itemsize in (2, 4):
             for backward in (False, True):
                 cands = probe.round5_candidates(n, itemsize, backward)
