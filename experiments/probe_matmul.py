@@ -21,6 +21,8 @@ Sections (each row: shape, variant, winning config, ms, TFLOP/s, GB/s, ratio = t
              (c) the linear backward pieces with dZ+db settings; (b) linear forward tiles
              with and without the epilogue activation, and fwd_bwd, on the 4 linear shapes.
              --r4-parts c runs only (c), a, b or any mix likewise.
+    round8   1024^3 (bf16, fp16) and 2048^3: the shipped tile against other one-wave tiles
+             (fewer K steps, stage counts, 64x64 two-wave tiles, no flatten); under a minute.
 
 Every variant is first compared with float64 on the first rows of the output
 (torch.testing.assert_close); a failing variant prints FAILED and the probe goes on.
@@ -697,6 +699,58 @@ def section_round3(quick, smoke=False, budget_s=R3_BUDGET_S):
         _r3_linear()
 
 
+# Round 8: the one-wave shapes (1024^3 sits at 0.85 of cuBLAS): tiles with fewer K steps,
+# other stage counts, two waves of small tiles, and the persistent loop not flattened.
+R8_SHAPES = [(1024, 1024, 1024, torch.bfloat16), (1024, 1024, 1024, torch.float16),
+             (2048, 2048, 2048, torch.bfloat16)]  # fmt: skip
+R8_TILES = [(128, 64, 64, 4, 4), (128, 64, 64, 3, 4), (128, 64, 64, 5, 4), (128, 64, 128, 3, 4),
+            (64, 128, 128, 3, 4), (64, 128, 64, 4, 4), (64, 128, 64, 6, 4), (128, 128, 64, 3, 4),
+            (64, 64, 128, 4, 4), (64, 64, 64, 6, 4), (128, 128, 128, 2, 8)]  # fmt: skip
+
+
+def section_round8(smoke=False):
+    """The shipped hd tile against R8_TILES (host-side descriptors) and torch on R8_SHAPES,
+    each checked against float64 rows and torch's whole output, torch timed first and last."""
+    dev = "cpu" if smoke else "cuda"
+    emit("== round 8: one-wave tiles vs torch.matmul" + (" (SMOKE)" if smoke else "") + " ==")
+    header()
+    shapes = R3_SMOKE_SHAPES if smoke else R8_SHAPES
+    for M, N, K, dtype in shapes:
+        gen = torch.Generator(device=dev).manual_seed(M + N + K)
+        a = torch.randn(M, K, device=dev, dtype=dtype, generator=gen)
+        b = torch.randn(K, N, device=dev, dtype=dtype, generator=gen)
+        ref_rows = a[: min(M, CHECK_ROWS)].double() @ b.double()
+        ref_full = (a.float() @ b.float()) if smoke else (a @ b).float()
+        shape_str = f"{M}x{N}x{K}" + ("" if dtype == torch.bfloat16 else "-fp16")
+        flops, nbytes = 2.0 * M * N * K, (M * K + K * N + M * N) * a.element_size()
+        check = _r3_checker(ref_rows, ref_full, dtype, shape_str)
+        base = None if smoke else run_variant(
+            shape_str, "torch", lambda: a @ b, check, flops, nbytes, None  # noqa: B023
+        )  # fmt: skip
+        variants = [("shipped (hd)", {"variant": "hd"})]
+        tiles = [(32, 32, 32, 1, 4)] if smoke else R8_TILES
+        for t in tiles:
+            name = "hd:{}x{}x{}s{}w{}".format(*t)
+            variants.append((name, {"variant": "wave-hd", "config": _meta(*t)}))
+        noflat = _meta(128, 64, 64, 4, 4, flatten=False)
+        variants.append(("hd:128x64x64s4w4 noflat", {"variant": "wave-hd", "config": noflat}))
+        for name, kw in variants:
+            if smoke:
+                kw = {**kw, "path": "tma"}
+            try:
+                fn = lambda kw=kw: km.fused_matmul(a, b, **kw)[0]  # noqa: E731, B023
+                check(fn())
+                if smoke:
+                    emit(f"{shape_str:>20} {name:<22} ok (checked)")
+                    continue
+                time.sleep(R3_IDLE_S)
+                row(shape_str, name, bench(fn), flops, nbytes, base, r3_config_str(kw))
+            except Exception as exc:  # noqa: BLE001 - the probe reports and goes on
+                report_failure(shape_str, name, exc)
+        if not smoke:
+            run_variant(shape_str, "torch (again)", lambda: a @ b, check, flops, nbytes, base)  # noqa: B023
+
+
 def _r3_tables(table, configs, shape_strs):
     emit("== round 3 ratios (torch ms / ours; > 1 is faster than cuBLAS; default: the better of")
     emit("   its two timings, right after autotuning + 1 s idle and at the end of the shape) ==")
@@ -1088,7 +1142,9 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
-    if args.smoke or (not torch.cuda.is_available() and sections <= {"round3", "round4"}):
+    if args.smoke or (
+        not torch.cuda.is_available() and sections <= {"round3", "round4", "round8"}
+    ):
         if not km.is_interpreter():
             sys.exit("the smoke run needs TRITON_INTERPRET=1 set before Python starts")
         t0 = time.time()
@@ -1096,6 +1152,8 @@ def main(argv=None):
             section_round4(smoke=True, parts=args.r4_parts)
         if "round3" in sections:
             section_round3(args.quick, smoke=True)
+        if "round8" in sections:
+            section_round8(smoke=True)
         emit(f"-- smoke: {time.time() - t0:.1f} s")
         return
     if not torch.cuda.is_available():
@@ -1124,6 +1182,7 @@ def main(argv=None):
         ("round3", lambda: section_round3(args.quick, budget_s=args.r3_budget)),
         ("linbwd", section_linbwd),
         ("round4", lambda: section_round4(budget_s=args.r4_budget, parts=args.r4_parts)),
+        ("round8", section_round8),
     ]:
         if name in sections:
             t0 = time.time()

@@ -178,7 +178,9 @@ COLUMN_SUM_ROWS = 512
 # deterministic (no atomics). Measured at 2048x4096 gelu (H100, round 4, eager 37.2 us): 32x256
 # w4 (round 4's default) 49.3 us, 64x256 w8 47.1, 16x512 w4 43.4 (shipped in round 5), round 3's
 # 16x128 / 256 rows 53.6. To go back to round 4: DZ_BLOCK_M = 32, DZ_BLOCK_N = 256.
-DZ_BLOCK_M = 16
+# Round 8 (probe round 4 (c), H100, eager 35.7 us): 8x512 w4 37.0 us against 16x512 w4's 45.1;
+# it compiles to 128 registers for gelu instead of 168 (kernels/notes/matmul.md, rounds 7-8).
+DZ_BLOCK_M = 8
 DZ_BLOCK_N = 512
 DZ_NUM_WARPS = 4
 DZ_PROGRAMS = 1024  # ~8 per SM on an H100

@@ -167,6 +167,8 @@ ROUND3_LONG = {
     "split2_loop_rows2": Config("split2", 2, 128, 4, loop_cols=32, exp2=1),
     "split2_exp2fma": Config("split2", 1, 128, 4, exp2=2, counter=True),
     "online_exp2": Config("online", 1, 64, 4, evict=True, exp2=1),
+    # the GPU's pick for 16-bit rows of 65536 with rows enough (round 8), in small
+    "online_exp2fma": Config("online", 1, 64, 8, evict=True, exp2=2),
     "tile_exp2fma": Config("tile", 1, 2048, 8, exp2=2),
 }
 
@@ -512,6 +514,7 @@ def test_bad_inputs(device):
     "shape, dim",
     [
         ((4, 262144), -1),  # coop
+        ((300, 65536), -1),  # 16-bit: rows enough for the online loop (evict, exp2 FMA form)
         ((2, 1048576), -1),  # coop with chunks grown to keep 128 per row
         ((2048, 4096), -1),
         ((1024, 4096), 0),  # 32 adjacent rows a program: coop
