@@ -770,6 +770,7 @@ def _pick_config(
     backward: bool,
     device: torch.device,
     itemsize: int = 4,
+    rows_outer: int = 1,
 ) -> Config:
     """The design and sizes the probe measured best for these rows (kernels/notes/softmax.md)."""
     min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, next_power_of_2(rows_inner))
@@ -778,6 +779,11 @@ def _pick_config(
         tile_elems = min(TILE_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
         block_rows = max(min_rows, tile_elems // padded_cols)
         block_rows = max(min(block_rows, next_power_of_2(rows_inner)), min_rows)
+        # Too few rows to give every SM a full tile (launch-bound sizes): smaller tiles, so
+        # that the rows spread over more SMs instead of queueing in a few programs.
+        sms = _sm_count(device)
+        while block_rows > min_rows and rows_outer * cdiv(rows_inner, block_rows) < sms:
+            block_rows //= 2
         elems = block_rows * padded_cols
         # the backward loads two inputs: twice the bytes a thread
         warps = _warps_for(elems * itemsize * (2 if backward else 1))
@@ -826,7 +832,9 @@ def _launch_rows(
     device = moved[0].device
     if config is None:
         itemsize = moved[0].element_size()
-        config = _pick_config(n_cols, rows_inner, rows_adjacent, backward, device, itemsize)
+        config = _pick_config(
+            n_cols, rows_inner, rows_adjacent, backward, device, itemsize, rows_outer
+        )
     kernels = _KERNELS[backward]
     flat_strides = [s for tensor_strides in strides for s in tensor_strides]
     row_blocks = rows_outer * cdiv(rows_inner, config.block_rows)
