@@ -33,9 +33,15 @@ on every N a `same_bytes` row: torch moving the same bytes in one kernel (a copy
 of y and dy backward), timed the same way, so "% of copy" can be read against the copy of this
 size as well as the 1 GB one; names in ROUND5_NAMES below.
     python -m experiments.probe_softmax --round5 --budget 150
+
+`--round6` times forward tiles of other sizes and warps on the short rows (N <= 4096) beside
+Inductor's own kernels for the same call (torch.compile in the default and
+max-autotune-no-cudagraphs modes) and the same-bytes copy; names in ROUND6_NAMES below.
+    python -m experiments.probe_softmax --round6 --budget 150
 """
 
 import argparse
+import functools
 import sys
 import time
 import traceback
@@ -55,8 +61,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
 def _tile(n: int, itemsize: int, kbytes: int, warps: int, per_sm: int = 0) -> Config:
-    elems = min(max(kbytes * 1024 // itemsize, n), ONE_PASS_MAX_ELEMS)
-    return Config("tile", max(1, elems // n), n, warps, per_sm)
+    cols = triton.next_power_of_2(n)  # the tile's columns: a power of 2 (odd --smoke rows)
+    elems = min(max(kbytes * 1024 // itemsize, cols), ONE_PASS_MAX_ELEMS)
+    return Config("tile", max(1, elems // cols), cols, warps, per_sm)
 
 
 def _coop(itemsize: int, kbytes: int, warps: int) -> Config:
@@ -250,6 +257,27 @@ def round4_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config
     return {k: v for k, v in out.items() if v.block_cols <= max(n, 4096)}
 
 
+# What each round 6 name means (printed at the start of a --round6 run).
+ROUND6_NAMES = {
+    "default": "the shipped _pick_config choice (16 KB tiles, 4 warps)",
+    "tNK_wW": "tile of N KB of x a program, W warps",
+    "inductor / inductor_mac": "not Triton variants: torch.compile(torch.softmax) in the default "
+    "and max-autotune-no-cudagraphs modes, timed alike (the bench's 'best compile mode')",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round6_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 6: forward tiles of other sizes and warps for the short rows (where the bench put
+    the tile 1-3% behind Inductor at N = 128 and 1024); none for the backward or long rows."""
+    if backward or n > 4096:
+        return {}
+    out = {}
+    for kbytes, warps in ((4, 2), (4, 4), (8, 2), (8, 4), (16, 2), (16, 8), (32, 4), (32, 8)):
+        out[f"t{kbytes}K_w{warps}"] = _tile(n, itemsize, kbytes, warps)
+    return out
+
+
 def _graphed(fn):
     """fn as a CUDA graph: the first call runs it (compiling), captures it and replays; later
     calls replay. Returns the captured output each time."""
@@ -316,14 +344,18 @@ def _error_line(exc: Exception) -> str:
     return msg[-1][:160] if msg else repr(exc)
 
 
+ROUND_CANDIDATES = {4: round4_candidates, 5: round5_candidates, 6: round6_candidates}
+ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES}
+# rows that time something else than our kernels: never the "best Triton variant"
+REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
+
+
 def _for_smoke(cfg: Config) -> Config:
     # the interpreter runs programs one at a time: a waiting (coop) program would never return
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
-def run_shape(
-    dtype_name, m, n, copy_gbs, budget, best, rounds, round3=False, round4=False, round5=False
-):
+def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round_no=0):
     """Check, time and print every variant of one shape, forward then backward."""
     dtype = DTYPES[dtype_name]
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -338,15 +370,12 @@ def run_shape(
     bwd = {"eager": lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, dtype)}
     bwd_pick = _pick_config(n, m, False, True, x.device, itemsize)
     bwd["default"] = lambda: _backward(y, dy, -1, direct, None)
-    if round5:
-        fwd_cands = round5_candidates(n, itemsize, False)
-        bwd_cands = round5_candidates(n, itemsize, True)
-    elif round4:
-        fwd_cands = round4_candidates(n, itemsize, False)
-        bwd_cands = round4_candidates(n, itemsize, True)
-    elif round3:
+    if round_no == 3:
         fwd_cands = round3_candidates(n, itemsize, False, pick)
         bwd_cands = round3_candidates(n, itemsize, True, bwd_pick)
+    elif round_no in ROUND_CANDIDATES:
+        fwd_cands = ROUND_CANDIDATES[round_no](n, itemsize, False)
+        bwd_cands = ROUND_CANDIDATES[round_no](n, itemsize, True)
     else:
         fwd_cands = forward_candidates(n, itemsize)
         bwd_cands = backward_candidates(n, itemsize)
@@ -357,11 +386,15 @@ def run_shape(
         fwd[name] = lambda cfg=cfg: _forward(x, -1, direct, cfg)
     for name, cfg in bwd_cands.items():
         bwd[name] = lambda cfg=cfg: _backward(y, dy, -1, direct, cfg)
-    if round5:  # the roofline at this size, timed alike (not a Triton variant)
+    if round_no >= 5:  # the roofline at this size, timed alike (not a Triton variant)
         out = torch.empty_like(x)
         fwd["same_bytes"] = lambda: out.copy_(x)
         bwd["same_bytes"] = lambda: torch.add(y, dy, out=out)
-    if round4:
+    if round_no == 6:  # Inductor's kernels for the same call, timed alike (not Triton variants)
+        for name, mode in (("inductor", "default"), ("inductor_mac", "max-autotune-no-cudagraphs")):
+            fwd[name] = torch.compile(lambda t: torch.softmax(t, -1), mode=mode, dynamic=False)
+            fwd[name] = functools.partial(fwd[name], x)
+    if round_no == 4:
         fwd["default_g"] = lambda: _forward(x, -1, direct, None)
         bwd["default_g"] = lambda: _backward(y, dy, -1, direct, None)
         if DEVICE == "cuda":  # the interpreter has no graphs: --smoke calls them directly
@@ -424,7 +457,7 @@ def run_shape(
             print(f"{row} {ms:8.4f} {gbs:6.0f} {100 * gbs / copy_gbs:5.1f}% {ratio}  "
                   f"err {errors[name]:.1e}")  # fmt: skip
             key = (dtype_name, n, pass_name)
-            if name not in ("eager", "same_bytes") and (key not in best or ms < best[key][1]):
+            if name not in REFERENCES and (key not in best or ms < best[key][1]):
                 best[key] = (name, ms, gbs)
         sys.stdout.flush()
 
@@ -440,7 +473,11 @@ def main() -> int:
     parser.add_argument("--round3", action="store_true", help="the round 3 candidates")
     parser.add_argument("--round4", action="store_true", help="the round 4 (band) candidates")
     parser.add_argument("--round5", action="store_true", help="the round 5 (coop grid) candidates")
+    parser.add_argument("--round6", action="store_true", help="short-row tiles vs Inductor")
     args = parser.parse_args()
+    round_no = max([r for r in (3, 4, 5, 6) if getattr(args, f"round{r}")], default=0)
+    if args.round6:  # the short rows, where the tile meets Inductor's kernel
+        ROWS = [(m, n) for m, n in ROWS if n <= 4096]
     if args.round4:  # the long rows, then N=16384 as a control
         ROWS = [(512, 65536), (128, 262144), (2048, 16384)]
     if args.smoke:  # checks the probe itself, without a GPU (run with TRITON_INTERPRET=1)
@@ -453,6 +490,8 @@ def main() -> int:
         bench = lambda fn: 1.0  # noqa: E731
         if args.round5:  # a long row of several chunks of every size in the grid
             ROWS = [(2, 70000), (5, 128)]
+        if args.round6:
+            ROWS = [(5, 128), (3, 1000)]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
     budget = Budget(args.budget)
@@ -471,9 +510,8 @@ def main() -> int:
     best: dict[tuple, tuple[str, float, float]] = {}
     only = {int(v) for v in args.only.split(",") if v}
     dtypes = args.dtypes.split(",")
-    if args.round3 or args.round4 or args.round5:
-        names = ROUND5_NAMES if args.round5 else ROUND4_NAMES if args.round4 else ROUND3_NAMES
-        for name, meaning in names.items():
+    if round_no:
+        for name, meaning in ROUND_NAMES[round_no].items():
             print(f"# {name:16} {meaning}")
         # shape outer, dtype inner: both dtypes of the long rows come first
         jobs = [(d, m, n) for m, n in ROWS for d in dtypes]
@@ -481,10 +519,7 @@ def main() -> int:
         jobs = [(d, m, n) for d in dtypes for m, n in ROWS]
     for dtype_name, m, n in jobs:
         if not only or n in only:
-            run_shape(
-                dtype_name, m, n, copy_gbs, budget, best, args.rounds, args.round3, args.round4,
-                args.round5,
-            )  # fmt: skip
+            run_shape(dtype_name, m, n, copy_gbs, budget, best, args.rounds, round_no)
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
 

@@ -1,6 +1,9 @@
 """kernels.softmax against torch.softmax in float64: shapes, dims, strides, dtypes, gradients."""
 
 import importlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -414,6 +417,32 @@ def test_round5_probe_candidates_are_valid():
                     assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
                     assert cfg.design in ("coop", "online"), name
                     assert not (backward and cfg.design == "online"), name
+
+
+def test_round6_probe_candidates_are_valid():
+    """Round 6 tiles: forward only, short rows only, whole power-of-2 rows that fit a program."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            assert probe.round6_candidates(n, itemsize, True) == {}
+            cands = probe.round6_candidates(n, itemsize, False)
+            assert bool(cands) == (n <= 4096)
+            for name, cfg in cands.items():
+                assert cfg.design == "tile" and cfg.block_cols >= n, name
+                assert cfg.block_rows * cfg.block_cols <= softmax_module.ONE_PASS_MAX_ELEMS, name
+
+
+def test_round6_probe_smoke():
+    """The probe's round 6 on the interpreter: every tile and Inductor's kernels checked against
+    float64 (timing stubbed), nothing FAILED."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.probe_softmax", "--round6", "--smoke"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "FAILED" not in run.stdout, run.stdout[-2000:]
+    assert "inductor_mac" in run.stdout and "t4K_w2" in run.stdout
 
 
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
