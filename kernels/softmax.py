@@ -47,6 +47,12 @@ ONE_PASS_MAX_ELEMS = 16384
 # by ONE_PASS_MAX_ELEMS): 4096 fp32 or 8192 bf16 values, 4 warps in the forward and 8 in the
 # backward (round 2 of the probe: kernels/notes/softmax.md).
 TILE_BYTES = 16384
+# 16-bit forward rows of at most SMALL_TILE_MAX_COLS columns fill tiles of SMALL_TILE_BYTES
+# instead (probe round 6, H100 bf16: 4 KB tiles 89.4 / 89.6% of copy at N = 128 / 512 against
+# 88.2 / 89.2 for 8 KB and 87.6 / 87.9 for 32 KB; at N >= 1024 the 16 KB tile stays level or
+# ahead).
+SMALL_TILE_BYTES = 4096
+SMALL_TILE_MAX_COLS = 512
 # Chunk of one coop/split program: forward 4096 values, backward 16 KB of each input; 4 warps.
 SPLIT_CHUNK_ELEMS = 4096
 BWD_SPLIT_CHUNK_BYTES = 16384
@@ -776,7 +782,10 @@ def _pick_config(
     min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, next_power_of_2(rows_inner))
     padded_cols = next_power_of_2(n_cols)
     if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
-        tile_elems = min(TILE_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
+        tile_bytes = TILE_BYTES
+        if itemsize == 2 and not backward and padded_cols <= SMALL_TILE_MAX_COLS:
+            tile_bytes = SMALL_TILE_BYTES
+        tile_elems = min(tile_bytes // itemsize, ONE_PASS_MAX_ELEMS)
         block_rows = max(min_rows, tile_elems // padded_cols)
         block_rows = max(min(block_rows, next_power_of_2(rows_inner)), min_rows)
         # Too few rows to give every SM a full tile (launch-bound sizes): smaller tiles, so

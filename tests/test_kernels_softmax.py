@@ -271,18 +271,23 @@ def test_pick_config_chunks(monkeypatch, device):
 
 def test_pick_config_spreads_few_rows_over_the_sms():
     """Launch-bound sizes (fewer full tiles than SMs) get smaller tiles, down to the minimum
-    rows a program; sizes with tiles enough keep the 16 KB tile."""
+    rows a program; sizes with tiles enough keep theirs (16 KB of each input; 4 KB for 16-bit
+    forward rows of up to 512 columns)."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     with pretend_gpu((9, 0), 132):
-        assert pick(128, 262144, False, False, cpu, 2).block_rows == 64  # the rows set: 16 KB
+        assert pick(128, 262144, False, True, cpu, 2).block_rows == 64  # the rows set: 16 KB
+        # 16-bit forward rows of up to 512 columns: 4 KB tiles (probe round 6)
+        assert pick(128, 262144, False, False, cpu, 2).block_rows == 16
+        assert pick(1024, 32768, False, False, cpu, 2).block_rows == 8
+        assert pick(128, 262144, False, False, cpu, 4).block_rows == 32
         assert pick(128, 64, False, False, cpu, 2).block_rows == 1  # 64 rows: one a program
         assert pick(1024, 32, False, False, cpu, 2).block_rows == 1
         assert pick(4096, 128, False, True, cpu, 2).block_rows == 1
         # 300 rows of 128: tiles of 2 rows give 150 programs, tiles of 4 only 75
-        assert pick(128, 300, False, False, cpu, 2).block_rows == 2
+        assert pick(128, 300, False, True, cpu, 2).block_rows == 2
         # rows over an outer dim count too: 8 x 64 rows in tiles of 4 give 128 programs, of 2 256
-        assert pick(128, 64, False, False, cpu, 2, rows_outer=8).block_rows == 2
+        assert pick(128, 64, False, True, cpu, 2, rows_outer=8).block_rows == 2
         # adjacent rows (softmax over a non-last dim) never go below ADJACENT_ROWS
         adjacent = pick(64, 64, True, False, cpu, 2)
         assert adjacent.block_rows == min(softmax_module.ADJACENT_ROWS, 64)
