@@ -619,6 +619,19 @@ def _r3_checker(ref_rows, ref_full, dtype, shape_str):
     return check
 
 
+def _checked_case(M, N, K, dtype, dev, smoke):
+    """Seeded operands of one GEMM shape and its checker (float64 rows, torch's whole output):
+    (a, b, shape label, flops, bytes moved, check)."""
+    gen = torch.Generator(device=dev).manual_seed(M + N + K)
+    a = torch.randn(M, K, device=dev, dtype=dtype, generator=gen)
+    b = torch.randn(K, N, device=dev, dtype=dtype, generator=gen)
+    ref_rows = a[: min(M, CHECK_ROWS)].double() @ b.double()
+    ref_full = (a.float() @ b.float()) if smoke else (a @ b).float()
+    shape_str = f"{M}x{N}x{K}" + ("" if dtype == torch.bfloat16 else "-fp16")
+    flops, nbytes = 2.0 * M * N * K, (M * K + K * N + M * N) * a.element_size()
+    return a, b, shape_str, flops, nbytes, _r3_checker(ref_rows, ref_full, dtype, shape_str)
+
+
 def section_round3(quick, smoke=False, budget_s=R3_BUDGET_S):
     """Each round-3 variant against torch.matmul on the small and mid shapes, bf16 (and fp16 at
     1024^3): checked against torch on the whole output and float64 on the first rows, before and
@@ -632,18 +645,7 @@ def section_round3(quick, smoke=False, budget_s=R3_BUDGET_S):
     table: dict = {}
     configs: dict = {}
     for M, N, K, dtype in shapes:
-        gen = torch.Generator(device=dev).manual_seed(M + N + K)
-        a = torch.randn(M, K, device=dev, dtype=dtype, generator=gen)
-        b = torch.randn(K, N, device=dev, dtype=dtype, generator=gen)
-        rows = min(M, CHECK_ROWS)
-        ref_rows = a[:rows].double() @ b.double()
-        ref_full = (a.float() @ b.float()) if smoke else (a @ b).float()
-        shape_str = f"{M}x{N}x{K}" + ("" if dtype == torch.bfloat16 else "-fp16")
-        flops = 2.0 * M * N * K
-        nbytes = (M * K + K * N + M * N) * a.element_size()
-
-        check = _r3_checker(ref_rows, ref_full, dtype, shape_str)
-
+        a, b, shape_str, flops, nbytes, check = _checked_case(M, N, K, dtype, dev, smoke)
         base = None
         if not smoke:
             base = run_variant(shape_str, "torch", lambda: a @ b, check, flops, nbytes, None)  # noqa: B023
@@ -716,14 +718,7 @@ def section_round8(smoke=False):
     header()
     shapes = R3_SMOKE_SHAPES if smoke else R8_SHAPES
     for M, N, K, dtype in shapes:
-        gen = torch.Generator(device=dev).manual_seed(M + N + K)
-        a = torch.randn(M, K, device=dev, dtype=dtype, generator=gen)
-        b = torch.randn(K, N, device=dev, dtype=dtype, generator=gen)
-        ref_rows = a[: min(M, CHECK_ROWS)].double() @ b.double()
-        ref_full = (a.float() @ b.float()) if smoke else (a @ b).float()
-        shape_str = f"{M}x{N}x{K}" + ("" if dtype == torch.bfloat16 else "-fp16")
-        flops, nbytes = 2.0 * M * N * K, (M * K + K * N + M * N) * a.element_size()
-        check = _r3_checker(ref_rows, ref_full, dtype, shape_str)
+        a, b, shape_str, flops, nbytes, check = _checked_case(M, N, K, dtype, dev, smoke)
         base = None if smoke else run_variant(
             shape_str, "torch", lambda: a @ b, check, flops, nbytes, None  # noqa: B023
         )  # fmt: skip
@@ -865,16 +860,7 @@ def _r4_mm(r4):
 
 
 def _r4_mm_shape(r4, M, N, K):
-    dtype = torch.bfloat16
-    gen = torch.Generator(device=r4.dev).manual_seed(M + N + K)
-    a = torch.randn(M, K, device=r4.dev, dtype=dtype, generator=gen)
-    b = torch.randn(K, N, device=r4.dev, dtype=dtype, generator=gen)
-    rows = min(M, CHECK_ROWS)
-    ref_rows = a[:rows].double() @ b.double()
-    ref_full = (a.float() @ b.float()) if r4.smoke else (a @ b).float()
-    sh = f"{M}x{N}x{K}"
-    check = _r3_checker(ref_rows, ref_full, dtype, sh)
-    flops, nbytes = 2.0 * M * N * K, (M * K + K * N + M * N) * 2
+    a, b, sh, flops, nbytes, check = _checked_case(M, N, K, torch.bfloat16, r4.dev, r4.smoke)
     kw = {"path": "tma"} if r4.smoke else {}
     base = None
     if not r4.smoke:
