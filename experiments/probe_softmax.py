@@ -38,6 +38,11 @@ size as well as the 1 GB one; names in ROUND5_NAMES below.
 Inductor's own kernels for the same call (torch.compile in the default and
 max-autotune-no-cudagraphs modes) and the same-bytes copy; names in ROUND6_NAMES below.
     python -m experiments.probe_softmax --round6 --budget 150
+
+`--round7` times, on the long rows only, the coop kernel holding 16-bit chunks as int32 pairs
+(Config.pairs) and register caps (Config.maxnreg) against the plain coop kernel and the default;
+names in ROUND7_NAMES below.
+    python -m experiments.probe_softmax --round7 --budget 150
 """
 
 import argparse
@@ -278,6 +283,54 @@ def round6_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config
     return out
 
 
+# What each round 7 name means (printed at the start of a --round7 run).
+ROUND7_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+    "cNKv_wW": "coop, chunks of N*1024 values, W warps (the plain kernel, as round 5)",
+    "pNKv_wW": "coop over 16-bit pairs (Config.pairs): the chunk loaded, held across the wait "
+    "and stored as int32 pairs, unpacked to fp32 only for the math",
+    "..._rR": "ptxas capped at R registers a thread (Config.maxnreg), for more programs an SM; "
+    "it spills where the kernel needs more",
+}
+# (chunk values, warps, register cap) of the round 7 pairs candidates, forward and backward.
+# ptxas 12.x offline (sm_90): forward 4096/4 needs 48 registers (10 programs an SM), 40
+# spills 16 B, 32 spills 52 B; backward 4096/4 48 (the plain kernel 80), 8192/8 60.
+ROUND7_PAIRS = {
+    False: [(4096, 4, 0), (4096, 4, 40), (4096, 4, 32), (8192, 8, 40), (8192, 8, 32),
+            (8192, 4, 64), (16384, 16, 32)],
+    True: [(4096, 4, 0), (4096, 4, 40), (8192, 8, 0), (8192, 8, 48), (8192, 8, 40),
+           (16384, 16, 0)],
+}  # fmt: skip
+
+
+def _capped(name: str, maxnreg: int) -> str:
+    return f"{name}_r{maxnreg}" if maxnreg else name
+
+
+def round7_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 7: the long rows' coop chunk held as 16-bit pairs (half the registers across the
+    wait), with and without a register cap; in fp32, a register cap on the plain kernel."""
+    if n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    if itemsize == 4:
+        if backward:  # its y and dy fill the registers already: nothing to cap
+            return {}
+        return {
+            "c4Kv_w4": _coopv(4096, 4),
+            "c4Kv_w4_r48": _coopv(4096, 4, maxnreg=48),
+            "c2Kv_w2": _coopv(2048, 2),
+            "c2Kv_w2_r48": _coopv(2048, 2, maxnreg=48),
+        }
+    out = {"c4Kv_w4": _coopv(4096, 4)}
+    if backward:
+        out["c8Kv_w4"] = _coopv(8192, 4)
+    for values, warps, cap in ROUND7_PAIRS[backward]:
+        name = _capped(f"p{values // 1024}Kv_w{warps}", cap)
+        out[name] = _coopv(values, warps, pairs=True, maxnreg=cap)
+    return out
+
+
 def _graphed(fn):
     """fn as a CUDA graph: the first call runs it (compiling), captures it and replays; later
     calls replay. Returns the captured output each time."""
@@ -344,8 +397,11 @@ def _error_line(exc: Exception) -> str:
     return msg[-1][:160] if msg else repr(exc)
 
 
-ROUND_CANDIDATES = {4: round4_candidates, 5: round5_candidates, 6: round6_candidates}
-ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES}
+ROUND_CANDIDATES = {
+    4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
+}  # fmt: skip
+ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
+               7: ROUND7_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -474,8 +530,9 @@ def main() -> int:
     parser.add_argument("--round4", action="store_true", help="the round 4 (band) candidates")
     parser.add_argument("--round5", action="store_true", help="the round 5 (coop grid) candidates")
     parser.add_argument("--round6", action="store_true", help="short-row tiles vs Inductor")
+    parser.add_argument("--round7", action="store_true", help="16-bit pairs, register caps")
     args = parser.parse_args()
-    round_no = max([r for r in (3, 4, 5, 6) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in (3, 4, 5, 6, 7) if getattr(args, f"round{r}")], default=0)
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
     if args.round4:  # the long rows, then N=16384 as a control
@@ -488,10 +545,12 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if args.round5:  # a long row of several chunks of every size in the grid
+        if args.round5 or args.round7:  # a long row of several chunks of every size
             ROWS = [(2, 70000), (5, 128)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
+    elif args.round7:  # the long rows only
+        ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
     budget = Budget(args.budget)

@@ -99,6 +99,15 @@ class Config(NamedTuple):
     # launch re-reads the band from L2; with `evict`, the partials' loads are evict_last and
     # the finish's loads and stores evict_first. bandr runs each finish launch in reverse.
     band_bytes: int = 0
+    # -- round 9 --
+    # coop/split2 over 16-bit rows: load, hold and store each pair of neighbouring values as
+    # one int32 (softmax_split_pairs_kernel), unpacked to fp32 only where the math needs them,
+    # so a program holds its chunk in half the registers across the wait. Needs unit column
+    # strides, an even row length and even row strides; other rows take the plain kernel.
+    pairs: bool = False
+    # coop/split2: cap ptxas at this many registers a thread (0: no cap), to fit more programs
+    # an SM; a cap below what the kernel needs spills
+    maxnreg: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -382,6 +391,102 @@ def softmax_split_kernel(
 
 
 @triton.jit
+def _unpair(pairs, HALF: tl.constexpr):
+    """int32 pairs of 16-bit values (HALF 1: bf16, 2: fp16), the first in the low half as
+    memory holds them -> (first, second) in fp32."""
+    if HALF == 1:
+        # bf16 is the top half of an fp32: a shift or a mask is the whole conversion
+        first = (pairs << 16).to(tl.float32, bitcast=True)
+        second = (pairs & -65536).to(tl.float32, bitcast=True)
+    else:
+        first = pairs.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        second = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return first, second
+
+
+@triton.jit
+def _pair(first, second, HALF: tl.constexpr):
+    """_unpair's inverse: two fp32 tensors rounded to 16 bits and packed into int32 pairs."""
+    if HALF == 1:
+        first = first.to(tl.bfloat16).to(tl.int16, bitcast=True)
+        second = second.to(tl.bfloat16).to(tl.int16, bitcast=True)
+    else:
+        first = first.to(tl.float16).to(tl.int16, bitcast=True)
+        second = second.to(tl.float16).to(tl.int16, bitcast=True)
+    return (second.to(tl.int32) << 16) | (first.to(tl.int32) & 0xFFFF)
+
+
+@triton.jit
+def _reload(pairs, row_stat):
+    """The held pairs, made opaque to the compiler: it would otherwise reuse the fp32 values
+    unpacked before the wait, holding them (twice the registers) instead of the pairs. The
+    XOR is 0 unless the row's statistic is NaN, and then every output of the row is NaN
+    whatever the pairs hold; it flips every bit, so that no half of a pair is provably
+    unchanged (a 0-or-1 XOR would leave the high halves to be reused)."""
+    return pairs ^ tl.where(row_stat != row_stat, -1, 0)[:, None]
+
+
+@triton.jit
+def softmax_split_pairs_kernel(
+    x_ptr, y_ptr, ws_ptr,
+    # as softmax_split_kernel, counted in int32 pairs: n_cols and the strides are halved
+    rows_inner, n_cols, n_chunks, ticket_index,
+    x_stride_outer, x_stride_inner, x_stride_col,
+    y_stride_outer, y_stride_inner, y_stride_col,
+    BLOCK_ROWS: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    PHASE: tl.constexpr, REVERSE: tl.constexpr,
+    SLEEP_NS: tl.constexpr = 200, COUNTER: tl.constexpr = False,
+    POLICY: tl.constexpr = "", EXP2: tl.constexpr = False, HALF: tl.constexpr = 1,
+):  # fmt: skip
+    """softmax_split_kernel over 16-bit rows held as int32 pairs (Config.pairs): x_ptr and y_ptr
+    are the 16-bit tensors viewed as int32, CHUNK pairs a chunk."""
+    block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
+    outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
+    cols = chunk.to(tl.int64) * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
+    # masked columns read two -inf values: 0xFF80FF80 (bf16) or 0xFC00FC00 (fp16) as int32
+    if HALF == 1:
+        neg_inf_pair = -8323200
+    else:
+        neg_inf_pair = -67044352
+    fill = tl.where(row_ok, neg_inf_pair, 0)[:, None]
+    pairs = tl.load(
+        x_rows + cols[None, :] * x_stride_col, mask=mask, other=fill, eviction_policy=POLICY
+    )
+    row = outer * rows_inner + inner
+    slots = ws_ptr + row * n_chunks
+    counters = ws_ptr + ticket_index + 1 + row
+
+    if PHASE != 1:
+        first, second = _unpair(pairs, HALF)
+        chunk_max = tl.maximum(tl.max(first, axis=1), tl.max(second, axis=1))
+        # as in softmax_split_kernel: an all -inf chunk shifts by 0, no packed partial is 0
+        shift = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+        # unpacked afresh, so that the fp32 values need not live from the max to the sum
+        first, second = _unpair(_reload(pairs, chunk_max), HALF)
+        chunk_sum = tl.sum(_exp_shifted(first, shift, EXP2), axis=1) + tl.sum(
+            _exp_shifted(second, shift, EXP2), axis=1
+        )
+        _publish(
+            slots, chunk, _pack(chunk_max, chunk_sum), counters, row_ok, COUNTER and PHASE == 2
+        )
+    if PHASE != 0:
+        row_max, row_sum = _forward_row_stats(
+            ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+        )
+        first, second = _unpair(_reload(pairs, row_sum), HALF)
+        inv_sum = (1.0 / row_sum)[:, None]
+        y = _pair(
+            _exp_shifted(first, row_max, EXP2) * inv_sum,
+            _exp_shifted(second, row_max, EXP2) * inv_sum,
+            HALF,
+        )
+        y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+        tl.store(y_rows + cols[None, :] * y_stride_col, y, mask=mask, eviction_policy=POLICY)
+
+
+@triton.jit
 def softmax_split_loop_kernel(
     x_ptr, y_ptr, ws_ptr,
     rows_inner, n_cols, n_chunks, ticket_index,
@@ -579,6 +684,57 @@ def softmax_backward_split_kernel(
 
 
 @triton.jit
+def softmax_backward_split_pairs_kernel(
+    y_ptr, dy_ptr, dx_ptr, ws_ptr,
+    rows_inner, n_cols, n_chunks, ticket_index,
+    y_stride_outer, y_stride_inner, y_stride_col,
+    dy_stride_outer, dy_stride_inner, dy_stride_col,
+    dx_stride_outer, dx_stride_inner, dx_stride_col,
+    BLOCK_ROWS: tl.constexpr, CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+    PHASE: tl.constexpr, REVERSE: tl.constexpr,
+    SLEEP_NS: tl.constexpr = 200, COUNTER: tl.constexpr = False,
+    POLICY: tl.constexpr = "", EXP2: tl.constexpr = False, HALF: tl.constexpr = 1,
+):  # fmt: skip
+    """softmax_backward_split_kernel over 16-bit rows held as int32 pairs (Config.pairs), as
+    softmax_split_pairs_kernel."""
+    block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
+    outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
+    cols = chunk.to(tl.int64) * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+    mask = row_ok[:, None] & (cols < n_cols)[None, :]
+    y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
+    dy_rows = dy_ptr + (outer * dy_stride_outer + inner * dy_stride_inner)[:, None]
+    y_pairs = tl.load(
+        y_rows + cols[None, :] * y_stride_col, mask=mask, other=0, eviction_policy=POLICY
+    )
+    dy_pairs = tl.load(
+        dy_rows + cols[None, :] * dy_stride_col, mask=mask, other=0, eviction_policy=POLICY
+    )
+    row = outer * rows_inner + inner
+    slots = ws_ptr + row * n_chunks
+    counters = ws_ptr + ticket_index + 1 + row
+
+    if PHASE != 1:
+        y_first, y_second = _unpair(y_pairs, HALF)
+        dy_first, dy_second = _unpair(dy_pairs, HALF)
+        dot = tl.sum(y_first * dy_first, axis=1) + tl.sum(y_second * dy_second, axis=1)
+        # packed with 1.0 beside it, so a published partial is never 0
+        partial = _pack(dot, tl.full(dot.shape, 1.0, tl.float32))
+        _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
+    if PHASE != 0:
+        if COUNTER and PHASE == 2:
+            _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
+        packed = _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
+        dots, _ = _unpack(packed)
+        row_dot = _chunk_sum(dots, row_ok)
+        y_first, y_second = _unpair(_reload(y_pairs, row_dot), HALF)
+        dy_first, dy_second = _unpair(_reload(dy_pairs, row_dot), HALF)
+        row_dot = row_dot[:, None]
+        dx = _pair(y_first * (dy_first - row_dot), y_second * (dy_second - row_dot), HALF)
+        dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
+        tl.store(dx_rows + cols[None, :] * dx_stride_col, dx, mask=mask, eviction_policy=POLICY)
+
+
+@triton.jit
 def softmax_backward_split_loop_kernel(
     y_ptr, dy_ptr, dx_ptr, ws_ptr,
     rows_inner, n_cols, n_chunks, ticket_index,
@@ -690,12 +846,14 @@ _KERNELS = {
         "tile": softmax_tile_kernel,
         "split": softmax_split_kernel,
         "split_loop": softmax_split_loop_kernel,
+        "split_pairs": softmax_split_pairs_kernel,
         "online": softmax_online_kernel,
     },
     True: {
         "tile": softmax_backward_tile_kernel,
         "split": softmax_backward_split_kernel,
         "split_loop": softmax_backward_split_loop_kernel,
+        "split_pairs": softmax_backward_split_pairs_kernel,
         "online": softmax_backward_online_kernel,
     },
 }
@@ -870,6 +1028,15 @@ def _launch_rows(
         n_slots = rows_outer * rows_inner * n_chunks
         grid = (row_blocks * n_chunks,)
         split_kernel, common = _split_kernel(kernels, config, n_chunks, config.counter, **hints)
+        half = _half_code(moved[0].dtype)
+        fits = half and not config.loop_cols and _pairs_fit(moved, strides, config.block_cols)
+        if config.pairs and fits:
+            # the same rows as int32 pairs: half the columns, half the row strides
+            split_kernel = kernels["split_pairs"]
+            moved = [t.view(torch.int32) for t in moved]
+            flat_strides = [s for so, si, _ in strides for s in (so // 2, si // 2, 1)]
+            n_cols //= 2
+            common.update(CHUNK=config.block_cols // 2, HALF=half)
         if config.design == "coop":
             if is_interpreter():
                 # the interpreter runs programs one after another: a waiting one never returns
@@ -904,6 +1071,22 @@ def _launch_rows(
         raise ValueError(f"unknown softmax design {config.design!r}")
 
 
+def _half_code(dtype: torch.dtype) -> int:
+    """The pairs kernels' HALF: 1 for bf16, 2 for fp16, 0 for a dtype they do not take."""
+    return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
+
+
+def _pairs_fit(moved: list[torch.Tensor], strides: list, chunk: int) -> bool:
+    """Whether every tensor's rows can be read as int32 pairs (Config.pairs): unit column
+    strides, an even row length, chunk and row strides, and 4-byte aligned data."""
+    if moved[0].shape[-1] % 2 or chunk % 2:
+        return False
+    return all(
+        col == 1 and outer % 2 == 0 and inner % 2 == 0 and t.data_ptr() % 4 == 0
+        for t, (outer, inner, col) in zip(moved, strides, strict=True)
+    )
+
+
 def _split_kernel(kernels: dict, config: Config, n_chunks: int, counter: bool, **extra):
     """(kernel, meta) for the chunked designs: kernels["split"], or kernels["split_loop"] when
     config.loop_cols is set (it must divide the chunk), whose first pass over the chunk asks L2
@@ -912,6 +1095,8 @@ def _split_kernel(kernels: dict, config: Config, n_chunks: int, counter: bool, *
         BLOCK_ROWS=config.block_rows, CHUNK=config.block_cols,
         MAX_CHUNKS=next_power_of_2(n_chunks), num_warps=config.num_warps, **extra,
     )  # fmt: skip
+    if config.maxnreg:
+        meta["maxnreg"] = config.maxnreg
     if not config.loop_cols:
         return kernels["split"], meta
     if config.block_cols % config.loop_cols:

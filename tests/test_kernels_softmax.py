@@ -229,6 +229,113 @@ def test_round3_bad_loop(device):
         _forward(x, -1, direct, Config("split2", 1, 128, 4, loop_cols=48))
 
 
+# Round 9 (kernels/notes/softmax.md): 16-bit chunks held as int32 pairs, with a register cap
+PAIRS = {
+    "pairs": Config("split2", 1, 256, 4, pairs=True),
+    "pairs_exp2fma_counter_capped": Config(
+        "split2", 1, 128, 4, pairs=True, exp2=2, counter=True, maxnreg=40
+    ),
+}
+
+
+def _launched(call) -> list[str]:
+    """Names of the kernels `call(launch)` launches."""
+    names = []
+
+    def launch(kernel):
+        names.append(kernel.__name__)
+        return kernel
+
+    call(launch)
+    return names
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero encountered")
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+@pytest.mark.parametrize("config_name", PAIRS)
+def test_pairs_extremes_views_and_fallback(config_name, dtype_name, device):
+    config = PAIRS[config_name]
+    dtype = DTYPES[dtype_name]
+    n = 1038  # even: 519 pairs, chunks of 128 or 256 values with a short last one
+    x = torch.randn(7, n, device=device) * 3
+    x[0] *= 1e4 if dtype != torch.float16 else 1e3  # exp overflows without the max shift
+    x[1, :700] = -float("inf")  # whole chunks of -inf first
+    x[2] = 3.25  # all equal
+    x[3, ::3] = -float("inf")  # pairs with one -inf half, either half
+    x[4] = -float("inf")  # NaN, as torch gives
+    x[5, n - 1] = 1e4  # the maximum in the high half of the last pair
+    # a view at an even offset with an even row stride: pairs fit
+    x = torch.empty(7, n + 6, device=device, dtype=dtype)[:, 2 : n + 2].copy_(x)
+    ref = torch.softmax(x.double(), -1)
+    if dtype == torch.float16:
+        ref = ref.to(dtype).double()  # subnormal fp16 outputs: compare as rounded
+    keep = [0, 1, 2, 3, 5, 6]
+
+    out = {}
+    names = _launched(lambda launch: out.update(y=_forward(x, -1, launch, config)))
+    assert names == ["softmax_split_pairs_kernel"] * 2  # split2: partials, then finish
+    y = out["y"]
+    assert torch.isnan(y[4]).all()
+    assert relative_error(y[keep], ref[keep]) < TOLERANCES[dtype_name]
+    assert (y[1, :700] == 0).all() and (y[3, ::3] == 0).all()
+
+    # the backward on an even-offset view of y and of dy: pairs again
+    yk = torch.empty(len(keep), n + 2, device=device, dtype=dtype)[:, 2:].copy_(y[keep])
+    dy = torch.randn(len(keep), n + 4, device=device, dtype=dtype)[:, 4:]
+    names = _launched(lambda launch: out.update(dx=_backward(yk, dy, -1, launch, config)))
+    assert names == ["softmax_backward_split_pairs_kernel"] * 2
+    y64, dy64 = yk.double(), dy.double()
+    dx_ref = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+    assert relative_error(out["dx"], dx_ref) < TOLERANCES[dtype_name]
+
+    # rows the pairs cannot address take the plain kernel: an odd offset, an odd row length
+    wide = torch.randn(3, n + 6, device=device, dtype=dtype)
+    for rows in (wide[:, 1 : n + 1], wide[:, : n - 1]):
+        names = _launched(lambda go, rows=rows: out.update(y=_forward(rows, -1, go, config)))
+        assert names == ["softmax_split_kernel"] * 2
+        assert relative_error(out["y"], torch.softmax(rows.double(), -1)) < TOLERANCES[dtype_name]
+
+
+def test_pairs_leave_fp32_to_the_plain_kernel(device):
+    x = torch.randn(3, 1000, device=device)
+    out = {}
+    names = _launched(lambda launch: out.update(y=_forward(x, -1, launch, PAIRS["pairs"])))
+    assert names == ["softmax_split_kernel"] * 2
+    assert relative_error(out["y"], torch.softmax(x.double(), -1)) < TOLERANCES["fp32"]
+
+
+def test_round7_probe_candidates_are_valid():
+    """Round 7: long rows only; pairs only for 16-bit rows; caps only where they are named."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            for backward in (False, True):
+                cands = probe.round7_candidates(n, itemsize, backward)
+                if n <= softmax_module.ONE_PASS_MAX_ELEMS:
+                    assert cands == {}
+                    continue
+                assert bool(cands) == (itemsize == 2 or not backward)
+                for name, cfg in cands.items():
+                    assert cfg.design == "coop" and cfg.block_cols <= 16384, name
+                    assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
+                    assert cfg.pairs == name.startswith("p"), name
+                    assert cfg.pairs <= (itemsize == 2), name
+                    assert (f"_r{cfg.maxnreg}" in name) == bool(cfg.maxnreg), name
+
+
+def test_round7_probe_smoke():
+    """The probe's round 7 on the interpreter (coop as split2): every variant checked against
+    float64 with nothing FAILED, and the pairs variants there."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.probe_softmax", "--round7", "--smoke"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "FAILED" not in run.stdout, run.stdout[-2000:]
+    assert "p16Kv_w16_r32" in run.stdout and "c4Kv_w4_r48" in run.stdout
+
+
 def test_round3_probe_candidates_are_valid():
     """Every round 3 probe variant at the GPU shapes: a loop that divides its chunk, at most
     MAX_SPLIT_CHUNKS chunks a row (the coop wait needs them all resident), tiles that fit."""
@@ -612,12 +719,17 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
         Config("online", 1, 4096, 8, evict=True, exp2=2),
         # round 4: bands of 2 rows (bf16; 1 row in fp32 and in the backward)
         Config("band", 1, 4096, 4, evict=True, band_bytes=2**20),
+        # round 9: bf16 chunks held as int32 pairs (fp32 takes the plain kernel), capped
+        Config("coop", 1, 4096, 4, pairs=True),
+        Config("coop", 1, 8192, 8, pairs=True, maxnreg=40),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
         + (f"_loop{c.loop_cols}" if c.loop_cols else "")
         + ("_ctr" if c.counter else "")
         + (f"_exp2{c.exp2}" if c.exp2 else "")
+        + ("_pairs" if c.pairs else "")
+        + (f"_r{c.maxnreg}" if c.maxnreg else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
