@@ -1,12 +1,18 @@
 """GPU probe for kernels.softmax: copy bandwidth, then each design/config against eager torch.
 
     python -m experiments.probe_softmax [--dtypes bf16,fp32] [--budget 85] [--rounds 3]
+        [--timer gpu|do_bench]
 
 Every variant is first checked against torch.softmax in float64 on the same input, then timed
-with triton.testing.do_bench (which flushes L2 before each run). The variants of a shape are
-timed in turn, `--rounds` times over, and each keeps its fastest round: other work on the GPU
-(round 1 shared it) then costs a round, not the answer. GB/s counts the minimum traffic:
-forward reads x and writes y (2·M·N elements), backward reads y and dy and writes dx (3·M·N).
+with the benchmark's GPU timer (experiments.timing.GpuTimer: L2 flushed before each call, a
+sleep kernel ahead of it so the call's CPU path is not counted, the median of the samples).
+`--timer do_bench` times with triton.testing.do_bench instead, as rounds 1 to 7 did at
+first: its mean counts the CPU path when that outlasts the L2 flush, which a Triton launch
+through _forward (60-100 us) does on the 64 MB shapes (kernels/notes/softmax.md, round 9).
+The variants of a shape are timed in turn, `--rounds` times over, and each keeps its fastest
+round: other work on the GPU (round 1 shared it) then costs a round, not the answer. GB/s
+counts the minimum traffic: forward reads x and writes y (2·M·N elements), backward reads y
+and dy and writes dx (3·M·N).
 One table: shape, pass, variant, ms, GB/s, % of copy bandwidth, speedup over eager; then the
 best variant per shape. Config names give the bytes of one input per program ("t32K_w8": a
 32 KB tile, 8 warps; "c16K_w4": coop chunks of 16 KB). Variants left when the time budget runs
@@ -379,8 +385,31 @@ class Budget:
         return time.monotonic() < self.end
 
 
-def bench(fn) -> float:
+# CPU time one call may take, hidden behind a sleep kernel before each timed sample (the gpu
+# timer): a Triton launch through _forward takes 60-100 us of Python, about what the 256 MB L2
+# flush takes on an H100, so without the lead it shows up as GPU time on 64 MB shapes.
+LEAD_US = 400.0
+
+
+def bench_do_bench(fn) -> float:
+    """triton's do_bench as round 1-7 used it: the mean, the CPU path counted when it outlasts
+    the L2 flush."""
     return do_bench(fn, warmup=5, rep=20)
+
+
+@functools.cache
+def _gpu_timer():
+    from experiments.timing import GpuTimer
+
+    return GpuTimer(torch.device(DEVICE), flush_l2=True)
+
+
+def bench_gpu(fn) -> float:
+    """The benchmark's GPU timer: median ms, L2 flushed, the CPU path behind a sleep lead."""
+    return _gpu_timer().measure(fn, warmup_ms=5, rep_ms=20, lead_us=LEAD_US)["p50"]
+
+
+bench = bench_gpu
 
 
 def copy_bandwidth() -> float:
@@ -531,8 +560,13 @@ def main() -> int:
     parser.add_argument("--round5", action="store_true", help="the round 5 (coop grid) candidates")
     parser.add_argument("--round6", action="store_true", help="short-row tiles vs Inductor")
     parser.add_argument("--round7", action="store_true", help="16-bit pairs, register caps")
+    parser.add_argument(
+        "--timer", choices=("gpu", "do_bench"), default="gpu",
+        help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
+    )  # fmt: skip
     args = parser.parse_args()
     round_no = max([r for r in (3, 4, 5, 6, 7) if getattr(args, f"round{r}")], default=0)
+    bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
     if args.round4:  # the long rows, then N=16384 as a control
@@ -560,7 +594,7 @@ def main() -> int:
         return 1
     torch.manual_seed(0)
     name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
-    print(f"# {name} torch {torch.__version__} triton {triton.__version__}")
+    print(f"# {name} torch {torch.__version__} triton {triton.__version__} timer {args.timer}")
     copy_gbs = copy_bandwidth()
     print(f"# copy bandwidth (read+write 1 GB, best of 3): {copy_gbs:.0f} GB/s")
     header = f"{'dtype':5} {'M':>7} {'N':>7} {'pass':4} {'variant':18} {'ms':>8} {'GB/s':>6}"
