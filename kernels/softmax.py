@@ -53,7 +53,10 @@ TILE_BYTES = 16384
 # ahead).
 SMALL_TILE_BYTES = 4096
 SMALL_TILE_MAX_COLS = 512
-# Chunk of one coop/split program: forward 4096 values, backward 16 KB of each input; 4 warps.
+# Chunk of one coop/split program: 4096 values, 4 warps; the backward over rows that are not
+# one-a-program (adjacent rows, softmax over an outer dim) takes 16 KB of each input. The
+# 16-bit backward holds its chunk as int32 pairs (Config.pairs; round 9: 85.5 / 80.9% of copy
+# at N = 65536 / 262144 against 81.3 / 76.8 for the plain kernel's 16 KB chunks).
 SPLIT_CHUNK_ELEMS = 4096
 BWD_SPLIT_CHUNK_BYTES = 16384
 SPLIT_WARPS = 4
@@ -957,7 +960,10 @@ def _pick_config(
         if elems >= 16384:
             warps = 16  # one long row: 16 warps measured best in bf16, level in fp32
         return Config("tile", block_rows, padded_cols, warps)
-    if backward:
+    # 16-bit backward rows one a program: chunks held as int32 pairs (where the strides let
+    # them be read so; other rows take the plain kernel with the same chunk)
+    pairs = backward and itemsize == 2 and min_rows == 1
+    if backward and not pairs:
         chunk_elems = min(BWD_SPLIT_CHUNK_BYTES // itemsize, ONE_PASS_MAX_ELEMS)
     else:
         chunk_elems = min(SPLIT_CHUNK_ELEMS, ONE_PASS_MAX_ELEMS)
@@ -965,17 +971,14 @@ def _pick_config(
     # rows of more than MAX_SPLIT_CHUNKS chunks take bigger chunks, up to the on-chip limit
     chunk_cols = max(chunk_cols, next_power_of_2(cdiv(n_cols, MAX_SPLIT_CHUNKS)))
     on_gpu = gpu_info(device) is not None
-    if on_gpu and not backward and itemsize == 2 and rows_inner >= 2 * _sm_count(device):
-        # 16-bit forward with rows enough to fill the GPU twice over: the online loop (x read
-        # twice) measured 60% of copy at N=65536, the coop kernel 31-35% (round 2). Asking L2
-        # to keep the first read for the second, and the one-FMA exp2, measured +2 points in
-        # rounds 3 and 5 (66.9 / 66.8% against 64.2-65.4 / 61.1-64.7)
-        return Config("online", 1, LOOP_TILE_ELEMS * 2, 8, evict=True, exp2=2)
     if min_rows * chunk_cols <= ONE_PASS_MAX_ELEMS:
+        # (16-bit forward rows of 65536 once took the online loop here: probes timed with
+        # do_bench put it ahead, which counted the coop launch's CPU path; timed with the
+        # benchmark's GpuTimer the coop kernel leads, 71.4-71.9% of copy against 66.2: round 9)
         design = "coop" if on_gpu else "split2"
         # a chunk grown past the usual size gets more warps in proportion, so as not to spill
         warps = min(16, SPLIT_WARPS * max(1, min_rows * chunk_cols // chunk_elems))
-        return Config(design, min_rows, chunk_cols, warps)
+        return Config(design, min_rows, chunk_cols, warps, pairs=pairs)
     block_cols = min(LOOP_TILE_ELEMS, ONE_PASS_MAX_ELEMS) // min_rows
     return Config("online", min_rows, block_cols, 4 if block_cols * min_rows <= 2048 else 8)
 

@@ -171,7 +171,7 @@ ROUND3_LONG = {
     "split2_loop_rows2": Config("split2", 2, 128, 4, loop_cols=32, exp2=1),
     "split2_exp2fma": Config("split2", 1, 128, 4, exp2=2, counter=True),
     "online_exp2": Config("online", 1, 64, 4, evict=True, exp2=1),
-    # the GPU's pick for 16-bit rows of 65536 with rows enough (round 8), in small
+    # round 8's pick for 16-bit rows of 65536 with rows enough (coop since round 9), in small
     "online_exp2fma": Config("online", 1, 64, 8, evict=True, exp2=2),
     "tile_exp2fma": Config("tile", 1, 2048, 8, exp2=2),
 }
@@ -368,6 +368,11 @@ def test_pick_config_chunks(monkeypatch, device):
     # the warps
     assert pick(2000, 3, False, False, cpu) == Config("split2", 1, 128, 8)
     assert pick(9000, 3, False, False, cpu).design == "online"  # chunks would pass 512
+    # the 16-bit backward, rows one a program: int32 pairs, the forward's chunk; adjacent rows
+    # (an outer dim) keep the plain kernel and 16 KB chunks
+    assert pick(600, 3, False, True, cpu, 2) == Config("split2", 1, 64, 4, pairs=True)
+    assert pick(600, 3, False, True, cpu, 4) == Config("split2", 1, 512, 4)  # 16 KB, capped
+    assert pick(200, 64, True, True, cpu, 2) == Config("split2", 32, 512 // 32, 4)
     # the same rows, long chunks on the path
     x = torch.randn(3, 2000, device=device)
     y = softmax(x, -1)
@@ -675,7 +680,7 @@ def test_bad_inputs(device):
     "shape, dim",
     [
         ((4, 262144), -1),  # coop
-        ((300, 65536), -1),  # 16-bit: rows enough for the online loop (evict, exp2 FMA form)
+        ((300, 65536), -1),  # rows enough to fill the GPU twice (once the 16-bit online loop)
         ((2, 1048576), -1),  # coop with chunks grown to keep 128 per row
         ((2048, 4096), -1),
         ((1024, 4096), 0),  # 32 adjacent rows a program: coop
