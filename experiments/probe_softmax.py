@@ -49,6 +49,10 @@ max-autotune-no-cudagraphs modes) and the same-bytes copy; names in ROUND6_NAMES
 (Config.pairs) and register caps (Config.maxnreg) against the plain coop kernel and the default;
 names in ROUND7_NAMES below.
     python -m experiments.probe_softmax --round7 --budget 150
+
+`--round8` times the long rows' coop forward with Config.rescale (no second exp after the
+wait) and the exp2, evict, sleep and register-cap knobs; names in ROUND8_NAMES below.
+    python -m experiments.probe_softmax --round8 --budget 150
 """
 
 import argparse
@@ -337,6 +341,40 @@ def round7_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config
     return out
 
 
+# What each round 8 name means (printed at the start of a --round8 run).
+ROUND8_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+    "cNKv_wW": "coop forward, chunks of N*1024 values, W warps",
+    "..._rs": "Config.rescale: exp(x - chunk max) held across the wait, scaled after it (one "
+    "multiply a value instead of a second exp)",
+    "..._e2": "exp2: the one-FMA form in 16-bit (Config.exp2=2), exp2((x - max)·log2e) in fp32",
+    "..._ev": "evict_first on the loads and stores (Config.evict)",
+    "..._s1000": "1000 ns sleeps between polls (200 shipped)",
+    "..._r48": "ptxas capped at 48 registers a thread (Config.maxnreg)",
+}
+
+
+def round8_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 8: the long rows' coop forward without its second exp (Config.rescale), with the
+    exp2, evict, sleep and register-cap knobs around it."""
+    if backward or n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    e2 = 2 if itemsize == 2 else 1
+    out = {
+        "c4Kv_w4": _coopv(4096, 4),
+        "c4Kv_w4_rs": _coopv(4096, 4, rescale=True),
+        "c4Kv_w4_rs_e2": _coopv(4096, 4, rescale=True, exp2=e2),
+        "c4Kv_w4_rs_e2_ev": _coopv(4096, 4, rescale=True, exp2=e2, evict=True),
+        "c4Kv_w4_rs_s1000": _coopv(4096, 4, rescale=True, sleep_ns=1000),
+        "c4Kv_w4_rs_r48": _coopv(4096, 4, rescale=True, maxnreg=48),
+        "c2Kv_w2_rs": _coopv(2048, 2, rescale=True),
+        "c8Kv_w8_rs": _coopv(8192, 8, rescale=True),
+        "c8Kv_w8": _coopv(8192, 8),
+    }
+    return out
+
+
 def _graphed(fn):
     """fn as a CUDA graph: the first call runs it (compiling), captures it and replays; later
     calls replay. Returns the captured output each time."""
@@ -428,9 +466,10 @@ def _error_line(exc: Exception) -> str:
 
 ROUND_CANDIDATES = {
     4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
+    8: round8_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
-               7: ROUND7_NAMES}  # fmt: skip
+               7: ROUND7_NAMES, 8: ROUND8_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -560,12 +599,13 @@ def main() -> int:
     parser.add_argument("--round5", action="store_true", help="the round 5 (coop grid) candidates")
     parser.add_argument("--round6", action="store_true", help="short-row tiles vs Inductor")
     parser.add_argument("--round7", action="store_true", help="16-bit pairs, register caps")
+    parser.add_argument("--round8", action="store_true", help="coop forward without a 2nd exp")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in (3, 4, 5, 6, 7) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 9) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -579,11 +619,11 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if args.round5 or args.round7:  # a long row of several chunks of every size
+        if args.round5 or args.round7 or args.round8:  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
-    elif args.round7:  # the long rows only
+    elif args.round7 or args.round8:  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))

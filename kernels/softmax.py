@@ -111,6 +111,10 @@ class Config(NamedTuple):
     # coop/split2: cap ptxas at this many registers a thread (0: no cap), to fit more programs
     # an SM; a cap below what the kernel needs spills
     maxnreg: int = 0
+    # coop/split2 forward: hold exp(x - chunk max) across the wait instead of x, and write
+    # it times exp(chunk max - row max) / row sum: one multiply a value after the wait instead
+    # of a second exp (split2's finish launch recomputes it from x)
+    rescale: bool = False
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -355,7 +359,7 @@ def softmax_split_kernel(
     # 0: publish partials only, 1: finish only (partials from an earlier launch), 2: both (coop)
     PHASE: tl.constexpr, REVERSE: tl.constexpr,
     SLEEP_NS: tl.constexpr = 200, COUNTER: tl.constexpr = False,
-    POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
+    POLICY: tl.constexpr = "", EXP2: tl.constexpr = False, RESCALE: tl.constexpr = False,
 ):  # fmt: skip
     block, chunk = _split_position(ws_ptr, ticket_index, n_chunks, PHASE == 2, REVERSE)
     outer, inner, row_ok = _tile_rows(block, rows_inner, BLOCK_ROWS)
@@ -372,20 +376,26 @@ def softmax_split_kernel(
     # with COUNTER, row r's arrival counter sits after the ticket (coop only)
     counters = ws_ptr + ticket_index + 1 + row
 
-    if PHASE != 1:
+    if PHASE != 1 or RESCALE:
         chunk_max = tl.max(x, axis=1)
         # An all -inf chunk shifts by 0: its sum is 0, not NaN; its max (-inf) keeps it nonzero
         # when packed. Any other chunk's sum is at least 1, so no packed partial is 0.
         shift = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
-        chunk_sum = tl.sum(_exp_shifted(x, shift, EXP2), axis=1)
-        partial = _pack(chunk_max, chunk_sum)
+        exp = _exp_shifted(x, shift, EXP2)
     if PHASE != 1:
+        partial = _pack(chunk_max, tl.sum(exp, axis=1))
         _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
     if PHASE != 0:
         row_max, row_sum = _forward_row_stats(
             ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
         )
-        y = _exp_shifted(x, row_max, EXP2) * (1.0 / row_sum)[:, None]
+        if RESCALE:
+            # exp(x - shift) * exp(shift - row max) / row sum; an all -inf chunk scales its 0s
+            # by 0 (exp(0 - row max) may overflow), and an all -inf row keeps row_sum's NaN
+            scale = tl.where(chunk_max == -float("inf"), 0.0, tl.exp(shift - row_max)) / row_sum
+            y = exp * scale[:, None]
+        else:
+            y = _exp_shifted(x, row_max, EXP2) * (1.0 / row_sum)[:, None]
         y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
         tl.store(
             y_rows + cols[None, :] * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=mask,
@@ -1010,6 +1020,11 @@ def _launch_rows(
     row_blocks = rows_outer * cdiv(rows_inner, config.block_rows)
     # evict_first on loads and stores used once; EXP2 is read by the forward kernels only
     hints = dict(POLICY="evict_first" if config.evict else "", EXP2=int(config.exp2))
+    if config.rescale:
+        plain_split = config.design in ("coop", "split2", "split2r") and not config.loop_cols
+        if backward or not plain_split or config.pairs:
+            raise ValueError(f"rescale is a knob of the plain coop/split2 forward, got {config}")
+        hints["RESCALE"] = True
 
     if config.design == "tile":
         if config.block_cols < n_cols:

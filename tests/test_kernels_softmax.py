@@ -174,6 +174,9 @@ ROUND3_LONG = {
     # round 8's pick for 16-bit rows of 65536 with rows enough (coop since round 9), in small
     "online_exp2fma": Config("online", 1, 64, 8, evict=True, exp2=2),
     "tile_exp2fma": Config("tile", 1, 2048, 8, exp2=2),
+    # round 9: no second exp after the wait (forward only; the backward drops the knob)
+    "split2_rescale": Config("split2", 1, 256, 4, rescale=True),
+    "split2_rescale_exp2fma": Config("split2", 1, 128, 4, rescale=True, exp2=2, counter=True),
 }
 
 
@@ -203,7 +206,7 @@ def test_round3_long_row_variants_extremes(config_name, dtype_name, device):
     # the backward, on a strided view of y and a non-contiguous dy
     yk = y[keep]
     dy = torch.randn(n, len(keep), device=device, dtype=dtype).t()
-    dx = _backward(yk, dy, -1, direct, config)
+    dx = _backward(yk, dy, -1, direct, config._replace(rescale=False))
     y64, dy64 = yk.double(), dy.double()
     dx_ref = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
@@ -221,6 +224,33 @@ def test_round3_loop_over_any_dim(dim, device):
     y64 = y.double()
     dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES["fp32"]
+
+
+def test_rescale_is_a_plain_split_forward_knob(device):
+    x = torch.randn(4, 300, device=device)
+    for config in (
+        Config("tile", 1, 512, 4, rescale=True),
+        Config("split2", 1, 128, 4, rescale=True, loop_cols=64),
+        Config("split2", 1, 128, 4, rescale=True, pairs=True),
+    ):
+        with pytest.raises(ValueError, match="rescale is a knob of the plain coop/split2 forward"):
+            _forward(x, -1, direct, config)
+    with pytest.raises(ValueError, match="rescale is a knob"):
+        _backward(x, x, -1, direct, Config("split2", 1, 128, 4, rescale=True))
+
+
+def test_round8_probe_candidates_are_valid():
+    """Round 8: forward long rows only, coop chunks that fit, rescale on all but controls."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            assert probe.round8_candidates(n, itemsize, True) == {}
+            cands = probe.round8_candidates(n, itemsize, False)
+            assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+            for name, cfg in cands.items():
+                assert cfg.design == "coop" and not cfg.pairs and not cfg.loop_cols, name
+                assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
+                assert cfg.rescale == ("_rs" in name), name
 
 
 def test_round3_bad_loop(device):
@@ -727,6 +757,7 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
         # round 9: bf16 chunks held as int32 pairs (fp32 takes the plain kernel), capped
         Config("coop", 1, 4096, 4, pairs=True),
         Config("coop", 1, 8192, 8, pairs=True, maxnreg=40),
+        Config("coop", 1, 4096, 4, rescale=True),  # the backward drops the knob
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -735,6 +766,7 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
         + (f"_exp2{c.exp2}" if c.exp2 else "")
         + ("_pairs" if c.pairs else "")
         + (f"_r{c.maxnreg}" if c.maxnreg else "")
+        + ("_rescale" if c.rescale else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
@@ -759,6 +791,6 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
-    dx = _backward(y[keep], dy[keep], -1, direct, config)
+    dx = _backward(y[keep], dy[keep], -1, direct, config._replace(rescale=False))
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
