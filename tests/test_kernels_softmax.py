@@ -393,10 +393,15 @@ def test_pick_config_chunks(monkeypatch, device):
     monkeypatch.setattr(softmax_module, "SPLIT_CHUNK_ELEMS", 64)
     monkeypatch.setattr(softmax_module, "MAX_SPLIT_CHUNKS", 16)
     cpu = torch.device("cpu")
-    assert pick(600, 3, False, False, cpu) == Config("split2", 1, 64, 4)
+    # the forward: no second exp after the wait (rescale), exp2; evict_first in 16-bit
+    fwd = dict(rescale=True, exp2=1)
+    assert pick(600, 3, False, False, cpu) == Config("split2", 1, 64, 4, **fwd)
+    assert pick(600, 3, False, False, cpu, 2) == Config(
+        "split2", 1, 64, 4, rescale=True, exp2=2, evict=True
+    )
     # 2000 columns in chunks of 64 would be 32 > 16 chunks: chunks of 128 instead, with twice
     # the warps
-    assert pick(2000, 3, False, False, cpu) == Config("split2", 1, 128, 8)
+    assert pick(2000, 3, False, False, cpu) == Config("split2", 1, 128, 8, **fwd)
     assert pick(9000, 3, False, False, cpu).design == "online"  # chunks would pass 512
     # the 16-bit backward, rows one a program: int32 pairs, the forward's chunk; adjacent rows
     # (an outer dim) keep the plain kernel and 16 KB chunks
