@@ -253,6 +253,37 @@ def test_round8_probe_candidates_are_valid():
                 assert cfg.rescale == ("_rs" in name), name
 
 
+@pytest.mark.parametrize("block_rows, counter, pairs", [(1, False, False), (4, True, False),
+                                                        (1, True, True)])  # fmt: skip
+@pytest.mark.parametrize("backward", [False, True])
+def test_coop_clears_the_next_workspace(block_rows, counter, pairs, backward, device):
+    """A launch with CLEAR zeroes every word of the workspace the next launch takes (slots,
+    arrival counters, ticket), whatever its rows, chunks and row blocks. Run as the publishing
+    launch of split2 (the interpreter cannot wait), over a workspace full of garbage."""
+    rows, n, chunk = 7, 1000, 128
+    n_chunks, row_blocks = -(-n // chunk), -(-rows // block_rows)
+    n_slots = rows * n_chunks
+    n_ws = n_slots + 1 + (rows if counter else 0)
+    dtype = torch.bfloat16 if pairs else torch.float32
+    n_tensors = 3 if backward else 2
+    tensors = [torch.randn(rows, n, device=device, dtype=dtype) for _ in range(n_tensors)]
+    strides = [0, n, 1] * len(tensors)
+    if pairs:
+        tensors = [t.view(torch.int32) for t in tensors]
+        strides, n, chunk = [0, n // 2, 1] * len(tensors), n // 2, chunk // 2
+    name = ("softmax_backward_split" if backward else "softmax_split") + ("_pairs" if pairs else "")
+    kernel = getattr(softmax_module, name + "_kernel")
+    ws = torch.empty(n_slots, device=device, dtype=torch.int64)
+    next_ws = torch.full((n_ws,), -5, device=device, dtype=torch.int64)
+    extra = dict(HALF=1) if pairs else {}
+    kernel[(row_blocks * n_chunks,)](
+        *tensors, ws, rows, n, n_chunks, n_slots, *strides,
+        BLOCK_ROWS=block_rows, CHUNK=chunk, MAX_CHUNKS=8, PHASE=0, REVERSE=False,
+        COUNTER=counter, CLEAR=True, next_ptr=next_ws, **extra,
+    )  # fmt: skip
+    assert (next_ws == 0).all(), next_ws
+
+
 def test_round3_bad_loop(device):
     x = torch.randn(4, 300, device=device)
     with pytest.raises(ValueError, match="loop of 48 for chunks of 128"):
@@ -743,6 +774,37 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
     y64 = y.detach().double()
     dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
     assert relative_error(dx, rounded(dx_ref)) < TOLERANCES[dtype_name]
+
+
+@pytest.mark.gpu
+def test_coop_workspace_reuse_on_gpu():
+    """Back-to-back coop launches take the two cached workspaces in turn, each zeroing the
+    other for the next: every call right, forward and backward, plain and pairs, with and
+    without arrival counters; under CUDA graph capture a launch zeroes its own."""
+    x32 = torch.randn(6, 65536, device="cuda") * 3
+    dy32 = torch.randn_like(x32)
+    for _ in range(4):
+        for dtype_name in ("fp32", "bf16"):
+            x, dy = x32.to(DTYPES[dtype_name]), dy32.to(DTYPES[dtype_name])
+            y = softmax_forward(x, -1)
+            assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES[dtype_name]
+            dx = softmax_backward(y, dy, -1)
+            y64, dy64 = y.double(), dy.double()
+            dx_ref = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+            assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
+        y = _forward(x32, -1, direct, Config("coop", 1, 4096, 4, counter=True))
+        assert relative_error(y, torch.softmax(x32.double(), -1)) < TOLERANCES["fp32"]
+    static_x = x32.clone()
+    softmax_forward(static_x, -1)  # compiled before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = softmax_forward(static_x, -1)
+    for scale in (1.0, 2.0, 0.5):
+        static_x.copy_(x32 * scale)
+        graph.replay()
+        ref = torch.softmax(static_x.double(), -1)
+        assert relative_error(static_y, ref) < TOLERANCES["fp32"]
 
 
 @pytest.mark.gpu
