@@ -157,6 +157,20 @@ def test_conv_targets_keep_conv_with_bias_apart_from_conv_alone():
     assert alone.value == 0.8 and not alone.passed
 
 
+def test_rows_with_tables_but_no_target_are_not_a_miss():
+    """A `small`-only softmax run prints its latency table; no target reads it, which is not a
+    miss (a run with no rows at all still is: test_no_rows_is_a_miss_and_strict_exits_1)."""
+    common = {"shape_set": "small", "shape": {"m": 64, "n": 128}}
+    frame = records_frame([
+        row("softmax", mode, "64x128", time_ms_p50=t, call_latency_us_p50=c, **common)
+        for mode, t, c in (("eager", 0.0056, 14.0), ("triton", 0.0049, 60.0))
+    ])
+    text, passed = render(frame, ["softmax"])
+    assert "small (launch-bound)" in text and "60.000" in text
+    assert "none  no softmax target reads these rows" in text and "MISS" not in text
+    assert passed
+
+
 def test_softmax_bandwidth_target_reads_percent_as_the_records_store_it():
     common = {"shape_set": "rows", "peak_copy_gbps": 3000.0, "speedup_vs_eager": 1.0}
     frame = records_frame([
