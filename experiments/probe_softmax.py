@@ -53,6 +53,10 @@ names in ROUND7_NAMES below.
 `--round8` times the long rows' coop forward with Config.rescale (no second exp after the
 wait) and the exp2, evict, sleep and register-cap knobs; names in ROUND8_NAMES below.
     python -m experiments.probe_softmax --round8 --budget 150
+
+`--round9` times the knobs left around the round 9 picks on the long rows (evict and the poll
+sleep on the backward; the sleep and 2K chunks on the forward); names in ROUND9_NAMES below.
+    python -m experiments.probe_softmax --round9 --budget 150
 """
 
 import argparse
@@ -375,6 +379,45 @@ def round8_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config
     return out
 
 
+# What each round 9 name means (printed at the start of a --round9 run).
+ROUND9_NAMES = {
+    "default": "the shipped _pick_config choice (coop: forward with rescale and exp2, evict in "
+    "16-bit; 16-bit backward as int32 pairs; reused workspaces)",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+    "cNKv_wW / pNKv_wW": "coop, chunks of N*1024 values, W warps; p: int32 pairs (16-bit)",
+    "..._rs_e2": "forward rescale + exp2 (as shipped)",
+    "..._ev": "evict_first on the loads and stores",
+    "..._s0 / _s1000": "no sleep / 1000 ns sleeps between polls (200 shipped)",
+}
+
+
+def round9_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 9: the knobs left around the round 9 picks, on the long rows (evict and the poll
+    sleep on the backward, the sleep and 2K chunks on the forward)."""
+    if n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    if backward:
+        pre, pairs = ("p", True) if itemsize == 2 else ("c", False)
+        out = {}
+        for values, warps in ((4096, 4), (2048, 2)):
+            name = f"{pre}{values // 1024}Kv_w{warps}"
+            out[name] = _coopv(values, warps, pairs=pairs)
+            out[f"{name}_ev"] = _coopv(values, warps, pairs=pairs, evict=True)
+        base = dict(pairs=pairs)
+        out[f"{pre}4Kv_w4_s0"] = _coopv(4096, 4, sleep_ns=0, **base)
+        out[f"{pre}4Kv_w4_s1000"] = _coopv(4096, 4, sleep_ns=1000, **base)
+        out[f"{pre}4Kv_w4_ev_s1000"] = _coopv(4096, 4, evict=True, sleep_ns=1000, **base)
+        return out
+    fwd = dict(rescale=True, exp2=2 if itemsize == 2 else 1, evict=itemsize == 2)
+    tag = "_rs_e2_ev" if itemsize == 2 else "_rs_e2"
+    return {
+        f"c4Kv_w4{tag}_s0": _coopv(4096, 4, sleep_ns=0, **fwd),
+        f"c4Kv_w4{tag}_s1000": _coopv(4096, 4, sleep_ns=1000, **fwd),
+        f"c2Kv_w2{tag}": _coopv(2048, 2, **fwd),
+        f"c2Kv_w2{tag}_s1000": _coopv(2048, 2, sleep_ns=1000, **fwd),
+    }
+
+
 def _graphed(fn):
     """fn as a CUDA graph: the first call runs it (compiling), captures it and replays; later
     calls replay. Returns the captured output each time."""
@@ -466,10 +509,10 @@ def _error_line(exc: Exception) -> str:
 
 ROUND_CANDIDATES = {
     4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
-    8: round8_candidates,
+    8: round8_candidates, 9: round9_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
-               7: ROUND7_NAMES, 8: ROUND8_NAMES}  # fmt: skip
+               7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -600,12 +643,13 @@ def main() -> int:
     parser.add_argument("--round6", action="store_true", help="short-row tiles vs Inductor")
     parser.add_argument("--round7", action="store_true", help="16-bit pairs, register caps")
     parser.add_argument("--round8", action="store_true", help="coop forward without a 2nd exp")
+    parser.add_argument("--round9", action="store_true", help="knobs around the round 9 picks")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 9) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 10) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -619,11 +663,11 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if args.round5 or args.round7 or args.round8:  # a long row of several chunks
+        if args.round5 or args.round7 or args.round8 or args.round9:  # long rows, chunks
             ROWS = [(2, 70000), (5, 128)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
-    elif args.round7 or args.round8:  # the long rows only
+    elif args.round7 or args.round8 or args.round9:  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))

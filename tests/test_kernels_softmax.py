@@ -284,6 +284,22 @@ def test_coop_clears_the_next_workspace(block_rows, counter, pairs, backward, de
     assert (next_ws == 0).all(), next_ws
 
 
+def test_round9_probe_candidates_are_valid():
+    """Round 9: long rows only; pairs only in the 16-bit backward; the forward as shipped."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            for backward in (False, True):
+                cands = probe.round9_candidates(n, itemsize, backward)
+                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                for name, cfg in cands.items():
+                    assert cfg.design == "coop" and not cfg.loop_cols, name
+                    assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
+                    assert cfg.pairs == (backward and itemsize == 2), name
+                    assert cfg.rescale == (not backward), name
+                    assert ("_ev" in name) == cfg.evict, name
+
+
 def test_round3_bad_loop(device):
     x = torch.randn(4, 300, device=device)
     with pytest.raises(ValueError, match="loop of 48 for chunks of 128"):
