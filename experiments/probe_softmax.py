@@ -388,6 +388,7 @@ ROUND9_NAMES = {
     "..._rs_e2": "forward rescale + exp2 (as shipped)",
     "..._ev": "evict_first on the loads and stores",
     "..._s0 / _s1000": "no sleep / 1000 ns sleeps between polls (200 shipped)",
+    "..._rR": "ptxas capped at R registers a thread (Config.maxnreg)",
 }
 
 
@@ -415,6 +416,11 @@ def round9_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config
         f"c4Kv_w4{tag}_s1000": _coopv(4096, 4, sleep_ns=1000, **fwd),
         f"c2Kv_w2{tag}": _coopv(2048, 2, **fwd),
         f"c2Kv_w2{tag}_s1000": _coopv(2048, 2, sleep_ns=1000, **fwd),
+        # the register count one more program an SM needs at N = 262144 (ptxas 12.8 offline:
+        # bf16 56 -> 48, fp32 62 -> 56, neither spilling)
+        f"c4Kv_w4{tag}_r{48 if itemsize == 2 else 56}": _coopv(
+            4096, 4, maxnreg=48 if itemsize == 2 else 56, **fwd
+        ),
     }
 
 

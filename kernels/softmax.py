@@ -1149,10 +1149,13 @@ def _coop_workspace(n_ws: int, device: torch.device) -> list | None:
     that launch k + 1 will use. Two host threads launching on one stream at once could take
     the same buffer; the kernels' callers do not do that.
     """
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, torch.cuda.current_stream(index).cuda_stream, n_ws)
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (index, torch.cuda.current_stream(index).cuda_stream, n_ws)
+    else:  # experiments.resources compiles the GPU's launches from CPU tensors: same kernels
+        key = (str(device), 0, n_ws)
     pair = _COOP_WORKSPACES.get(key)
     if pair is None:
         zeros = [torch.zeros(n_ws, device=device, dtype=torch.int64) for _ in range(2)]
