@@ -64,11 +64,14 @@ SPLIT_WARPS = 4
 # then the online loop): the cooperative wait needs every chunk of a row resident at once,
 # and 132 SMs hold at least one program each.
 MAX_SPLIT_CHUNKS = 128
-# Register cap of the coop forward on a GPU, by itemsize: ptxas (12.8, sm_90) gave it 56
-# registers in bf16 and 62 in fp32 at N = 262144 (64 chunks a row), one program an SM fewer
-# than at 48 / 56, which it fits without spilling; probe 9b: 68.0 -> 70.7% of copy (bf16) and
-# 87.1 -> 88.3 (fp32) there, level at N = 65536.
-COOP_FORWARD_MAXNREG = {2: 48, 4: 56}
+# Register cap of the fp32 coop forward on a GPU for rows of more than COOP_CAP_MIN_CHUNKS
+# chunks: ptxas (sm_90) gives it 62 registers at N = 262144 (64 chunks a row; the slot
+# gather's vector grows with the chunks), one program an SM fewer than at 56, which it fits
+# without spilling (Triton 3.6 and 3.8); probe 9b: 87.1 -> 88.3% of copy. The bf16 forward
+# gained more from a cap of 48 (68.0 -> 70.7) but spills 4 bytes under Triton 3.8's ptxas
+# (tests/test_resources.py), so it is not capped. At 16 chunks (N = 65536) no cap: level.
+COOP_FORWARD_MAXNREG = {4: 56}
+COOP_CAP_MIN_CHUNKS = 16
 # Tile of the online loop: big enough to keep many loads in flight per program.
 LOOP_TILE_ELEMS = 4096
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
@@ -1027,9 +1030,10 @@ def _pick_config(
         # (round 9, against the plain kernel: bf16 75.2 / 70.1% of copy at N = 65536 / 262144
         # against 69.7 / 66.2; fp32 89.9 / 85.9 against 88.9 / 83.9, where evict lost 1-2)
         half = itemsize == 2
+        capped = on_gpu and cdiv(n_cols, chunk_cols) > COOP_CAP_MIN_CHUNKS
         return Config(
             design, min_rows, chunk_cols, warps, rescale=True, exp2=2 if half else 1, evict=half,
-            maxnreg=COOP_FORWARD_MAXNREG.get(itemsize, 0) if on_gpu else 0,
+            maxnreg=COOP_FORWARD_MAXNREG.get(itemsize, 0) if capped else 0,
         )  # fmt: skip
     block_cols = min(LOOP_TILE_ELEMS, ONE_PASS_MAX_ELEMS) // min_rows
     return Config("online", min_rows, block_cols, 4 if block_cols * min_rows <= 2048 else 8)
