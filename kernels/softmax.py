@@ -1095,9 +1095,14 @@ def _launch_rows(
         half = _half_code(moved[0].dtype)
         fits = half and not config.loop_cols and _pairs_fit(moved, strides, config.block_cols)
         if config.pairs and fits:
-            # the same rows as int32 pairs: half the columns, half the row strides
+            # the same rows as int32 pairs: half the columns, half the row strides (viewed
+            # through the merged row dims: torch refuses an odd stride even on a size-1 dim)
             split_kernel = kernels["split_pairs"]
-            moved = [t.view(torch.int32) for t in moved]
+            shape = (rows_outer, rows_inner, n_cols)
+            moved = [
+                t.as_strided(shape, s).view(torch.int32)
+                for t, s in zip(moved, strides, strict=True)
+            ]
             flat_strides = [s for so, si, _ in strides for s in (so // 2, si // 2, 1)]
             n_cols //= 2
             common.update(CHUNK=config.block_cols // 2, HALF=half)

@@ -373,6 +373,26 @@ def test_pairs_extremes_views_and_fallback(config_name, dtype_name, device):
         assert relative_error(out["y"], torch.softmax(rows.double(), -1)) < TOLERANCES[dtype_name]
 
 
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+def test_pairs_ignore_the_stride_of_a_size_one_dim(dtype_name, device):
+    """A (1, n) view whose size-1 dim has an odd stride: torch will not view it as int32, but
+    its rows are still pairs (the kernels read the merged row dims)."""
+    dtype, n = DTYPES[dtype_name], 1000
+    rows = torch.randn(3, 4, n + 1, device=device, dtype=dtype)[:1, :, :n]  # stride (.., n+1, 1)
+    rows = rows[:, :1]  # (1, 1, n): both row dims of size 1, strides 4(n+1) and n+1 (odd)
+    out = {}
+    names = _launched(lambda go: out.update(y=_forward(rows, -1, go, PAIRS["pairs"])))
+    assert names == ["softmax_split_pairs_kernel"] * 2
+    assert relative_error(out["y"], torch.softmax(rows.double(), -1)) < TOLERANCES[dtype_name]
+    # the backward's formula holds for any y: the strided rows themselves stand in for it
+    dy = torch.randn(1, 1, n, device=device, dtype=dtype)
+    names = _launched(lambda go: out.update(dx=_backward(rows, dy, -1, go, PAIRS["pairs"])))
+    assert names == ["softmax_backward_split_pairs_kernel"] * 2
+    y64, dy64 = rows.double(), dy.double()
+    dx_ref = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+    assert relative_error(out["dx"], dx_ref) < TOLERANCES[dtype_name]
+
+
 def test_pairs_leave_fp32_to_the_plain_kernel(device):
     x = torch.randn(3, 1000, device=device)
     out = {}
