@@ -1153,6 +1153,9 @@ def _launch_rows(
 # for the next launch (_clear_for_next), which saves a memset kernel a call (2.5 us measured
 # on an H100 beside a 50 us copy: round 9).
 _COOP_WORKSPACES: dict[tuple, list] = {}
+# Sizes kept at once; the oldest is dropped past it (its memory goes back to torch's caching
+# allocator, which reuses it in stream order, so a launch still reading it is safe).
+COOP_WORKSPACE_SIZES = 64
 
 
 def _coop_workspace(n_ws: int, device: torch.device) -> list | None:
@@ -1173,6 +1176,8 @@ def _coop_workspace(n_ws: int, device: torch.device) -> list | None:
         key = (str(device), 0, n_ws)
     pair = _COOP_WORKSPACES.get(key)
     if pair is None:
+        while len(_COOP_WORKSPACES) >= COOP_WORKSPACE_SIZES:
+            del _COOP_WORKSPACES[next(iter(_COOP_WORKSPACES))]
         zeros = [torch.zeros(n_ws, device=device, dtype=torch.int64) for _ in range(2)]
         pair = _COOP_WORKSPACES[key] = [*zeros, 0]
     return pair

@@ -300,6 +300,20 @@ def test_round9_probe_candidates_are_valid():
                     assert ("_ev" in name) == cfg.evict, name
 
 
+def test_coop_workspace_cache_is_bounded(monkeypatch):
+    """Workspaces of ever-new sizes do not pile up: past COOP_WORKSPACE_SIZES the oldest goes;
+    a size asked again gets its own pair back, zeroed buffers, index 0."""
+    monkeypatch.setattr(softmax_module, "_COOP_WORKSPACES", {})
+    cpu = torch.device("cpu")
+    first = softmax_module._coop_workspace(10, cpu)
+    assert softmax_module._coop_workspace(10, cpu) is first
+    assert first[2] == 0 and all((b == 0).all() and b.numel() == 10 for b in first[:2])
+    for n in range(11, 11 + 2 * softmax_module.COOP_WORKSPACE_SIZES):
+        softmax_module._coop_workspace(n, cpu)
+    assert len(softmax_module._COOP_WORKSPACES) == softmax_module.COOP_WORKSPACE_SIZES
+    assert softmax_module._coop_workspace(10, cpu) is not first  # dropped, made anew
+
+
 def test_round3_bad_loop(device):
     x = torch.randn(4, 300, device=device)
     with pytest.raises(ValueError, match="loop of 48 for chunks of 128"):
