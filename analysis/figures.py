@@ -27,6 +27,33 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: 
 from analysis.load import caption, geomean, load_results  # noqa: E402
 
 matplotlib.rcParams["svg.hashsalt"] = "triton-vs-compile"  # SVG ids stay the same across reruns
+
+
+def _bundled_fonts_only() -> None:
+    """Draw with matplotlib's own font files, never a system copy of the same family.
+
+    Which file `findfont` picks for "DejaVu Sans" depends on the order of the machine's font
+    cache: a cache that lists /usr/share/fonts' DejaVu Sans (another version) gives other SVG
+    glyph ids and PNG bytes, which broke the byte-for-byte test on a machine whose cache had
+    been rebuilt without matplotlib's fonts. Registering the bundled files and dropping system
+    fonts of the same families makes the figures the same on any machine.
+    """
+    from matplotlib import font_manager
+
+    bundled = Path(matplotlib.get_data_path(), "fonts", "ttf")
+    manager = font_manager.fontManager
+    known = {Path(f.fname) for f in manager.ttflist}
+    for path in sorted(bundled.glob("*.ttf")):
+        if path not in known:
+            manager.addfont(str(path))
+    families = {f.name for f in manager.ttflist if Path(f.fname).parent == bundled}
+    manager.ttflist = [
+        f for f in manager.ttflist if f.name not in families or Path(f.fname).parent == bundled
+    ]
+    manager._findfont_cached.cache_clear()  # findfont remembers earlier answers
+
+
+_bundled_fonts_only()
 DPI = 150
 PNG_METADATA = {"Software": None}
 SVG_METADATA = {"Date": None, "Creator": None}
