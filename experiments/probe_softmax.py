@@ -411,16 +411,15 @@ def round9_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config
         return out
     fwd = dict(rescale=True, exp2=2 if itemsize == 2 else 1, evict=itemsize == 2)
     tag = "_rs_e2_ev" if itemsize == 2 else "_rs_e2"
+    # the register count one more program an SM needs at N = 262144 (ptxas 12.8 offline:
+    # bf16 56 -> 48, fp32 62 -> 56, neither spilling)
+    cap = 48 if itemsize == 2 else 56
     return {
         f"c4Kv_w4{tag}_s0": _coopv(4096, 4, sleep_ns=0, **fwd),
         f"c4Kv_w4{tag}_s1000": _coopv(4096, 4, sleep_ns=1000, **fwd),
         f"c2Kv_w2{tag}": _coopv(2048, 2, **fwd),
         f"c2Kv_w2{tag}_s1000": _coopv(2048, 2, sleep_ns=1000, **fwd),
-        # the register count one more program an SM needs at N = 262144 (ptxas 12.8 offline:
-        # bf16 56 -> 48, fp32 62 -> 56, neither spilling)
-        f"c4Kv_w4{tag}_r{48 if itemsize == 2 else 56}": _coopv(
-            4096, 4, maxnreg=48 if itemsize == 2 else 56, **fwd
-        ),
+        f"c4Kv_w4{tag}_r{cap}": _coopv(4096, 4, maxnreg=cap, **fwd),
     }
 
 
@@ -669,11 +668,11 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if args.round5 or args.round7 or args.round8 or args.round9:  # long rows, chunks
+        if round_no in (5, 7, 8, 9):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
-    elif args.round7 or args.round8 or args.round9:  # the long rows only
+    elif round_no in (7, 8, 9):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))

@@ -315,14 +315,26 @@ def _exp_shifted(x, shift, EXP2: tl.constexpr):
 
 
 @triton.jit
+def _row_partials(
+    ws_ptr, row, counters, n_chunks, row_ok,
+    PHASE: tl.constexpr, COUNTER: tl.constexpr, SLEEP_NS: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    """The packed partials of each row (_split_partials), once all are published if PHASE 2
+    (with COUNTER, first waiting on the rows' arrival counters)."""
+    if COUNTER and PHASE == 2:
+        _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
+    return _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
+
+
+@triton.jit
 def _forward_row_stats(
     ws_ptr, row, counters, n_chunks, row_ok,
     PHASE: tl.constexpr, COUNTER: tl.constexpr, SLEEP_NS: tl.constexpr, MAX_CHUNKS: tl.constexpr,
 ):  # fmt: skip
     """(row max, row sum of exp(x - row max)) from the chunks' partials (waiting if PHASE 2)."""
-    if COUNTER and PHASE == 2:
-        _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
-    packed = _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
+    packed = _row_partials(
+        ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+    )
     maxes, sums = _unpack(packed)
     published = packed != 0  # masked slots read 0, and a published partial never is
     maxes = tl.where(published, maxes, -float("inf"))
@@ -332,6 +344,36 @@ def _forward_row_stats(
     scaled = sums * tl.exp(maxes - _per_chunk(row_max, maxes))
     row_sum = _chunk_sum(tl.where(published, scaled, 0.0), row_ok)
     return row_max, row_sum
+
+
+@triton.jit
+def _backward_row_dot(
+    ws_ptr, row, counters, n_chunks, row_ok,
+    PHASE: tl.constexpr, COUNTER: tl.constexpr, SLEEP_NS: tl.constexpr, MAX_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    """Row sum of y·dy from the chunks' partials (waiting if PHASE 2), as _forward_row_stats."""
+    packed = _row_partials(
+        ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+    )
+    dots, _ = _unpack(packed)
+    return _chunk_sum(dots, row_ok)
+
+
+@triton.jit
+def _row_workspace(
+    ws_ptr, next_ptr, ticket_index, block, chunk, outer, inner, rows_inner, n_chunks, row_ok,
+    COUNTER: tl.constexpr, CLEAR: tl.constexpr,
+):  # fmt: skip
+    """(row index, its slots, its arrival counter) in a split program's workspace: row r's
+    slots start at r * n_chunks, the ticket sits after all slots, and with COUNTER row r's
+    arrival counter after the ticket (coop only). With CLEAR, also zeroes this program's words
+    of the next launch's workspace (_clear_for_next)."""
+    row = outer * rows_inner + inner
+    slots = ws_ptr + row * n_chunks
+    counters = ws_ptr + ticket_index + 1 + row
+    if CLEAR:
+        _clear_for_next(next_ptr, ticket_index, block, chunk, row, n_chunks, row_ok, COUNTER)
+    return row, slots, counters
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,13 +437,10 @@ def softmax_split_kernel(
     x = tl.load(
         x_rows + cols[None, :] * x_stride_col, mask=mask, other=fill, eviction_policy=POLICY
     ).to(tl.float32)
-    # one slot per (row, chunk): row r's slots start at r * n_chunks
-    row = outer * rows_inner + inner
-    slots = ws_ptr + row * n_chunks
-    # with COUNTER, row r's arrival counter sits after the ticket (coop only)
-    counters = ws_ptr + ticket_index + 1 + row
-    if CLEAR:
-        _clear_for_next(next_ptr, ticket_index, block, chunk, row, n_chunks, row_ok, COUNTER)
+    row, slots, counters = _row_workspace(
+        ws_ptr, next_ptr, ticket_index, block, chunk, outer, inner, rows_inner, n_chunks, row_ok,
+        COUNTER, CLEAR,
+    )  # fmt: skip
 
     if PHASE != 1 or RESCALE:
         chunk_max = tl.max(x, axis=1)
@@ -495,11 +534,10 @@ def softmax_split_pairs_kernel(
     pairs = tl.load(
         x_rows + cols[None, :] * x_stride_col, mask=mask, other=fill, eviction_policy=POLICY
     )
-    row = outer * rows_inner + inner
-    slots = ws_ptr + row * n_chunks
-    counters = ws_ptr + ticket_index + 1 + row
-    if CLEAR:
-        _clear_for_next(next_ptr, ticket_index, block, chunk, row, n_chunks, row_ok, COUNTER)
+    row, slots, counters = _row_workspace(
+        ws_ptr, next_ptr, ticket_index, block, chunk, outer, inner, rows_inner, n_chunks, row_ok,
+        COUNTER, CLEAR,
+    )  # fmt: skip
 
     if PHASE != 1:
         first, second = _unpair(pairs, HALF)
@@ -554,9 +592,10 @@ def softmax_split_loop_kernel(
     first = chunk.to(tl.int64) * CHUNK
     end = tl.minimum(first + CHUNK, n_cols)
     offs = tl.arange(0, LOOP_COLS).to(tl.int64)
-    row = outer * rows_inner + inner
-    slots = ws_ptr + row * n_chunks
-    counters = ws_ptr + ticket_index + 1 + row
+    row, slots, counters = _row_workspace(
+        ws_ptr, None, ticket_index, block, chunk, outer, inner, rows_inner, n_chunks, row_ok,
+        COUNTER, False,
+    )  # fmt: skip
     if PHASE != 1:
         chunk_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
         chunk_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
@@ -703,11 +742,10 @@ def softmax_backward_split_kernel(
     dy = tl.load(
         dy_rows + cols[None, :] * dy_stride_col, mask=mask, other=0.0, eviction_policy=POLICY
     ).to(tl.float32)
-    row = outer * rows_inner + inner
-    slots = ws_ptr + row * n_chunks
-    counters = ws_ptr + ticket_index + 1 + row
-    if CLEAR:
-        _clear_for_next(next_ptr, ticket_index, block, chunk, row, n_chunks, row_ok, COUNTER)
+    row, slots, counters = _row_workspace(
+        ws_ptr, next_ptr, ticket_index, block, chunk, outer, inner, rows_inner, n_chunks, row_ok,
+        COUNTER, CLEAR,
+    )  # fmt: skip
 
     if PHASE != 1:
         # the dot product packed with 1.0 beside it, so a published partial is never 0
@@ -716,11 +754,9 @@ def softmax_backward_split_kernel(
     if PHASE != 1:
         _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
     if PHASE != 0:
-        if COUNTER and PHASE == 2:
-            _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
-        packed = _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
-        dots, _ = _unpack(packed)
-        row_dot = _chunk_sum(dots, row_ok)
+        row_dot = _backward_row_dot(
+            ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+        )
         dx = y * (dy - row_dot[:, None])
         dx_rows = dx_ptr + (outer * dx_stride_outer + inner * dx_stride_inner)[:, None]
         tl.store(
@@ -756,11 +792,10 @@ def softmax_backward_split_pairs_kernel(
     dy_pairs = tl.load(
         dy_rows + cols[None, :] * dy_stride_col, mask=mask, other=0, eviction_policy=POLICY
     )
-    row = outer * rows_inner + inner
-    slots = ws_ptr + row * n_chunks
-    counters = ws_ptr + ticket_index + 1 + row
-    if CLEAR:
-        _clear_for_next(next_ptr, ticket_index, block, chunk, row, n_chunks, row_ok, COUNTER)
+    row, slots, counters = _row_workspace(
+        ws_ptr, next_ptr, ticket_index, block, chunk, outer, inner, rows_inner, n_chunks, row_ok,
+        COUNTER, CLEAR,
+    )  # fmt: skip
 
     if PHASE != 1:
         y_first, y_second = _unpair(y_pairs, HALF)
@@ -770,11 +805,9 @@ def softmax_backward_split_pairs_kernel(
         partial = _pack(dot, tl.full(dot.shape, 1.0, tl.float32))
         _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
     if PHASE != 0:
-        if COUNTER and PHASE == 2:
-            _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
-        packed = _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
-        dots, _ = _unpack(packed)
-        row_dot = _chunk_sum(dots, row_ok)
+        row_dot = _backward_row_dot(
+            ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+        )
         y_first, y_second = _unpair(_reload(y_pairs, row_dot), HALF)
         dy_first, dy_second = _unpair(_reload(dy_pairs, row_dot), HALF)
         row_dot = row_dot[:, None]
@@ -805,9 +838,10 @@ def softmax_backward_split_loop_kernel(
     first = chunk.to(tl.int64) * CHUNK
     end = tl.minimum(first + CHUNK, n_cols)
     offs = tl.arange(0, LOOP_COLS).to(tl.int64)
-    row = outer * rows_inner + inner
-    slots = ws_ptr + row * n_chunks
-    counters = ws_ptr + ticket_index + 1 + row
+    row, slots, counters = _row_workspace(
+        ws_ptr, None, ticket_index, block, chunk, outer, inner, rows_inner, n_chunks, row_ok,
+        COUNTER, False,
+    )  # fmt: skip
     if PHASE != 1:
         dot = tl.zeros((BLOCK_ROWS,), tl.float32)
         for start in range(0, CHUNK, LOOP_COLS):
@@ -821,11 +855,9 @@ def softmax_backward_split_loop_kernel(
         partial = _pack(dot, tl.full(dot.shape, 1.0, tl.float32))
         _publish(slots, chunk, partial, counters, row_ok, COUNTER and PHASE == 2)
     if PHASE != 0:
-        if COUNTER and PHASE == 2:
-            _wait_counters(counters, n_chunks, row_ok, SLEEP_NS)
-        packed = _split_partials(ws_ptr, row, n_chunks, row_ok, PHASE == 2, MAX_CHUNKS, SLEEP_NS)
-        dots, _ = _unpack(packed)
-        row_dot = _chunk_sum(dots, row_ok)[:, None]
+        row_dot = _backward_row_dot(
+            ws_ptr, row, counters, n_chunks, row_ok, PHASE, COUNTER, SLEEP_NS, MAX_CHUNKS
+        )[:, None]
         for start in range(0, CHUNK, LOOP_COLS):
             cols = first + start + offs
             mask = row_ok[:, None] & (cols < end)[None, :]
@@ -1093,8 +1125,9 @@ def _launch_rows(
         grid = (row_blocks * n_chunks,)
         split_kernel, common = _split_kernel(kernels, config, n_chunks, config.counter, **hints)
         half = _half_code(moved[0].dtype)
-        fits = half and not config.loop_cols and _pairs_fit(moved, strides, config.block_cols)
-        if config.pairs and fits:
+        if config.pairs and half and not config.loop_cols and _pairs_fit(
+            moved, strides, config.block_cols
+        ):
             # the same rows as int32 pairs: half the columns, half the row strides (viewed
             # through the merged row dims: torch refuses an odd stride even on a size-1 dim)
             split_kernel = kernels["split_pairs"]

@@ -434,17 +434,23 @@ def test_round7_probe_candidates_are_valid():
                     assert (f"_r{cfg.maxnreg}" in name) == bool(cfg.maxnreg), name
 
 
-def test_round7_probe_smoke():
-    """The probe's round 7 on the interpreter (coop as split2): every variant checked against
-    float64 with nothing FAILED, and the pairs variants there."""
+def _probe_smoke(round_flag: str) -> str:
+    """stdout of `probe_softmax <round_flag> --smoke` on the interpreter, which must exit 0
+    with no variant FAILED (every variant checked against float64, timing stubbed)."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "experiments.probe_softmax", "--round7", "--smoke"],
+        [sys.executable, "-m", "experiments.probe_softmax", round_flag, "--smoke"],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert "FAILED" not in run.stdout, run.stdout[-2000:]
-    assert "p16Kv_w16_r32" in run.stdout and "c4Kv_w4_r48" in run.stdout
+    return run.stdout
+
+
+def test_round7_probe_smoke():
+    """The probe's round 7 on the interpreter (coop as split2), the pairs variants there."""
+    out = _probe_smoke("--round7")
+    assert "p16Kv_w16_r32" in out and "c4Kv_w4_r48" in out
 
 
 def test_round3_probe_candidates_are_valid():
@@ -666,16 +672,9 @@ def test_round6_probe_candidates_are_valid():
 
 
 def test_round6_probe_smoke():
-    """The probe's round 6 on the interpreter: every tile and Inductor's kernels checked against
-    float64 (timing stubbed), nothing FAILED."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "experiments.probe_softmax", "--round6", "--smoke"],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "FAILED" not in run.stdout, run.stdout[-2000:]
-    assert "inductor_mac" in run.stdout and "t4K_w2" in run.stdout
+    """The probe's round 6 on the interpreter: every tile and Inductor's kernels there."""
+    out = _probe_smoke("--round6")
+    assert "inductor_mac" in out and "t4K_w2" in out
 
 
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
