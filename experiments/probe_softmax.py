@@ -57,6 +57,11 @@ wait) and the exp2, evict, sleep and register-cap knobs; names in ROUND8_NAMES b
 `--round9` times the knobs left around the round 9 picks on the long rows (evict and the poll
 sleep on the backward; the sleep and 2K chunks on the forward); names in ROUND9_NAMES below.
     python -m experiments.probe_softmax --round9 --budget 150
+
+`--round10` times, on the long rows, the smem design (chunks held in shared memory, Gluon
+kernels in kernels/softmax_smem.py) at several chunks and warps against the coop kernels that
+_pick_config chose before it; names in ROUND10_NAMES below.
+    python -m experiments.probe_softmax --round10 --budget 150
 """
 
 import argparse
@@ -70,7 +75,15 @@ import triton
 from triton.testing import do_bench
 
 from experiments.correctness import TOLERANCES, relative_error
-from kernels.softmax import ONE_PASS_MAX_ELEMS, Config, _backward, _forward, _pick_config, direct
+from kernels.softmax import (
+    ONE_PASS_MAX_ELEMS,
+    Config,
+    _backward,
+    _forward,
+    _pick_config,
+    _smem_fits,
+    direct,
+)
 
 # (M, N): every tensor holds 2^25 elements, 64 MB in bf16 (as conf/kernel/softmax.yaml `rows`)
 ROWS = [(262144, 128), (65536, 512), (32768, 1024), (8192, 4096), (2048, 16384), (512, 65536),
@@ -507,6 +520,31 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (ms * 1e-3) / 1e9
 
 
+# What each round 10 name means (printed at the start of a --round10 run).
+ROUND10_NAMES = {
+    "default": "the shipped _pick_config choice (smem where the rows fit it, round 10)",
+    "coop": "what _pick_config chose without smem (round 9's coop kernels)",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+    "sNK_wW": "smem: chunks of N*1024 values copied into shared memory, W warps",
+    "..._ev": "evict_first on the copies in and the stores",
+}
+
+
+def round10_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 10: the smem design's chunk and warps on the long rows, and round 9's coop."""
+    if n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    out = {"coop": _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize)}
+    exp2 = 0 if backward else 2 if itemsize == 2 else 1
+    shapes = [(8192, 4), (4096, 2), (4096, 4), (16384, 8)]
+    if backward and itemsize == 4:
+        shapes = [(4096, 4), (2048, 2), (2048, 4)]
+    for values, warps in shapes:
+        out[f"s{values // 1024}K_w{warps}"] = Config("smem", 1, values, warps, exp2=exp2)
+    out["s8K_w4_ev"] = Config("smem", 1, 8192, 4, exp2=exp2, evict=True)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -514,16 +552,20 @@ def _error_line(exc: Exception) -> str:
 
 ROUND_CANDIDATES = {
     4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
-    8: round8_candidates, 9: round9_candidates,
+    8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
-               7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES}  # fmt: skip
+               7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
+               10: ROUND10_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
 
 def _for_smoke(cfg: Config) -> Config:
-    # the interpreter runs programs one at a time: a waiting (coop) program would never return
+    # the interpreter runs programs one at a time: a waiting (coop) program would never return,
+    # and it does not run Gluon (smem)
+    if cfg.design == "smem":
+        return cfg._replace(design="split2", evict=False)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -537,10 +579,12 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round_no=0):
     tol = TOLERANCES[dtype_name]
 
     fwd = {"eager": lambda: torch.softmax(x, -1)}
-    pick = _pick_config(n, m, False, False, x.device, itemsize)
+    # what _launch_rows passes _pick_config for these contiguous rows
+    smem_ok = DEVICE == "cuda" and n > ONE_PASS_MAX_ELEMS and _smem_fits([x], [(0, n, 1)], n)
+    pick = _pick_config(n, m, False, False, x.device, itemsize, smem_ok=smem_ok)
     fwd["default"] = lambda: _forward(x, -1, direct, None)
     bwd = {"eager": lambda: torch.ops.aten._softmax_backward_data(dy, y, -1, dtype)}
-    bwd_pick = _pick_config(n, m, False, True, x.device, itemsize)
+    bwd_pick = _pick_config(n, m, False, True, x.device, itemsize, smem_ok=smem_ok)
     bwd["default"] = lambda: _backward(y, dy, -1, direct, None)
     if round_no == 3:
         fwd_cands = round3_candidates(n, itemsize, False, pick)
@@ -649,12 +693,13 @@ def main() -> int:
     parser.add_argument("--round7", action="store_true", help="16-bit pairs, register caps")
     parser.add_argument("--round8", action="store_true", help="coop forward without a 2nd exp")
     parser.add_argument("--round9", action="store_true", help="knobs around the round 9 picks")
+    parser.add_argument("--round10", action="store_true", help="smem design vs coop")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 10) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 11) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -668,11 +713,11 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
-    elif round_no in (7, 8, 9):  # the long rows only
+    elif round_no in (7, 8, 9, 10):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))

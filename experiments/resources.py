@@ -126,6 +126,11 @@ class OfflineCompiler:
         from triton.compiler import ASTSource
         from triton.runtime import jit
 
+        try:
+            from triton.experimental.gluon._runtime import GluonASTSource
+        except ImportError:  # a Triton without Gluon
+            GluonASTSource = ASTSource
+
         kwargs["debug"] = kwargs.get("debug", fn.debug) or triton.knobs.runtime.debug
         kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
         binder = self._binders.get(fn)
@@ -142,8 +147,10 @@ class OfflineCompiler:
                repr(sorted(options.__dict__.items())))  # fmt: skip
         record = self.compiled.get(key)
         if record is None:
+            # a Gluon kernel (triton.experimental.gluon) brings its own source class
+            source = GluonASTSource if getattr(fn, "is_gluon", lambda: False)() else ASTSource
             kernel = triton.compile(
-                ASTSource(fn, signature, constexprs, attrs),
+                source(fn, signature, constexprs, attrs),
                 target=self.target,
                 options=options.__dict__,
             )

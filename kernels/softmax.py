@@ -14,6 +14,10 @@ the output once. Three designs share the work (kernels/notes/softmax.md has the 
   row's chunks are never left waiting on a chunk that cannot start (a row has fewer chunks than
   the GPU holds programs). "split2" (the interpreter, which runs programs one after another and
   cannot wait): one launch publishes, a second re-reads the row and writes it.
+- smem (GPU, rows of unit column stride and 16-byte aligned starts): the coop protocol with
+  each chunk held in shared memory instead of registers (kernels/softmax_smem.py, in Gluon), so
+  an SM holds twice as many bytes of the row across the wait. The 16-bit forward and backward
+  and the longest fp32 forward rows take it; other long rows keep coop.
 - online: a loop over the row, read twice; the fallback for rows too long to split.
 - band (a probe candidate, round 4): split2 launched band by band, each band's rows small
   enough to stay in L2 between its two launches, so x is read from DRAM once.
@@ -28,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import softmax_smem
 from kernels._common import (
     Launcher,
     cdiv,
@@ -74,6 +79,11 @@ COOP_FORWARD_MAXNREG = {4: 56}
 COOP_CAP_MIN_CHUNKS = 16
 # Tile of the online loop: big enough to keep many loads in flight per program.
 LOOP_TILE_ELEMS = 4096
+# smem design (round 10): the chunk a program copies into shared memory, its warps, and the most
+# shared memory a program may take (every input's chunk: y and dy in the backward)
+SMEM_CHUNK_ELEMS = 8192
+SMEM_WARPS = 4
+SMEM_MAX_BYTES = 131072
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
 ADJACENT_ROWS = 32
@@ -87,9 +97,9 @@ INTERPRETER_SMS = 3
 class Config(NamedTuple):
     """How one launch covers the rows; _pick_config chooses it, the probe passes its own."""
 
-    design: str  # "tile", "coop", "split2", "split2r", "band", "bandr" or "online"
+    design: str  # "tile", "coop", "smem", "split2", "split2r", "band", "bandr" or "online"
     block_rows: int
-    block_cols: int  # tile: the padded row; coop/split2: the chunk; online: the loop tile
+    block_cols: int  # tile: the padded row; coop/smem/split2: the chunk; online: the loop tile
     num_warps: int
     per_sm: int = 0  # tile: persistent programs per SM, -1 from the register estimate, 0 = off
     num_stages: int = 1  # tile: pipelining of the persistent loop's loads; online: of both loops
@@ -1016,8 +1026,12 @@ def _pick_config(
     device: torch.device,
     itemsize: int = 4,
     rows_outer: int = 1,
+    smem_ok: bool = False,
 ) -> Config:
-    """The design and sizes the probe measured best for these rows (kernels/notes/softmax.md)."""
+    """The design and sizes the probe measured best for these rows (kernels/notes/softmax.md).
+
+    smem_ok: the rows can take the smem design (unit column strides, 16-byte aligned rows, a
+    direct launch on a GPU: _smem_fits)."""
     min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, next_power_of_2(rows_inner))
     padded_cols = next_power_of_2(n_cols)
     if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
@@ -1038,6 +1052,20 @@ def _pick_config(
         if elems >= 16384:
             warps = 16  # one long row: 16 warps measured best in bf16, level in fp32
         return Config("tile", block_rows, padded_cols, warps)
+    n_inputs = 2 if backward else 1
+    smem_chunk = max(SMEM_CHUNK_ELEMS, next_power_of_2(cdiv(n_cols, MAX_SPLIT_CHUNKS)))
+    many_chunks = cdiv(n_cols, SPLIT_CHUNK_ELEMS) > COOP_CAP_MIN_CHUNKS
+    if (
+        smem_ok and min_rows == 1 and (itemsize == 2 or (many_chunks and not backward))
+        and n_inputs * smem_chunk * itemsize <= SMEM_MAX_BYTES
+    ):  # fmt: skip
+        # Chunks in shared memory (probe round 10, % of copy at N = 32768 / 65536 / 262144
+        # against the coop kernels: bf16 forward 82.7 / 81.7 / 79.9 against 71.1 / 72.6 / 68.3,
+        # bf16 backward 84.1 / 83.7 / 83.6 against 80.8 / 82.2 / 81.2; fp32 forward only past
+        # 16 chunks of coop's, 89.7-90.9 against 88.1-88.8 at 262144, where at 65536 coop led)
+        warps = min(16, SMEM_WARPS * smem_chunk // SMEM_CHUNK_ELEMS)
+        exp2 = 0 if backward else 2 if itemsize == 2 else 1
+        return Config("smem", 1, smem_chunk, warps, exp2=exp2)
     # 16-bit backward rows one a program: chunks held as int32 pairs (where the strides let
     # them be read so; other rows take the plain kernel with the same chunk)
     pairs = backward and itemsize == 2 and min_rows == 1
@@ -1090,8 +1118,12 @@ def _launch_rows(
     device = moved[0].device
     if config is None:
         itemsize = moved[0].element_size()
+        smem_ok = (
+            launch is direct and n_cols > ONE_PASS_MAX_ELEMS and gpu_info(device) is not None
+            and _smem_fits(moved, strides, n_cols)
+        )  # fmt: skip
         config = _pick_config(
-            n_cols, rows_inner, rows_adjacent, backward, device, itemsize, rows_outer
+            n_cols, rows_inner, rows_adjacent, backward, device, itemsize, rows_outer, smem_ok
         )
     kernels = _KERNELS[backward]
     flat_strides = [s for tensor_strides in strides for s in tensor_strides]
@@ -1168,6 +1200,8 @@ def _launch_rows(
                     *moved, ws, rows_inner, n_cols, n_chunks, n_slots, *flat_strides,
                     PHASE=phase, REVERSE=reverse, **common,
                 )  # fmt: skip
+    elif config.design == "smem":
+        _launch_smem(launch, moved, backward, (rows_outer, rows_inner), strides, config)
     elif config.design in ("band", "bandr"):
         _launch_bands(launch, kernels, moved, (rows_outer, rows_inner), strides, config, hints)
     elif config.design == "online":
@@ -1214,6 +1248,45 @@ def _coop_workspace(n_ws: int, device: torch.device) -> list | None:
         zeros = [torch.zeros(n_ws, device=device, dtype=torch.int64) for _ in range(2)]
         pair = _COOP_WORKSPACES[key] = [*zeros, 0]
     return pair
+
+
+def _smem_fits(moved: list[torch.Tensor], strides: list, n_cols: int) -> bool:
+    """Whether rows can be copied into shared memory 16 bytes at a time (the smem design):
+    unit column strides, and every row start (data pointer and row strides) 16-byte aligned."""
+    vec = 16 // moved[0].element_size()
+    if n_cols % vec:
+        return False
+    return all(
+        col == 1 and outer % vec == 0 and inner % vec == 0 and t.data_ptr() % 16 == 0
+        for t, (outer, inner, col) in zip(moved, strides, strict=True)
+    )
+
+
+def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None:
+    """The smem design: softmax_smem's Gluon kernels on the coop workspaces."""
+    if is_interpreter() or gpu_info(moved[0].device) is None:
+        raise ValueError("the smem design (Gluon) needs a GPU; the interpreter takes split2")
+    n_cols = moved[0].shape[-1]
+    if config.block_rows != 1 or not _smem_fits(moved, strides, n_cols):
+        raise ValueError(
+            "the smem design takes one row a program, rows of unit column stride and 16-byte "
+            f"aligned starts; got {config} for strides {strides}"
+        )
+    if config.rescale or config.pairs or config.loop_cols or config.counter:
+        raise ValueError(f"rescale, pairs, loop_cols and counter are not knobs of smem: {config}")
+    rows_outer, rows_inner = rows
+    n_ws = rows_outer * rows_inner * cdiv(n_cols, config.block_cols) + 1
+    pair = _coop_workspace(n_ws, moved[0].device)
+    if pair is None:  # under graph capture: a zeroed workspace of its own, nothing to clear
+        ws, next_ws = torch.zeros(n_ws, device=moved[0].device, dtype=torch.int64), None
+    else:
+        ws, next_ws = pair[pair[2]], pair[1 - pair[2]]
+    softmax_smem.launch(
+        launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
+        config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
+    )  # fmt: skip
+    if pair is not None:
+        pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch
 
 
 def _half_code(dtype: torch.dtype) -> int:

@@ -434,6 +434,33 @@ def test_round7_probe_candidates_are_valid():
                     assert (f"_r{cfg.maxnreg}" in name) == bool(cfg.maxnreg), name
 
 
+def test_round10_probe_candidates_are_valid():
+    """Round 10: long rows only; smem chunks of whole pieces, one shared-memory budget, at most
+    MAX_SPLIT_CHUNKS a row; the coop baseline is what _pick_config chose before smem."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            for backward in (False, True):
+                cands = probe.round10_candidates(n, itemsize, backward)
+                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                for name, cfg in cands.items():
+                    if name == "coop":
+                        assert cfg.design in ("coop", "split2"), cfg
+                        continue
+                    assert cfg.design == "smem" and cfg.block_rows == 1, name
+                    assert cfg.block_cols % (16 // itemsize * 32 * cfg.num_warps) == 0, name
+                    assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
+                    inputs = 2 if backward else 1
+                    assert inputs * cfg.block_cols * itemsize <= softmax_module.SMEM_MAX_BYTES
+                    assert ("_ev" in name) == cfg.evict, name
+
+
+def test_round10_probe_smoke():
+    """The probe's round 10 on the interpreter: smem variants run as split2 there."""
+    out = _probe_smoke("--round10")
+    assert "s8K_w4_ev" in out and " coop " in out
+
+
 def _probe_smoke(round_flag: str) -> str:
     """stdout of `probe_softmax <round_flag> --smoke` on the interpreter, which must exit 0
     with no variant FAILED (every variant checked against float64, timing stubbed)."""
@@ -501,6 +528,62 @@ def test_pick_config_chunks(monkeypatch, device):
     assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES["fp32"]
     (dx,) = torch.autograd.grad(softmax(x.requires_grad_(), -1).sum(), x)
     assert dx.abs().max() < 1e-6  # the gradient of a constant sum is 0
+
+
+def test_pick_config_takes_smem_where_the_rows_fit_it():
+    """On a GPU, rows past the tile whose starts are 16-byte aligned (smem_ok) take the smem
+    design: 16-bit forward and backward, fp32 forward only past 16 coop chunks (round 10); the
+    rest, and rows that do not fit it, keep coop."""
+    pick = softmax_module._pick_config
+    cpu = torch.device("cpu")
+    with pretend_gpu((9, 0), 132):
+        assert pick(65536, 512, False, False, cpu, 2, smem_ok=True) == Config(
+            "smem", 1, 8192, 4, exp2=2
+        )
+        assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config("smem", 1, 8192, 4)
+        assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
+            "smem", 1, 8192, 4, exp2=1
+        )
+        # fp32: coop kept at 65536 (16 chunks, where it led) and in the backward
+        assert pick(65536, 512, False, False, cpu, 4, smem_ok=True).design == "coop"
+        assert pick(262144, 128, False, True, cpu, 4, smem_ok=True).design == "coop"
+        # not fitting: coop (pairs in the 16-bit backward)
+        assert pick(65536, 512, False, False, cpu, 2).design == "coop"
+        assert pick(65536, 512, False, True, cpu, 2) == Config("coop", 1, 4096, 4, pairs=True)
+        # rows past MAX_SPLIT_CHUNKS chunks of 8192: bigger chunks, warps in proportion
+        assert pick(2**21, 2, False, False, cpu, 2, smem_ok=True) == Config(
+            "smem", 1, 16384, 8, exp2=2
+        )
+        # until a program's chunks would pass SMEM_MAX_BYTES of shared memory
+        assert pick(2**24, 2, False, True, cpu, 2, smem_ok=True).design != "smem"
+        # rows that fit the tile never take it
+        assert pick(16384, 2048, False, False, cpu, 2, smem_ok=True).design == "tile"
+
+
+@pytest.mark.parametrize(
+    "make, fits",
+    [
+        (lambda: torch.empty(4, 4096, dtype=torch.bfloat16), True),
+        (lambda: torch.empty(4, 4104, dtype=torch.bfloat16)[:, 8:], True),  # 16 bytes in
+        (lambda: torch.empty(4, 4097, dtype=torch.bfloat16)[:, 1:], False),  # 2 bytes in
+        (lambda: torch.empty(4, 4100, dtype=torch.float32)[:, :4096], True),  # stride 4100
+        (lambda: torch.empty(4, 4098, dtype=torch.float32)[:, :4096], False),  # stride 4098
+        (lambda: torch.empty(4096, 4, dtype=torch.float32).t(), False),  # column stride 4
+        (lambda: torch.empty(4, 4094, dtype=torch.float32), False),  # rows of 16376 bytes
+        (lambda: torch.empty(4, 2, 4096, dtype=torch.float16)[:, 1], True),  # two row dims
+    ],
+)
+def test_smem_fits(make, fits):
+    x = make()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    _, strides = softmax_module._row_dims([x, out])
+    assert softmax_module._smem_fits([x, out], strides, x.shape[-1]) is fits
+
+
+def test_smem_design_needs_a_gpu(device):
+    x = torch.randn(2, 4096, device=device)
+    with pytest.raises(ValueError, match="smem design .* needs a GPU"):
+        _forward(x, -1, direct, Config("smem", 1, 1024, 4))
 
 
 def test_pick_config_spreads_few_rows_over_the_sms():
@@ -826,6 +909,36 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_smem_on_views_and_its_fallback_on_gpu(dtype_name):
+    """Long rows through views: 16-byte aligned ones take the smem kernels, others coop (a
+    column offset of one element, a torch.split view along dim 1, softmax over dim 0 of a
+    transposed view); every one is checked forward and backward against float64."""
+    dtype = DTYPES[dtype_name]
+    base = torch.randn(5, 65536 + 64, device="cuda", dtype=dtype) * 4
+    base[2, 100:9000] = -float("inf")
+    views = {
+        "aligned offset": (base[:, 64:], -1, True),
+        "one element in": (base[:, 1:65537], -1, False),
+        "split along dim 1": (torch.split(base, [32, 65568 - 32], dim=1)[1], -1, True),
+        "dim 0 of a transpose": (base[:, :65536].t(), 0, False),
+    }
+    for name, (x, dim, aligned) in views.items():
+        rows = x.movedim(dim, -1)
+        layout = softmax_module._row_dims([rows, torch.empty(rows.shape, dtype=dtype)])
+        fits = softmax_module._smem_fits([rows, rows], layout[1], rows.shape[-1])
+        assert fits is aligned, name
+        y = softmax_forward(x, dim)
+        ref = torch.softmax(x.double(), dim)
+        assert relative_error(y, ref) < TOLERANCES[dtype_name], name
+        dy = torch.randn_like(x)
+        dx = softmax_backward(y, dy, dim)
+        y64 = y.double()
+        dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(dim, keepdim=True))
+        assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name], name
+
+
+@pytest.mark.gpu
 def test_coop_workspace_reuse_on_gpu():
     """Back-to-back coop launches take the two cached workspaces in turn, each zeroing the
     other for the next: every call right, forward and backward, plain and pairs, with and
@@ -843,17 +956,18 @@ def test_coop_workspace_reuse_on_gpu():
             assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
         y = _forward(x32, -1, direct, Config("coop", 1, 4096, 4, counter=True))
         assert relative_error(y, torch.softmax(x32.double(), -1)) < TOLERANCES["fp32"]
-    static_x = x32.clone()
-    softmax_forward(static_x, -1)  # compiled before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = softmax_forward(static_x, -1)
-    for scale in (1.0, 2.0, 0.5):
-        static_x.copy_(x32 * scale)
-        graph.replay()
-        ref = torch.softmax(static_x.double(), -1)
-        assert relative_error(static_y, ref) < TOLERANCES["fp32"]
+    for dtype_name in ("fp32", "bf16"):  # coop and smem
+        static_x = x32.to(DTYPES[dtype_name])
+        softmax_forward(static_x, -1)  # compiled before the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = softmax_forward(static_x, -1)
+        for scale in (1.0, 2.0, 0.5):
+            static_x.copy_(x32 * scale)
+            graph.replay()
+            ref = torch.softmax(static_x.double(), -1)
+            assert relative_error(static_y, ref) < TOLERANCES[dtype_name]
 
 
 @pytest.mark.gpu
@@ -874,6 +988,9 @@ def test_coop_workspace_reuse_on_gpu():
         Config("coop", 1, 4096, 4, pairs=True),
         Config("coop", 1, 8192, 8, pairs=True, maxnreg=40),
         Config("coop", 1, 4096, 4, rescale=True),  # the backward drops the knob
+        # round 10: chunks held in shared memory (Gluon); 2 warps, pieces of 256-512 values
+        Config("smem", 1, 8192, 4, exp2=2),
+        Config("smem", 1, 4096, 2, exp2=1, evict=True, sleep_ns=0),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -883,6 +1000,7 @@ def test_coop_workspace_reuse_on_gpu():
         + ("_pairs" if c.pairs else "")
         + (f"_r{c.maxnreg}" if c.maxnreg else "")
         + ("_rescale" if c.rescale else "")
+        + (f"_w{c.num_warps}" if c.design == "smem" else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
