@@ -685,6 +685,10 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=85.0, help="seconds for the whole probe")
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds (best one kept)")
     parser.add_argument("--only", default="", help="comma list of N to run (default: all)")
+    parser.add_argument(
+        "--elems", type=int, default=0,
+        help="elements a tensor (M = elems // N) instead of the rows set's 2^25",
+    )  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--round3", action="store_true", help="the round 3 candidates")
     parser.add_argument("--round4", action="store_true", help="the round 4 (band) candidates")
@@ -721,6 +725,8 @@ def main() -> int:
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
+    if args.elems:
+        ROWS = [(max(1, args.elems // n), n) for _, n in ROWS]
     budget = Budget(args.budget)
     start = time.monotonic()
     if DEVICE == "cuda" and not torch.cuda.is_available():
