@@ -911,9 +911,10 @@ def test_big_shapes_on_gpu(shape, dim, dtype_name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", DTYPES)
 def test_smem_on_views_and_its_fallback_on_gpu(dtype_name):
-    """Long rows through views: 16-byte aligned ones take the smem kernels, others coop (a
-    column offset of one element, a torch.split view along dim 1, softmax over dim 0 of a
-    transposed view); every one is checked forward and backward against float64."""
+    """Long rows through views: 16-byte aligned ones take the smem kernels (a torch.split view
+    along dim 1, softmax over dim 0 of a transposed view, whose rows are the base's), others
+    coop (a column offset of one element, every other column); every one is checked forward
+    and backward against float64."""
     dtype = DTYPES[dtype_name]
     base = torch.randn(5, 65536 + 64, device="cuda", dtype=dtype) * 4
     base[2, 100:9000] = -float("inf")
@@ -921,7 +922,8 @@ def test_smem_on_views_and_its_fallback_on_gpu(dtype_name):
         "aligned offset": (base[:, 64:], -1, True),
         "one element in": (base[:, 1:65537], -1, False),
         "split along dim 1": (torch.split(base, [32, 65568], dim=1)[1], -1, True),
-        "dim 0 of a transpose": (base[:, :65536].t(), 0, False),
+        "dim 0 of a transpose": (base[:, :65536].t(), 0, True),
+        "every other column": (base[:, ::2], -1, False),
     }
     for name, (x, dim, aligned) in views.items():
         rows = x.movedim(dim, -1)
