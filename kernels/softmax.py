@@ -84,6 +84,7 @@ LOOP_TILE_ELEMS = 4096
 SMEM_CHUNK_ELEMS = 8192
 SMEM_WARPS = 4
 SMEM_MAX_BYTES = 131072
+SMEM_ARCH_MAJOR = 9  # compute capability 9.x (Hopper): where the smem design was measured
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
 ADJACENT_ROWS = 32
@@ -1118,9 +1119,12 @@ def _launch_rows(
     device = moved[0].device
     if config is None:
         itemsize = moved[0].element_size()
+        # the smem kernels on Hopper only, where they were measured (H100, H200); wrap_triton
+        # (the triton-compiled mode) keeps coop: Inductor with a Gluon kernel was not tried
+        info = gpu_info(device)
         smem_ok = (
-            launch is direct and n_cols > ONE_PASS_MAX_ELEMS and gpu_info(device) is not None
-            and _smem_fits(moved, strides, n_cols)
+            launch is direct and n_cols > ONE_PASS_MAX_ELEMS and info is not None
+            and info.capability[0] == SMEM_ARCH_MAJOR and _smem_fits(moved, strides, n_cols)
         )  # fmt: skip
         config = _pick_config(
             n_cols, rows_inner, rows_adjacent, backward, device, itemsize, rows_outer, smem_ok

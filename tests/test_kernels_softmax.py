@@ -580,6 +580,34 @@ def test_smem_fits(make, fits):
     assert softmax_module._smem_fits([x, out], strides, x.shape[-1]) is fits
 
 
+def test_smem_is_offered_to_direct_launches_on_hopper_only(monkeypatch):
+    """_launch_rows lets _pick_config take smem (smem_ok) only for rows past the tile, on a
+    compute capability 9.x GPU, through a direct launch (not wrap_triton), where they fit."""
+    seen = []
+
+    class Picked(Exception):
+        pass
+
+    def pick(*args):
+        seen.append(args[7])  # smem_ok
+        raise Picked
+
+    monkeypatch.setattr(softmax_module, "_pick_config", pick)
+    base = torch.empty(2, 20000, dtype=torch.bfloat16)
+    cases = [
+        ((9, 0), direct, base[:, 8:], True),
+        ((8, 0), direct, base[:, 8:], False),  # Ampere: not measured
+        ((10, 0), direct, base[:, 8:], False),
+        ((9, 0), lambda kernel: kernel, base[:, 8:], False),  # not a direct launch
+        ((9, 0), direct, base[:, 1:], False),  # 2 bytes off 16-byte alignment
+        ((9, 0), direct, base[:, :16384], False),  # fits the tile
+    ]
+    for capability, launch, x, offered in cases:
+        with pretend_gpu(capability, 132), pytest.raises(Picked):
+            _forward(x, -1, launch, None)
+        assert seen.pop() is offered, (capability, x.shape, x.storage_offset())
+
+
 def test_smem_design_needs_a_gpu(device):
     x = torch.randn(2, 4096, device=device)
     with pytest.raises(ValueError, match="smem design .* needs a GPU"):
