@@ -527,6 +527,7 @@ ROUND10_NAMES = {
     "same_bytes": ROUND5_NAMES["same_bytes"],
     "sNK_wW": "smem: chunks of N*1024 values copied into shared memory, W warps",
     "..._ev": "evict_first on the copies in and the stores",
+    "..._rR": "ptxas capped at R registers a thread (Config.maxnreg)",
 }
 
 
@@ -542,6 +543,10 @@ def round10_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     for values, warps in shapes:
         out[f"s{values // 1024}K_w{warps}"] = Config("smem", 1, values, warps, exp2=exp2)
     out["s8K_w4_ev"] = Config("smem", 1, 8192, 4, exp2=exp2, evict=True)
+    if itemsize == 2 and not backward:
+        # ptxas gives the 16-bit forward 39-40 registers (offline, Triton 3.6): 12 programs an
+        # SM, where its 16 KB of shared memory a program would let 13 in at 32
+        out["s8K_w4_r32"] = Config("smem", 1, 8192, 4, exp2=exp2, maxnreg=32)
     return out
 
 

@@ -1288,6 +1288,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
     softmax_smem.launch(
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
+        maxnreg=config.maxnreg,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

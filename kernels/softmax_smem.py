@@ -234,7 +234,7 @@ def softmax_smem_backward_kernel(
 
 
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
-           sleep_ns=200, exp2=0, evict=False):  # fmt: skip
+           sleep_ns=200, exp2=0, evict=False, maxnreg=0):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -256,6 +256,8 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     kernel = softmax_smem_backward_kernel if backward else softmax_smem_forward_kernel
     if not backward:
         meta["EXP2"] = exp2
+    if maxnreg:  # a ptxas register cap (kernels.softmax.Config.maxnreg)
+        meta["maxnreg"] = maxnreg
     launcher(kernel)[(n_slots,)](
         *tensors, ws, next_ws, rows_inner, n_cols // vec, n_chunks, n_slots, *vstrides, **meta
     )
