@@ -79,8 +79,10 @@ COOP_FORWARD_MAXNREG = {4: 56}
 COOP_CAP_MIN_CHUNKS = 16
 # Tile of the online loop: big enough to keep many loads in flight per program.
 LOOP_TILE_ELEMS = 4096
-# smem design (round 10): the chunk a program copies into shared memory, its warps, and the most
-# shared memory a program may take (every input's chunk: y and dy in the backward)
+# smem design (round 10): the shared memory a program's chunks take (all inputs: y and dy in the
+# backward), SMEM_WARPS warps per SMEM_CHUNK_ELEMS values of chunk, and the most shared memory a
+# program may take once long rows grow the chunk
+SMEM_PROGRAM_BYTES = 32768
 SMEM_CHUNK_ELEMS = 8192
 SMEM_WARPS = 4
 SMEM_MAX_BYTES = 131072
@@ -1054,16 +1056,19 @@ def _pick_config(
             warps = 16  # one long row: 16 warps measured best in bf16, level in fp32
         return Config("tile", block_rows, padded_cols, warps)
     n_inputs = 2 if backward else 1
-    smem_chunk = max(SMEM_CHUNK_ELEMS, next_power_of_2(cdiv(n_cols, MAX_SPLIT_CHUNKS)))
-    many_chunks = cdiv(n_cols, SPLIT_CHUNK_ELEMS) > COOP_CAP_MIN_CHUNKS
+    smem_chunk = max(
+        SMEM_PROGRAM_BYTES // (n_inputs * itemsize), next_power_of_2(cdiv(n_cols, MAX_SPLIT_CHUNKS))
+    )
     if (
-        smem_ok and min_rows == 1 and (itemsize == 2 or (many_chunks and not backward))
+        smem_ok and min_rows == 1 and (itemsize == 2 or not backward)
         and n_inputs * smem_chunk * itemsize <= SMEM_MAX_BYTES
     ):  # fmt: skip
-        # Chunks in shared memory (probe round 10, % of copy at N = 32768 / 65536 / 262144
-        # against the coop kernels: bf16 forward 82.7 / 81.7 / 79.9 against 71.1 / 72.6 / 68.3,
-        # bf16 backward 84.1 / 83.7 / 83.6 against 80.8 / 82.2 / 81.2; fp32 forward only past
-        # 16 chunks of coop's, 89.7-90.9 against 88.1-88.8 at 262144, where at 65536 coop led)
+        # Chunks in shared memory, 32 KB a program (probe round 10, rows of 2^27 elements, %
+        # of copy at N = 65536 / 262144, H100 then H200: bf16 forward 16K chunks, 8 warps 94.4
+        # / 93.6 and 83.9 / 80.6, against coop's 79.4 / 74.9 and 67.9 / 63.3; bf16 backward
+        # 94.3 / 95.2 and 84.9 / 84.3 against 92.4 / 91.4 and 81.5 / 79.2; fp32 forward 98.0 /
+        # 97.5 and 90.8 / 84.5 against 98.0 / 94.1 and 85.6 / 79.3). The fp32 backward keeps
+        # coop (100.7 / 96.6 against 98.1 / 97.9 on the H100).
         warps = min(16, SMEM_WARPS * smem_chunk // SMEM_CHUNK_ELEMS)
         exp2 = 0 if backward else 2 if itemsize == 2 else 1
         return Config("smem", 1, smem_chunk, warps, exp2=exp2)

@@ -532,28 +532,31 @@ def test_pick_config_chunks(monkeypatch, device):
 
 def test_pick_config_takes_smem_where_the_rows_fit_it():
     """On a GPU, rows past the tile whose starts are 16-byte aligned (smem_ok) take the smem
-    design: 16-bit forward and backward, fp32 forward only past 16 coop chunks (round 10); the
-    rest, and rows that do not fit it, keep coop."""
+    design with 32 KB of chunks a program: 16-bit forward and backward, fp32 forward (round
+    10); the fp32 backward, and rows that do not fit it, keep coop."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     with pretend_gpu((9, 0), 132):
         assert pick(65536, 512, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, exp2=2
+            "smem", 1, 16384, 8, exp2=2
         )
         assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config("smem", 1, 8192, 4)
         assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 8192, 4, exp2=1
         )
-        # fp32: coop kept at 65536 (16 chunks, where it led) and in the backward
-        assert pick(65536, 512, False, False, cpu, 4, smem_ok=True).design == "coop"
+        assert pick(65536, 512, False, False, cpu, 4, smem_ok=True) == Config(
+            "smem", 1, 8192, 4, exp2=1
+        )
+        # the fp32 backward keeps coop
         assert pick(262144, 128, False, True, cpu, 4, smem_ok=True).design == "coop"
         # not fitting: coop (pairs in the 16-bit backward)
         assert pick(65536, 512, False, False, cpu, 2).design == "coop"
         assert pick(65536, 512, False, True, cpu, 2) == Config("coop", 1, 4096, 4, pairs=True)
-        # rows past MAX_SPLIT_CHUNKS chunks of 8192: bigger chunks, warps in proportion
-        assert pick(2**21, 2, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 16384, 8, exp2=2
+        # rows past MAX_SPLIT_CHUNKS chunks: bigger chunks, warps in proportion
+        assert pick(2**22, 2, False, False, cpu, 2, smem_ok=True) == Config(
+            "smem", 1, 32768, 16, exp2=2
         )
+        assert pick(2**21, 2, False, True, cpu, 2, smem_ok=True) == Config("smem", 1, 16384, 8)
         # until a program's chunks would pass SMEM_MAX_BYTES of shared memory
         assert pick(2**24, 2, False, True, cpu, 2, smem_ok=True).design != "smem"
         # rows that fit the tile never take it
