@@ -32,7 +32,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import softmax_smem
 from kernels._common import (
     Launcher,
     cdiv,
@@ -43,6 +42,11 @@ from kernels._common import (
     is_interpreter,
     next_power_of_2,
 )
+
+try:  # Gluon is experimental in Triton: a release without this API leaves long rows on coop
+    from kernels import softmax_smem
+except (ImportError, AttributeError):  # pragma: no cover - the pinned Tritons have it
+    softmax_smem = None
 
 # A tile program holds at most this many elements (16384 fp32 values over 16 warps is 32
 # registers a thread); a longer row takes the split or online path. Tests lower it to reach
@@ -1128,7 +1132,8 @@ def _launch_rows(
         # (the triton-compiled mode) keeps coop: Inductor with a Gluon kernel was not tried
         info = gpu_info(device)
         smem_ok = (
-            launch is direct and n_cols > ONE_PASS_MAX_ELEMS and info is not None
+            softmax_smem is not None and launch is direct and n_cols > ONE_PASS_MAX_ELEMS
+            and info is not None
             and info.capability[0] == SMEM_ARCH_MAJOR and _smem_fits(moved, strides, n_cols)
         )  # fmt: skip
         config = _pick_config(
@@ -1273,8 +1278,11 @@ def _smem_fits(moved: list[torch.Tensor], strides: list, n_cols: int) -> bool:
 
 def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None:
     """The smem design: softmax_smem's Gluon kernels on the coop workspaces."""
-    if is_interpreter() or gpu_info(moved[0].device) is None:
-        raise ValueError("the smem design (Gluon) needs a GPU; the interpreter takes split2")
+    if is_interpreter() or gpu_info(moved[0].device) is None or softmax_smem is None:
+        raise ValueError(
+            "the smem design (Gluon) needs a GPU and a Triton with Gluon; the interpreter takes "
+            "split2"
+        )
     n_cols = moved[0].shape[-1]
     if config.block_rows != 1 or not _smem_fits(moved, strides, n_cols):
         raise ValueError(
