@@ -111,7 +111,7 @@ class Config(NamedTuple):
     per_sm: int = 0  # tile: persistent programs per SM, -1 from the register estimate, 0 = off
     num_stages: int = 1  # tile: pipelining of the persistent loop's loads; online: of both loops
     # -- round 3 knobs (kernels/notes/softmax.md); the defaults are the round 2 kernels --
-    sleep_ns: int = 200  # coop: nanosleep between polls of the partials, 0 = poll flat out
+    sleep_ns: int = 200  # coop/smem: nanosleep between polls of the partials, 0 = poll flat out
     counter: bool = False  # coop: poll one arrival counter per row, then read the slots once
     evict: bool = False  # evict_first on single-use loads/stores (online: evict_last, 1st read)
     # forward exp: 0 tl.exp (sub, mul, ex2 with denormal handling); 1 exp2((x - max)·log2e),
@@ -133,8 +133,8 @@ class Config(NamedTuple):
     # so a program holds its chunk in half the registers across the wait. Needs unit column
     # strides, an even row length and even row strides; other rows take the plain kernel.
     pairs: bool = False
-    # coop/split2: cap ptxas at this many registers a thread (0: no cap), to fit more programs
-    # an SM; a cap below what the kernel needs spills
+    # coop/split2/smem: cap ptxas at this many registers a thread (0: no cap), to fit more
+    # programs an SM; a cap below what the kernel needs spills
     maxnreg: int = 0
     # coop/split2 forward: hold exp(x - chunk max) across the wait instead of x, and write
     # it times exp(chunk max - row max) / row sum: one multiply a value after the wait instead
