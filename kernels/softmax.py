@@ -42,6 +42,7 @@ from kernels._common import (
     is_interpreter,
     next_power_of_2,
 )
+from kernels._coop import _nanosleep, _pack, _unpack
 
 try:  # Gluon is experimental in Triton: a release without this API leaves long rows on coop
     from kernels import softmax_smem
@@ -166,21 +167,6 @@ def _tile_rows(tile, rows_inner, BLOCK_ROWS: tl.constexpr):
 
 
 @triton.jit
-def _pack(lo, hi):
-    """Two fp32 tensors -> one int64 each, so a partial is published with one atomic."""
-    lo_bits = lo.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    hi_bits = hi.to(tl.int32, bitcast=True).to(tl.int64)
-    return (hi_bits << 32) | lo_bits
-
-
-@triton.jit
-def _unpack(packed):
-    lo = (packed & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-    hi = (packed >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    return lo, hi
-
-
-@triton.jit
 def _split_position(ws_ptr, ticket_index, n_chunks, WAIT: tl.constexpr, REVERSE: tl.constexpr):
     """(row block, chunk) of this split program."""
     if WAIT:
@@ -192,21 +178,6 @@ def _split_position(ws_ptr, ticket_index, n_chunks, WAIT: tl.constexpr, REVERSE:
             # the finishing launch walks back, so it starts on rows the first left in L2
             ticket = tl.num_programs(0) - 1 - ticket
     return ticket // n_chunks, ticket % n_chunks
-
-
-@triton.jit
-def _nanosleep(value, SLEEP_NS: tl.constexpr):
-    """Sleep about SLEEP_NS ns (PTX nanosleep, sm_70+; 0: no sleep), then return value."""
-    if SLEEP_NS > 0:
-        value = tl.inline_asm_elementwise(
-            "nanosleep.u32 $2; mov.b32 $0, $1;",
-            "=r,r,r",
-            [value, value * 0 + SLEEP_NS],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    return value
 
 
 @triton.jit
@@ -1130,10 +1101,9 @@ def _launch_rows(
         itemsize = moved[0].element_size()
         # the smem kernels on Hopper only, where they were measured (H100, H200); wrap_triton
         # (the triton-compiled mode) keeps coop: Inductor with a Gluon kernel was not tried
-        info = gpu_info(device)
         smem_ok = (
-            softmax_smem is not None and launch is direct and n_cols > ONE_PASS_MAX_ELEMS
-            and info is not None
+            n_cols > ONE_PASS_MAX_ELEMS and softmax_smem is not None and launch is direct
+            and (info := gpu_info(device)) is not None
             and info.capability[0] == SMEM_ARCH_MAJOR and _smem_fits(moved, strides, n_cols)
         )  # fmt: skip
         config = _pick_config(

@@ -22,6 +22,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
+from kernels._coop import _nanosleep, _pack, _unpack
+
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
@@ -43,30 +45,6 @@ def _exp_shifted(x, shift, EXP2: gl.constexpr):
 
 
 @gluon.jit
-def _pack(lo, hi):
-    lo_bits = lo.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF
-    hi_bits = hi.to(gl.int32, bitcast=True).to(gl.int64)
-    return (hi_bits << 32) | lo_bits
-
-
-@gluon.jit
-def _unpack(packed):
-    lo = (packed & 0xFFFFFFFF).to(gl.int32).to(gl.float32, bitcast=True)
-    hi = (packed >> 32).to(gl.int32).to(gl.float32, bitcast=True)
-    return lo, hi
-
-
-@gluon.jit
-def _sleep(value, SLEEP_NS: gl.constexpr):
-    if SLEEP_NS > 0:
-        value = gl.inline_asm_elementwise(
-            "nanosleep.u32 $2; mov.b32 $0, $1;", "=r,r,r", [value, value * 0 + SLEEP_NS],
-            dtype=gl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-    return value
-
-
-@gluon.jit
 def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr,
                WARPS: gl.constexpr):  # fmt: skip
     """The row's packed partials once all are published (0 marks an unpublished slot)."""
@@ -76,7 +54,7 @@ def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr
     packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
     missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
     while missing > 0:
-        missing = _sleep(missing, SLEEP_NS)
+        missing = _nanosleep(missing, SLEEP_NS)
         packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
         missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
     # a slot several threads hold may have read 0 in one of them a moment before the sum: every
@@ -104,6 +82,12 @@ def _chunk_position(ws_ptr, next_ptr, ticket_index, rows_inner, n_vecs, n_chunks
         gl.store(next_ptr + row.to(gl.int64) * n_chunks + chunk, 0)
         gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
     return outer, inner, start, limit, offs, slots, chunk
+
+
+@gluon.jit
+def _chunk_start(ptr, outer, inner, vstride_outer, vstride_inner, start, VEC: gl.constexpr):
+    """Address of the chunk's first column, row strides in units of VEC elements."""
+    return ptr + (outer * vstride_outer + inner * vstride_inner) * VEC + start
 
 
 @gluon.jit
@@ -137,7 +121,7 @@ def softmax_smem_forward_kernel(
         ws_ptr, next_ptr, ticket_index, rows_inner, n_vecs, n_chunks,
         CHUNK, PIECE, VEC, WARPS, CLEAR,
     )  # fmt: skip
-    x_row = x_ptr + (outer * x_vstride_outer + inner * x_vstride_inner) * VEC + start
+    x_row = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
 
     # every piece's copy in flight at once, one commit group each
     smem = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [PIECES, PIECE], smem_layout)
@@ -175,7 +159,7 @@ def softmax_smem_forward_kernel(
     row_sum = gl.sum(gl.where(slot_ok, sums * gl.exp2((maxes - row_max) * LOG2E), 0.0), axis=0)
     inv_sum = 1.0 / row_sum
 
-    y_row = y_ptr + (outer * y_vstride_outer + inner * y_vstride_inner) * VEC + start
+    y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
     for p in range(PIECES):
         ok = p * PIECE + offs < limit
         e = _exp_shifted(smem.index(p).load(layout).to(gl.float32), row_max, EXP2)
@@ -201,8 +185,8 @@ def softmax_smem_backward_kernel(
         ws_ptr, next_ptr, ticket_index, rows_inner, n_vecs, n_chunks,
         CHUNK, PIECE, VEC, WARPS, CLEAR,
     )  # fmt: skip
-    y_row = y_ptr + (outer * y_vstride_outer + inner * y_vstride_inner) * VEC + start
-    dy_row = dy_ptr + (outer * dy_vstride_outer + inner * dy_vstride_inner) * VEC + start
+    y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
+    dy_row = _chunk_start(dy_ptr, outer, inner, dy_vstride_outer, dy_vstride_inner, start, VEC)
     y_smem = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [PIECES, PIECE], smem_layout)
     dy_smem = gl.allocate_shared_memory(dy_ptr.dtype.element_ty, [PIECES, PIECE], smem_layout)
     for p in gl.static_range(PIECES):
@@ -225,7 +209,7 @@ def softmax_smem_backward_kernel(
     dots, _ = _unpack(packed)
     row_dot = gl.sum(gl.where(slot_ok, dots, 0.0), axis=0)
 
-    dx_row = dx_ptr + (outer * dx_vstride_outer + inner * dx_vstride_inner) * VEC + start
+    dx_row = _chunk_start(dx_ptr, outer, inner, dx_vstride_outer, dx_vstride_inner, start, VEC)
     for p in range(PIECES):
         y = y_smem.index(p).load(layout).to(gl.float32)
         dx = y * (dy_smem.index(p).load(layout).to(gl.float32) - row_dot)
