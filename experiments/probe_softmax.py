@@ -62,6 +62,11 @@ sleep on the backward; the sleep and 2K chunks on the forward); names in ROUND9_
 kernels in kernels/softmax_smem.py) at several chunks and warps against the coop kernels that
 _pick_config chose before it; names in ROUND10_NAMES below.
     python -m experiments.probe_softmax --round10 --budget 150
+
+`--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
+next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
+N = 16384 and past it; names in ROUND11_NAMES below.
+    python -m experiments.probe_softmax --round11 --budget 150 --elems 134217728
 """
 
 import argparse
@@ -76,6 +81,7 @@ from triton.testing import do_bench
 
 from experiments.correctness import TOLERANCES, relative_error
 from kernels.softmax import (
+    MAX_SPLIT_CHUNKS,
     ONE_PASS_MAX_ELEMS,
     Config,
     _backward,
@@ -550,6 +556,41 @@ def round10_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 11 name means (printed at the start of a --round11 run).
+ROUND11_NAMES = {
+    "default": "the shipped _pick_config choice (the tile at N = 16384, smem past it)",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+    "sNK_wW": "smem, one program a chunk of N*1024 values (round 10), W warps",
+    "pNK_wW": "smem persistent: programs take chunks of N*1024 values in turn, two buffers "
+    "(a chunk's copies in flight while the previous one's row is waited for and written), as "
+    "many programs an SM as shared memory holds",
+}
+
+
+def round11_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 11: the persistent smem kernels (two chunk buffers a program) against round 10's
+    one-shot ones, at N = 16384 (where the tile runs) and past it. A buffer of B bytes an input
+    is copied in 8 pieces: B / 4096 warps."""
+    if n < ONE_PASS_MAX_ELEMS:
+        return {}
+    inputs = 2 if backward else 1
+    exp2 = 0 if backward else 2 if itemsize == 2 else 1
+    out = {}
+    for kbytes, warps in ((32, 8), (16, 4)):  # one-shot, one buffer of all inputs
+        values = kbytes * 1024 // (inputs * itemsize)
+        if values <= n:
+            out[f"s{values // 1024}K_w{warps // inputs}"] = Config(
+                "smem", 1, values, max(2, warps // inputs), exp2=exp2
+            )  # fmt: skip
+    for kbytes in (8, 16, 32):  # a buffer of each input; a program holds 2 * inputs of them
+        values = kbytes * 1024 // itemsize
+        warps = kbytes // 4
+        if values > n or -(-n // values) > MAX_SPLIT_CHUNKS:
+            continue
+        out[f"p{values // 1024}K_w{warps}"] = Config("smem", 1, values, warps, exp2=exp2, per_sm=-1)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -558,10 +599,11 @@ def _error_line(exc: Exception) -> str:
 ROUND_CANDIDATES = {
     4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
     8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
+    11: round11_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
-               10: ROUND10_NAMES}  # fmt: skip
+               10: ROUND10_NAMES, 11: ROUND11_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -570,7 +612,7 @@ def _for_smoke(cfg: Config) -> Config:
     # the interpreter runs programs one at a time: a waiting (coop) program would never return,
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
-        return cfg._replace(design="split2", evict=False)
+        return cfg._replace(design="split2", evict=False, per_sm=0)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -703,12 +745,13 @@ def main() -> int:
     parser.add_argument("--round8", action="store_true", help="coop forward without a 2nd exp")
     parser.add_argument("--round9", action="store_true", help="knobs around the round 9 picks")
     parser.add_argument("--round10", action="store_true", help="smem design vs coop")
+    parser.add_argument("--round11", action="store_true", help="persistent smem kernels")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 11) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 12) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -722,12 +765,16 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
+        if round_no == 11:
+            ROWS.append((3, 16384))
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no in (7, 8, 9, 10):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
+    elif round_no == 11:  # the longest tile rows, and the long rows
+        ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
     if args.elems:

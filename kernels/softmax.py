@@ -91,6 +91,11 @@ SMEM_PROGRAM_BYTES = 32768
 SMEM_CHUNK_ELEMS = 8192
 SMEM_WARPS = 4
 SMEM_MAX_BYTES = 131072
+# the persistent smem kernels' programs an SM (Config.per_sm = -1): the shared memory an SM has
+# (H100 and H200: 228 KB), and what a program takes beside its buffers (the 1 KB the driver
+# reserves a block, the reductions' scratch)
+SMEM_PER_SM = 233472
+SMEM_PROGRAM_EXTRA = 2048
 SMEM_ARCH_MAJOR = 9  # compute capability 9.x (Hopper): where the smem design was measured
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
@@ -109,7 +114,9 @@ class Config(NamedTuple):
     block_rows: int
     block_cols: int  # tile: the padded row; coop/smem/split2: the chunk; online: the loop tile
     num_warps: int
-    per_sm: int = 0  # tile: persistent programs per SM, -1 from the register estimate, 0 = off
+    # tile: persistent programs per SM, -1 from the register estimate, 0 = off; smem: the
+    # persistent kernels (two chunk buffers a program), -1 as many as shared memory holds
+    per_sm: int = 0
     num_stages: int = 1  # tile: pipelining of the persistent loop's loads; online: of both loops
     # -- round 3 knobs (kernels/notes/softmax.md); the defaults are the round 2 kernels --
     sleep_ns: int = 200  # coop/smem: nanosleep between polls of the partials, 0 = poll flat out
@@ -1268,10 +1275,18 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         ws, next_ws = torch.zeros(n_ws, device=moved[0].device, dtype=torch.int64), None
     else:
         ws, next_ws = pair[pair[2]], pair[1 - pair[2]]
+    programs = 0
+    if config.per_sm:
+        per_sm = config.per_sm
+        if per_sm < 0:  # two buffers of each input's chunk, and what the reductions take
+            buffer_bytes = 2 * len(moved[:-1]) * config.block_cols * moved[0].element_size()
+            per_sm = max(1, min(SMEM_PER_SM // (buffer_bytes + SMEM_PROGRAM_EXTRA),
+                                MAX_WARPS_PER_SM // config.num_warps))  # fmt: skip
+        programs = _sm_count(moved[0].device) * per_sm
     softmax_smem.launch(
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
-        maxnreg=config.maxnreg,
+        maxnreg=config.maxnreg, programs=programs,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

@@ -28,11 +28,31 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _ticket_position(ws_ptr, ticket_index, n_chunks):
-    # Tickets are handed out in the order programs start: a row's chunks start together, and
-    # every chunk a program waits for has started or can start (the coop deadlock argument).
+def _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR: gl.constexpr):
+    """The next (row, chunk) in start order: ticket = row * n_chunks + chunk, and its slot is
+    ws_ptr + ticket (ticket_index, the counter's word, is the number of slots). With CLEAR,
+    also zeroes the ticket's words of the next launch's workspace (its slot; the counter for
+    ticket 0). A persistent program's last ticket is past the slots: it clears nothing."""
+    # Tickets are handed out in the order programs ask: a row's chunks are taken together, and
+    # every chunk a program waits for has been taken or can be (the coop deadlock argument).
     ticket = gl.atomic_add(ws_ptr + ticket_index, 1).to(gl.int32)
-    return ticket, ticket // n_chunks, ticket % n_chunks
+    if CLEAR:
+        gl.store(next_ptr + ticket, 0, mask=ticket < ticket_index)
+        gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
+    return ticket
+
+
+@gluon.jit
+def _position(ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK: gl.constexpr,
+              VEC: gl.constexpr):  # fmt: skip
+    """(outer row, inner row, first column, columns left from it, the row's slots, row) of a
+    ticket's chunk."""
+    row = ticket // n_chunks
+    outer = (row // rows_inner).to(gl.int64)
+    inner = (row % rows_inner).to(gl.int64)
+    start = (ticket % n_chunks).to(gl.int64) * CHUNK
+    limit = n_vecs.to(gl.int64) * VEC - start
+    return outer, inner, start, limit, ws_ptr + row.to(gl.int64) * n_chunks, row
 
 
 @gluon.jit
@@ -64,76 +84,34 @@ def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr
 
 
 @gluon.jit
-def _chunk_position(ws_ptr, next_ptr, ticket_index, rows_inner, n_vecs, n_chunks,
-                    CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr,
-                    WARPS: gl.constexpr, CLEAR: gl.constexpr):  # fmt: skip
-    """(outer row, inner row, first column, columns left, piece offsets, the row's slots) of
-    this program's chunk; with CLEAR, also zeroes its words of the next launch's workspace (its
-    slot, and the ticket for the first program)."""
-    ticket, row, chunk = _ticket_position(ws_ptr, ticket_index, n_chunks)
-    outer = (row // rows_inner).to(gl.int64)
-    inner = (row % rows_inner).to(gl.int64)
-    start = chunk.to(gl.int64) * CHUNK
-    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    offs = gl.arange(0, PIECE, layout=layout)
-    limit = n_vecs.to(gl.int64) * VEC - start  # columns of the row left from this chunk's first
-    slots = ws_ptr + row.to(gl.int64) * n_chunks
-    if CLEAR:
-        gl.store(next_ptr + row.to(gl.int64) * n_chunks + chunk, 0)
-        gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
-    return outer, inner, start, limit, offs, slots, chunk
-
-
-@gluon.jit
 def _chunk_start(ptr, outer, inner, vstride_outer, vstride_inner, start, VEC: gl.constexpr):
     """Address of the chunk's first column, row strides in units of VEC elements."""
     return ptr + (outer * vstride_outer + inner * vstride_inner) * VEC + start
 
 
 @gluon.jit
-def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr,
-             POLICY: gl.constexpr):  # fmt: skip
-    """Start copying piece p of the chunk at row_ptr into smem.index(p) (cp.async, 16 bytes a
-    thread; columns past the row's end are filled with 0)."""
+def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, POLICY: gl.constexpr,
+             base=0):  # fmt: skip
+    """Start copying piece p of the chunk at row_ptr into smem.index(base + p) (cp.async, 16
+    bytes a thread; columns past the row's end are filled with 0)."""
     cp.async_copy_global_to_shared(
-        smem.index(p), row_ptr + p * PIECE + offs, mask=p * PIECE + offs < limit,
+        smem.index(base + p), row_ptr + p * PIECE + offs, mask=p * PIECE + offs < limit,
         eviction_policy=POLICY,
     )  # fmt: skip
 
 
+# -- the forward's two halves: a chunk's partial (max, sum of exp), and its output ----------------
 @gluon.jit
-def softmax_smem_forward_kernel(
-    x_ptr, y_ptr, ws_ptr, next_ptr,
-    # n_cols and the row strides come in units of VEC elements (16 bytes), so that the
-    # compiler knows every row start and the column limit 16-byte aligned: cp.async copies
-    # 16 bytes at a time only then
-    rows_inner, n_vecs, n_chunks, ticket_index,
-    x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
-    CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
-    MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True,
-):  # fmt: skip
-    """One program per (row, chunk of CHUNK columns), rows of unit column stride."""
-    PIECES: gl.constexpr = CHUNK // PIECE
+def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                     VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr):  # fmt: skip
+    """(max, sum of exp(x - max)) of the chunk whose PIECES copies into smem.index(base + p)
+    are the thread's last commit groups, packed for publishing."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    outer, inner, start, limit, offs, slots, chunk = _chunk_position(
-        ws_ptr, next_ptr, ticket_index, rows_inner, n_vecs, n_chunks,
-        CHUNK, PIECE, VEC, WARPS, CLEAR,
-    )  # fmt: skip
-    x_row = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
-
-    # every piece's copy in flight at once, one commit group each
-    smem = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [PIECES, PIECE], smem_layout)
-    for p in gl.static_range(PIECES):
-        _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY)
-        cp.commit_group()
-
-    # the chunk's max, elementwise over the pieces as they land, then across threads once;
-    # each thread reads only what its own copies wrote (one layout for both): no barrier
+    # the max, elementwise over the pieces as they land, then across threads once; each thread
+    # reads only what its own copies wrote (one layout for both): no barrier
     for p in gl.static_range(PIECES):
         cp.wait_group(PIECES - 1 - p)
-        v = gl.where(p * PIECE + offs < limit, smem.index(p).load(layout).to(gl.float32),
+        v = gl.where(p * PIECE + offs < limit, smem.index(base + p).load(layout).to(gl.float32),
                      -float("inf"))  # fmt: skip
         if p == 0:
             max_vec = v
@@ -144,13 +122,20 @@ def softmax_smem_forward_kernel(
     shift = gl.where(run_max == -float("inf"), 0.0, run_max)
     sum_vec = gl.zeros([PIECE], gl.float32, layout)
     for p in range(PIECES):
-        v = smem.index(p).load(layout).to(gl.float32)
+        v = smem.index(base + p).load(layout).to(gl.float32)
         sum_vec += gl.where(p * PIECE + offs < limit, _exp_shifted(v, shift, EXP2), 0.0)
-    run_sum = gl.sum(sum_vec, axis=0)
+    # the max is never the bits 0 unless the sum is at least 1: a published slot is never 0
+    return _pack(run_max, gl.sum(sum_vec, axis=0))
 
-    # publish (max, sum): the max is never the bits 0 unless the sum is at least 1
-    gl.atomic_xchg(slots + chunk, _pack(run_max, run_sum), sem="relaxed")
 
+@gluon.jit
+def _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_vstride_outer,
+                    y_vstride_inner, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                    VEC: gl.constexpr, WARPS: gl.constexpr, MAX_CHUNKS: gl.constexpr,
+                    SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
+                    POLICY: gl.constexpr):  # fmt: skip
+    """Wait for the row's slots, then write y from the chunk held in smem.index(base + p)."""
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
     maxes, sums = _unpack(packed)
     maxes = gl.where(slot_ok, maxes, -float("inf"))
@@ -158,13 +143,84 @@ def softmax_smem_forward_kernel(
     # an all -inf row: row_max = -inf, exp(-inf - -inf) = NaN everywhere, as torch gives
     row_sum = gl.sum(gl.where(slot_ok, sums * gl.exp2((maxes - row_max) * LOG2E), 0.0), axis=0)
     inv_sum = 1.0 / row_sum
-
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
     for p in range(PIECES):
-        ok = p * PIECE + offs < limit
-        e = _exp_shifted(smem.index(p).load(layout).to(gl.float32), row_max, EXP2)
-        gl.store(y_row + p * PIECE + offs, (e * inv_sum).to(y_ptr.dtype.element_ty), mask=ok,
-                 eviction_policy=POLICY)  # fmt: skip
+        e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2)
+        gl.store(y_row + p * PIECE + offs, (e * inv_sum).to(y_ptr.dtype.element_ty),
+                 mask=p * PIECE + offs < limit, eviction_policy=POLICY)  # fmt: skip
+
+
+# -- the backward's two halves: a chunk's Σ y·dy, and its dx -------------------------------------
+@gluon.jit
+def _backward_partial(y_smem, dy_smem, base, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                      VEC: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """Σ y·dy over the chunk (columns past the row's end were filled with 0), elementwise over
+    the pieces as they land, then across threads once; packed with 1.0 beside it, so a
+    published partial is never 0."""
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    dot_vec = gl.zeros([PIECE], gl.float32, layout)
+    for p in gl.static_range(PIECES):
+        cp.wait_group(PIECES - 1 - p)
+        y = y_smem.index(base + p).load(layout).to(gl.float32)
+        dot_vec += y * dy_smem.index(base + p).load(layout).to(gl.float32)
+    dot = gl.sum(dot_vec, axis=0)
+    return _pack(dot, dot * 0.0 + 1.0)
+
+
+@gluon.jit
+def _backward_finish(dx_ptr, y_smem, dy_smem, base, slots, n_chunks, outer, inner, start,
+                     dx_vstride_outer, dx_vstride_inner, offs, limit, PIECES: gl.constexpr,
+                     PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+                     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr,
+                     POLICY: gl.constexpr):  # fmt: skip
+    """Wait for the row's slots, then write dx = y·(dy - Σ y·dy) from the chunk held in
+    y_smem and dy_smem.index(base + p)."""
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    dots, _ = _unpack(packed)
+    row_dot = gl.sum(gl.where(slot_ok, dots, 0.0), axis=0)
+    dx_row = _chunk_start(dx_ptr, outer, inner, dx_vstride_outer, dx_vstride_inner, start, VEC)
+    for p in range(PIECES):
+        y = y_smem.index(base + p).load(layout).to(gl.float32)
+        dx = y * (dy_smem.index(base + p).load(layout).to(gl.float32) - row_dot)
+        gl.store(dx_row + p * PIECE + offs, dx.to(dx_ptr.dtype.element_ty),
+                 mask=p * PIECE + offs < limit, eviction_policy=POLICY)  # fmt: skip
+
+
+# -- the kernels --------------------------------------------------------------------------------
+# n_cols (n_vecs) and the row strides come in units of VEC elements (16 bytes), so that the
+# compiler knows every row start and the column limit 16-byte aligned: cp.async copies 16 bytes
+# at a time only then.
+@gluon.jit
+def softmax_smem_forward_kernel(
+    x_ptr, y_ptr, ws_ptr, next_ptr,
+    rows_inner, n_vecs, n_chunks, ticket_index,
+    x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
+    CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+    MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
+    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True,
+):  # fmt: skip
+    """One program per (row, chunk of CHUNK columns), rows of unit column stride."""
+    PIECES: gl.constexpr = CHUNK // PIECE
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    offs = gl.arange(0, PIECE, layout=layout)
+    ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    outer, inner, start, limit, slots, _ = _position(
+        ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
+    )  # fmt: skip
+    x_row = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
+    # every piece's copy in flight at once, one commit group each
+    smem = gl.allocate_shared_memory(
+        x_ptr.dtype.element_ty, [PIECES, PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )  # fmt: skip
+    for p in gl.static_range(PIECES):
+        _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY)
+        cp.commit_group()
+    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
+    gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+    _forward_finish(y_ptr, smem, 0, slots, n_chunks, outer, inner, start, y_vstride_outer,
+                    y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS,
+                    SLEEP_NS, EXP2, POLICY)  # fmt: skip
 
 
 @gluon.jit
@@ -181,9 +237,10 @@ def softmax_smem_backward_kernel(
     PIECES: gl.constexpr = CHUNK // PIECE
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    outer, inner, start, limit, offs, slots, chunk = _chunk_position(
-        ws_ptr, next_ptr, ticket_index, rows_inner, n_vecs, n_chunks,
-        CHUNK, PIECE, VEC, WARPS, CLEAR,
+    offs = gl.arange(0, PIECE, layout=layout)
+    ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    outer, inner, start, limit, slots, _ = _position(
+        ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
     )  # fmt: skip
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
     dy_row = _chunk_start(dy_ptr, outer, inner, dy_vstride_outer, dy_vstride_inner, start, VEC)
@@ -193,36 +250,175 @@ def softmax_smem_backward_kernel(
         _copy_in(y_smem, y_row, offs, limit, p, PIECE, POLICY)
         _copy_in(dy_smem, dy_row, offs, limit, p, PIECE, POLICY)
         cp.commit_group()
+    partial = _backward_partial(y_smem, dy_smem, 0, PIECES, PIECE, VEC, WARPS)
+    gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+    _backward_finish(dx_ptr, y_smem, dy_smem, 0, slots, n_chunks, outer, inner, start,
+                     dx_vstride_outer, dx_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS,
+                     MAX_CHUNKS, SLEEP_NS, POLICY)  # fmt: skip
 
-    # Σ y·dy over the chunk (columns past the row's end were filled with 0), elementwise over
-    # the pieces as they land, then across threads once
-    dot_vec = gl.zeros([PIECE], gl.float32, layout)
-    for p in gl.static_range(PIECES):
-        cp.wait_group(PIECES - 1 - p)
-        y = y_smem.index(p).load(layout).to(gl.float32)
-        dot_vec += y * dy_smem.index(p).load(layout).to(gl.float32)
-    # packed with 1.0 beside it, so a published partial is never 0
-    dot = gl.sum(dot_vec, axis=0)
-    gl.atomic_xchg(slots + chunk, _pack(dot, dot * 0.0 + 1.0), sem="relaxed")
 
-    packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
-    dots, _ = _unpack(packed)
-    row_dot = gl.sum(gl.where(slot_ok, dots, 0.0), axis=0)
+@gluon.jit
+def _forward_finish_ticket(y_ptr, smem, base, ws_ptr, ticket, offs, rows_inner, n_vecs, n_chunks,
+                           y_vstride_outer, y_vstride_inner, CHUNK: gl.constexpr,
+                           PIECES: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr,
+                           WARPS: gl.constexpr, MAX_CHUNKS: gl.constexpr,
+                           SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
+                           POLICY: gl.constexpr):  # fmt: skip
+    """_forward_finish for the chunk of a ticket taken earlier."""
+    outer, inner, start, limit, slots, _ = _position(
+        ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
+    )  # fmt: skip
+    _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_vstride_outer,
+                    y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS,
+                    SLEEP_NS, EXP2, POLICY)  # fmt: skip
 
-    dx_row = _chunk_start(dx_ptr, outer, inner, dx_vstride_outer, dx_vstride_inner, start, VEC)
-    for p in range(PIECES):
-        y = y_smem.index(p).load(layout).to(gl.float32)
-        dx = y * (dy_smem.index(p).load(layout).to(gl.float32) - row_dot)
-        gl.store(dx_row + p * PIECE + offs, dx.to(dx_ptr.dtype.element_ty),
-                 mask=p * PIECE + offs < limit, eviction_policy=POLICY)  # fmt: skip
+
+@gluon.jit
+def _backward_finish_ticket(dx_ptr, y_smem, dy_smem, base, ws_ptr, ticket, offs, rows_inner,
+                            n_vecs, n_chunks, dx_vstride_outer, dx_vstride_inner,
+                            CHUNK: gl.constexpr, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                            VEC: gl.constexpr, WARPS: gl.constexpr, MAX_CHUNKS: gl.constexpr,
+                            SLEEP_NS: gl.constexpr, POLICY: gl.constexpr):  # fmt: skip
+    """_backward_finish for the chunk of a ticket taken earlier."""
+    outer, inner, start, limit, slots, _ = _position(
+        ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
+    )  # fmt: skip
+    _backward_finish(dx_ptr, y_smem, dy_smem, base, slots, n_chunks, outer, inner, start,
+                     dx_vstride_outer, dx_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS,
+                     MAX_CHUNKS, SLEEP_NS, POLICY)  # fmt: skip
+
+
+# Persistent kernels: a grid of about the programs the SMs hold, each taking tickets until they
+# run out, with two chunk buffers: a chunk's copies are in flight while the program waits for
+# the previous chunk's row and writes it, so no SM idles through a wait with nothing loading.
+#
+# Deadlock freedom (rows of at most MAX_SPLIT_CHUNKS < number of SMs chunks): a program waits
+# for the row of its previous chunk P while its new chunk N may be unpublished, but only if N
+# is in a later row than P; where both are in one row, N is published first. Take the first
+# row R any program waits for. Its chunks held unpublished by a waiting program would make that
+# program wait for an earlier row: none do. Those not yet taken: every taken ticket past them
+# would be R's too (tickets go in order), so every running program would hold two of R's chunks
+# while waiting for R, more than R has (two a program, a program an SM at least). So R's
+# chunks are all taken and published, R completes, and induction on rows does the rest.
+@gluon.jit
+def softmax_smem_persistent_forward_kernel(
+    x_ptr, y_ptr, ws_ptr, next_ptr,
+    rows_inner, n_vecs, n_chunks, ticket_index,
+    x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
+    CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+    MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
+    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True,
+):  # fmt: skip
+    """softmax_smem_forward_kernel's work, a program taking (row, chunk) tickets in turn."""
+    PIECES: gl.constexpr = CHUNK // PIECE
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    offs = gl.arange(0, PIECE, layout=layout)
+    # buffer b is pieces b * PIECES ... b * PIECES + PIECES - 1
+    smem = gl.allocate_shared_memory(
+        x_ptr.dtype.element_ty, [2 * PIECES, PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
+    )  # fmt: skip
+    ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    prev = ticket * 0 - 1  # the chunk held in the other buffer (-1: none)
+    buf = ticket * 0
+    while ticket < ticket_index:
+        outer, inner, start, limit, _, row = _position(
+            ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
+        )  # fmt: skip
+        x_row = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
+        for p in gl.static_range(PIECES):
+            _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, buf * PIECES)
+            cp.commit_group()
+        other_row = prev >= 0 and prev // n_chunks != row
+        if other_row:  # the previous chunk's row, while the copies are in flight
+            _forward_finish_ticket(
+                y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
+                n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
+                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+            )  # fmt: skip
+        partial = _forward_partial(smem, buf * PIECES, offs, limit, PIECES, PIECE, VEC, WARPS,
+                                   EXP2)  # fmt: skip
+        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+        if prev >= 0 and not other_row:  # one row: published first
+            _forward_finish_ticket(
+                y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
+                n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
+                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+            )  # fmt: skip
+        prev = ticket
+        buf = 1 - buf
+        ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    if prev >= 0:
+        _forward_finish_ticket(
+                y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
+                n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
+                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+            )  # fmt: skip
+
+
+@gluon.jit
+def softmax_smem_persistent_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr, ws_ptr, next_ptr,
+    rows_inner, n_vecs, n_chunks, ticket_index,
+    y_vstride_outer, y_vstride_inner, dy_vstride_outer, dy_vstride_inner,
+    dx_vstride_outer, dx_vstride_inner,
+    CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+    MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, POLICY: gl.constexpr = "",
+    CLEAR: gl.constexpr = True,
+):  # fmt: skip
+    """softmax_smem_backward_kernel's work, persistent as the forward above."""
+    PIECES: gl.constexpr = CHUNK // PIECE
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    offs = gl.arange(0, PIECE, layout=layout)
+    y_smem = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [2 * PIECES, PIECE], smem_layout)
+    dy_smem = gl.allocate_shared_memory(dy_ptr.dtype.element_ty, [2 * PIECES, PIECE], smem_layout)
+    ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    prev = ticket * 0 - 1
+    buf = ticket * 0
+    while ticket < ticket_index:
+        outer, inner, start, limit, _, row = _position(
+            ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
+        )  # fmt: skip
+        y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
+        dy_row = _chunk_start(dy_ptr, outer, inner, dy_vstride_outer, dy_vstride_inner, start,
+                              VEC)  # fmt: skip
+        for p in gl.static_range(PIECES):
+            _copy_in(y_smem, y_row, offs, limit, p, PIECE, POLICY, buf * PIECES)
+            _copy_in(dy_smem, dy_row, offs, limit, p, PIECE, POLICY, buf * PIECES)
+            cp.commit_group()
+        other_row = prev >= 0 and prev // n_chunks != row
+        if other_row:
+            _backward_finish_ticket(
+                dx_ptr, y_smem, dy_smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner,
+                n_vecs, n_chunks, dx_vstride_outer, dx_vstride_inner, CHUNK, PIECES, PIECE, VEC,
+                WARPS, MAX_CHUNKS, SLEEP_NS, POLICY,
+            )  # fmt: skip
+        partial = _backward_partial(y_smem, dy_smem, buf * PIECES, PIECES, PIECE, VEC, WARPS)
+        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+        if prev >= 0 and not other_row:
+            _backward_finish_ticket(
+                dx_ptr, y_smem, dy_smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner,
+                n_vecs, n_chunks, dx_vstride_outer, dx_vstride_inner, CHUNK, PIECES, PIECE, VEC,
+                WARPS, MAX_CHUNKS, SLEEP_NS, POLICY,
+            )  # fmt: skip
+        prev = ticket
+        buf = 1 - buf
+        ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    if prev >= 0:
+        _backward_finish_ticket(
+                dx_ptr, y_smem, dy_smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner,
+                n_vecs, n_chunks, dx_vstride_outer, dx_vstride_inner, CHUNK, PIECES, PIECE, VEC,
+                WARPS, MAX_CHUNKS, SLEEP_NS, POLICY,
+            )  # fmt: skip
 
 
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
-           sleep_ns=200, exp2=0, evict=False, maxnreg=0):  # fmt: skip
+           sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
-    next_ws (None: nothing to zero) for the next launch. launcher: kernels._common.direct."""
+    next_ws (None: nothing to zero) for the next launch. launcher: kernels._common.direct.
+    programs > 0: the persistent kernels on that many programs (at most one a chunk)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -237,11 +433,16 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         SLEEP_NS=sleep_ns, POLICY="evict_first" if evict else "", CLEAR=next_ws is not None,
         num_warps=warps,
     )  # fmt: skip
-    kernel = softmax_smem_backward_kernel if backward else softmax_smem_forward_kernel
+    if programs > 0:
+        kernel = (softmax_smem_persistent_backward_kernel if backward
+                  else softmax_smem_persistent_forward_kernel)  # fmt: skip
+    else:
+        kernel = softmax_smem_backward_kernel if backward else softmax_smem_forward_kernel
     if not backward:
         meta["EXP2"] = exp2
     if maxnreg:  # a ptxas register cap (kernels.softmax.Config.maxnreg)
         meta["maxnreg"] = maxnreg
-    launcher(kernel)[(n_slots,)](
+    grid = min(programs, n_slots) if programs > 0 else n_slots
+    launcher(kernel)[(grid,)](
         *tensors, ws, next_ws, rows_inner, n_cols // vec, n_chunks, n_slots, *vstrides, **meta
     )

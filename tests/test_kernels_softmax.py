@@ -455,6 +455,66 @@ def test_round10_probe_candidates_are_valid():
                     assert ("_ev" in name) == cfg.evict, name
 
 
+def test_round11_probe_candidates_are_valid():
+    """Round 11: N = 16384 and past it; one-shot (s) and persistent (p) smem kernels with chunks
+    of whole pieces (8 a chunk for the persistent ones), at most MAX_SPLIT_CHUNKS a row, and
+    a program's buffers within SMEM_MAX_BYTES."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            for backward in (False, True):
+                cands = probe.round11_candidates(n, itemsize, backward)
+                assert bool(cands) == (n >= softmax_module.ONE_PASS_MAX_ELEMS)
+                assert any(name.startswith("p") for name in cands) == bool(cands)
+                inputs = 2 if backward else 1
+                for name, cfg in cands.items():
+                    assert cfg.design == "smem" and cfg.block_rows == 1, name
+                    piece = 16 // itemsize * 32 * cfg.num_warps
+                    assert cfg.block_cols % piece == 0, name
+                    assert -(-n // cfg.block_cols) <= softmax_module.MAX_SPLIT_CHUNKS, name
+                    buffers = 2 if name.startswith("p") else 1
+                    assert (cfg.per_sm == -1) == (buffers == 2), name
+                    assert cfg.block_cols // piece == 8 or buffers == 1, name
+                    assert buffers * inputs * cfg.block_cols * itemsize <= (
+                        softmax_module.SMEM_MAX_BYTES
+                    ), name
+
+
+def test_round11_probe_smoke():
+    """The probe's round 11 on the interpreter (persistent smem variants run as split2)."""
+    out = _probe_smoke("--round11")
+    assert "p8K_w4" in out and " 16384 " in out
+
+
+@pytest.mark.parametrize(
+    ("config", "itemsize", "backward", "programs"),
+    [
+        (Config("smem", 1, 8192, 4, per_sm=-1), 2, False, 132 * 6),  # 32 KB: 6 an SM
+        (Config("smem", 1, 4096, 2, per_sm=-1), 2, False, 132 * 12),  # 16 KB: 12
+        (Config("smem", 1, 2048, 1, per_sm=-1), 2, False, 132 * 22),  # 8 KB: 22
+        (Config("smem", 1, 4096, 4, per_sm=-1), 2, True, 132 * 6),  # y and dy: 32 KB
+        (Config("smem", 1, 1024, 16, per_sm=-1), 4, False, 132 * 4),  # the warps bind
+        (Config("smem", 1, 8192, 4, per_sm=3), 2, False, 132 * 3),
+        (Config("smem", 1, 8192, 4), 2, False, 0),  # one-shot: a program a chunk
+    ],
+)
+def test_persistent_smem_grid(monkeypatch, config, itemsize, backward, programs):
+    """Config.per_sm picks the persistent smem kernels: -1 gives as many programs an SM as
+    their two chunk buffers (each input's) let shared memory hold, and the warps allow."""
+    seen = {}
+    monkeypatch.setattr(softmax_module, "is_interpreter", lambda: False)
+    monkeypatch.setattr(softmax_module.softmax_smem, "launch",
+                        lambda *args, **kwargs: seen.update(kwargs))  # fmt: skip
+    dtype = torch.bfloat16 if itemsize == 2 else torch.float32
+    x = torch.randn(2, 65536, dtype=dtype)
+    with pretend_gpu((9, 0), 132):
+        if backward:
+            _backward(x, x.clone(), -1, direct, config)
+        else:
+            _forward(x, -1, direct, config)
+    assert seen["programs"] == programs
+
+
 def test_round10_probe_smoke():
     """The probe's round 10 on the interpreter: smem variants run as split2 there."""
     out = _probe_smoke("--round10")
@@ -1024,6 +1084,10 @@ def test_coop_workspace_reuse_on_gpu():
         # round 10: chunks held in shared memory (Gluon); 2 warps, pieces of 256-512 values
         Config("smem", 1, 8192, 4, exp2=2),
         Config("smem", 1, 4096, 2, exp2=1, evict=True, sleep_ns=0),
+        # round 11: persistent, two buffers; one program an SM takes about 3 chunks in turn,
+        # often two of one row (the published-first order)
+        Config("smem", 1, 4096, 2, exp2=1, per_sm=1),
+        Config("smem", 1, 8192, 4, exp2=2, per_sm=-1),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1034,6 +1098,7 @@ def test_coop_workspace_reuse_on_gpu():
         + (f"_r{c.maxnreg}" if c.maxnreg else "")
         + ("_rescale" if c.rescale else "")
         + (f"_w{c.num_warps}" if c.design == "smem" else "")
+        + (f"_persist{c.per_sm}" if c.per_sm else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
