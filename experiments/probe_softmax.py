@@ -564,10 +564,6 @@ ROUND11_NAMES = {
     "pNK_wW": "smem persistent: programs take chunks of N*1024 values in turn, two buffers "
     "(a chunk's copies in flight while the previous one's row is waited for and written), as "
     "many programs an SM as shared memory holds",
-    "..._rs": "the forward holds exp(x - chunk max) in place of x (in x's dtype): one exp a "
-    "value, not two (Config.rescale)",
-    "tile_wW_persist": "N = 16384: the tile on a persistent grid, W warps, the next row's loads "
-    "pipelined (num_stages=2)",
 }
 
 
@@ -592,12 +588,6 @@ def round11_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         if values > n or -(-n // values) > MAX_SPLIT_CHUNKS:
             continue
         out[f"p{values // 1024}K_w{warps}"] = Config("smem", 1, values, warps, exp2=exp2, per_sm=-1)
-    if not backward:  # one exp a value: the best one-shot and persistent sizes of round 11
-        for name in [k for k in out if k in ("s16K_w8", "s8K_w8", "p8K_w4", "p4K_w4")]:
-            out[name + "_rs"] = out[name]._replace(rescale=True)
-        if n == ONE_PASS_MAX_ELEMS:
-            for warps in (8, 16):
-                out[f"tile_w{warps}_persist"] = Config("tile", 1, n, warps, per_sm=-1, num_stages=2)
     return out
 
 

@@ -144,9 +144,9 @@ class Config(NamedTuple):
     # coop/split2/smem: cap ptxas at this many registers a thread (0: no cap), to fit more
     # programs an SM; a cap below what the kernel needs spills
     maxnreg: int = 0
-    # coop/split2/smem forward: hold exp(x - chunk max) across the wait instead of x, and write
+    # coop/split2 forward: hold exp(x - chunk max) across the wait instead of x, and write
     # it times exp(chunk max - row max) / row sum: one multiply a value after the wait instead
-    # of a second exp (split2's finish launch recomputes it from x; smem holds it in x's dtype)
+    # of a second exp (split2's finish launch recomputes it from x)
     rescale: bool = False
 
 
@@ -1122,13 +1122,9 @@ def _launch_rows(
     # evict_first on loads and stores used once; EXP2 is read by the forward kernels only
     hints = dict(POLICY="evict_first" if config.evict else "", EXP2=int(config.exp2))
     if config.rescale:
-        plain_split = (
-            config.design in ("coop", "split2", "split2r", "smem") and not config.loop_cols
-        )  # fmt: skip
+        plain_split = config.design in ("coop", "split2", "split2r") and not config.loop_cols
         if backward or not plain_split or config.pairs:
-            raise ValueError(
-                f"rescale is a knob of the plain coop/split2/smem forward, got {config}"
-            )  # fmt: skip
+            raise ValueError(f"rescale is a knob of the plain coop/split2 forward, got {config}")
         hints["RESCALE"] = True
 
     if config.design == "tile":
@@ -1270,8 +1266,8 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
             "the smem design takes one row a program, rows of unit column stride and 16-byte "
             f"aligned starts; got {config} for strides {strides}"
         )
-    if config.pairs or config.loop_cols or config.counter:
-        raise ValueError(f"pairs, loop_cols and counter are not knobs of smem: {config}")
+    if config.rescale or config.pairs or config.loop_cols or config.counter:
+        raise ValueError(f"rescale, pairs, loop_cols and counter are not knobs of smem: {config}")
     rows_outer, rows_inner = rows
     n_ws = rows_outer * rows_inner * cdiv(n_cols, config.block_cols) + 1
     pair = _coop_workspace(n_ws, moved[0].device)
@@ -1290,7 +1286,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
     softmax_smem.launch(
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
-        maxnreg=config.maxnreg, programs=programs, rescale=config.rescale,
+        maxnreg=config.maxnreg, programs=programs,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

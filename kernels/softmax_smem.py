@@ -103,11 +103,9 @@ def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, P
 # -- the forward's two halves: a chunk's partial (max, sum of exp), and its output ----------------
 @gluon.jit
 def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
-                     VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
-                     RESCALE: gl.constexpr):  # fmt: skip
+                     VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr):  # fmt: skip
     """(max, sum of exp(x - max)) of the chunk whose PIECES copies into smem.index(base + p)
-    are the thread's last commit groups, packed for publishing. RESCALE: exp(x - max) takes
-    x's place in shared memory (rounded to x's dtype), for _forward_finish to scale."""
+    are the thread's last commit groups, packed for publishing."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     # the max, elementwise over the pieces as they land, then across threads once; each thread
     # reads only what its own copies wrote (one layout for both): no barrier
@@ -124,24 +122,19 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
     shift = gl.where(run_max == -float("inf"), 0.0, run_max)
     sum_vec = gl.zeros([PIECE], gl.float32, layout)
     for p in range(PIECES):
-        e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), shift, EXP2)
-        if RESCALE:  # each thread overwrites only what it read: no barrier
-            e = e.to(smem.dtype)
-            smem.index(base + p).store(e)
-            e = e.to(gl.float32)
-        sum_vec += gl.where(p * PIECE + offs < limit, e, 0.0)
+        v = smem.index(base + p).load(layout).to(gl.float32)
+        sum_vec += gl.where(p * PIECE + offs < limit, _exp_shifted(v, shift, EXP2), 0.0)
     # the max is never the bits 0 unless the sum is at least 1: a published slot is never 0
     return _pack(run_max, gl.sum(sum_vec, axis=0))
 
 
 @gluon.jit
-def _forward_finish(y_ptr, smem, base, slots, n_chunks, chunk, outer, inner, start,
-                    y_vstride_outer, y_vstride_inner, offs, limit, PIECES: gl.constexpr,
-                    PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
-                    MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-                    POLICY: gl.constexpr, RESCALE: gl.constexpr):  # fmt: skip
-    """Wait for the row's slots, then write y from the chunk held in smem.index(base + p): x,
-    or with RESCALE exp(x - the chunk's max), scaled by exp(chunk max - row max) / row sum."""
+def _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_vstride_outer,
+                    y_vstride_inner, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                    VEC: gl.constexpr, WARPS: gl.constexpr, MAX_CHUNKS: gl.constexpr,
+                    SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
+                    POLICY: gl.constexpr):  # fmt: skip
+    """Wait for the row's slots, then write y from the chunk held in smem.index(base + p)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
     maxes, sums = _unpack(packed)
@@ -150,16 +143,9 @@ def _forward_finish(y_ptr, smem, base, slots, n_chunks, chunk, outer, inner, sta
     # an all -inf row: row_max = -inf, exp(-inf - -inf) = NaN everywhere, as torch gives
     row_sum = gl.sum(gl.where(slot_ok, sums * gl.exp2((maxes - row_max) * LOG2E), 0.0), axis=0)
     inv_sum = 1.0 / row_sum
-    if RESCALE:
-        k = gl.arange(0, MAX_CHUNKS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-        own_max = gl.max(gl.where(k == chunk, maxes, -float("inf")), axis=0)
-        # an all -inf chunk holds zeros: scale 0, not 0 * inf (an all -inf row: NaN, as torch)
-        inv_sum = gl.where(own_max == -float("inf"), 0.0,
-                           gl.exp2((own_max - row_max) * LOG2E)) * inv_sum  # fmt: skip
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
     for p in range(PIECES):
-        v = smem.index(base + p).load(layout).to(gl.float32)
-        e = v if RESCALE else _exp_shifted(v, row_max, EXP2)
+        e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2)
         gl.store(y_row + p * PIECE + offs, (e * inv_sum).to(y_ptr.dtype.element_ty),
                  mask=p * PIECE + offs < limit, eviction_policy=POLICY)  # fmt: skip
 
@@ -212,7 +198,7 @@ def softmax_smem_forward_kernel(
     x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, RESCALE: gl.constexpr = False,
+    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride."""
     PIECES: gl.constexpr = CHUNK // PIECE
@@ -230,11 +216,11 @@ def softmax_smem_forward_kernel(
     for p in gl.static_range(PIECES):
         _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY)
         cp.commit_group()
-    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, RESCALE)
+    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
     gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
-    _forward_finish(y_ptr, smem, 0, slots, n_chunks, ticket % n_chunks, outer, inner, start,
-                    y_vstride_outer, y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS,
-                    MAX_CHUNKS, SLEEP_NS, EXP2, POLICY, RESCALE)  # fmt: skip
+    _forward_finish(y_ptr, smem, 0, slots, n_chunks, outer, inner, start, y_vstride_outer,
+                    y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS,
+                    SLEEP_NS, EXP2, POLICY)  # fmt: skip
 
 
 @gluon.jit
@@ -277,14 +263,14 @@ def _forward_finish_ticket(y_ptr, smem, base, ws_ptr, ticket, offs, rows_inner, 
                            PIECES: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr,
                            WARPS: gl.constexpr, MAX_CHUNKS: gl.constexpr,
                            SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-                           POLICY: gl.constexpr, RESCALE: gl.constexpr):  # fmt: skip
+                           POLICY: gl.constexpr):  # fmt: skip
     """_forward_finish for the chunk of a ticket taken earlier."""
     outer, inner, start, limit, slots, _ = _position(
         ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
     )  # fmt: skip
-    _forward_finish(y_ptr, smem, base, slots, n_chunks, ticket % n_chunks, outer, inner, start,
-                    y_vstride_outer, y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS,
-                    MAX_CHUNKS, SLEEP_NS, EXP2, POLICY, RESCALE)  # fmt: skip
+    _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_vstride_outer,
+                    y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS,
+                    SLEEP_NS, EXP2, POLICY)  # fmt: skip
 
 
 @gluon.jit
@@ -321,7 +307,7 @@ def softmax_smem_persistent_forward_kernel(
     x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, RESCALE: gl.constexpr = False,
+    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True,
 ):  # fmt: skip
     """softmax_smem_forward_kernel's work, a program taking (row, chunk) tickets in turn."""
     PIECES: gl.constexpr = CHUNK // PIECE
@@ -347,26 +333,26 @@ def softmax_smem_persistent_forward_kernel(
             _forward_finish_ticket(
                 y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
                 n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
-                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY, RESCALE,
+                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
             )  # fmt: skip
         partial = _forward_partial(smem, buf * PIECES, offs, limit, PIECES, PIECE, VEC, WARPS,
-                                   EXP2, RESCALE)  # fmt: skip
+                                   EXP2)  # fmt: skip
         gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
         if prev >= 0 and not other_row:  # one row: published first
             _forward_finish_ticket(
                 y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
                 n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
-                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY, RESCALE,
+                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
             )  # fmt: skip
         prev = ticket
         buf = 1 - buf
         ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
     if prev >= 0:
         _forward_finish_ticket(
-            y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
-            n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
-            MAX_CHUNKS, SLEEP_NS, EXP2, POLICY, RESCALE,
-        )  # fmt: skip
+                y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
+                n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
+                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+            )  # fmt: skip
 
 
 @gluon.jit
@@ -420,20 +406,19 @@ def softmax_smem_persistent_backward_kernel(
         ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
     if prev >= 0:
         _backward_finish_ticket(
-            dx_ptr, y_smem, dy_smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner,
-            n_vecs, n_chunks, dx_vstride_outer, dx_vstride_inner, CHUNK, PIECES, PIECE, VEC,
-            WARPS, MAX_CHUNKS, SLEEP_NS, POLICY,
-        )  # fmt: skip
+                dx_ptr, y_smem, dy_smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner,
+                n_vecs, n_chunks, dx_vstride_outer, dx_vstride_inner, CHUNK, PIECES, PIECE, VEC,
+                WARPS, MAX_CHUNKS, SLEEP_NS, POLICY,
+            )  # fmt: skip
 
 
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
-           sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, rescale=False):  # fmt: skip
+           sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
     next_ws (None: nothing to zero) for the next launch. launcher: kernels._common.direct.
-    programs > 0: the persistent kernels on that many programs (at most one a chunk).
-    rescale: the forward holds exp(x - chunk max) in place of x across the wait."""
+    programs > 0: the persistent kernels on that many programs (at most one a chunk)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -455,7 +440,6 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         kernel = softmax_smem_backward_kernel if backward else softmax_smem_forward_kernel
     if not backward:
         meta["EXP2"] = exp2
-        meta["RESCALE"] = rescale
     if maxnreg:  # a ptxas register cap (kernels.softmax.Config.maxnreg)
         meta["maxnreg"] = maxnreg
     grid = min(programs, n_slots) if programs > 0 else n_slots
