@@ -63,6 +63,10 @@ kernels in kernels/softmax_smem.py) at several chunks and warps against the coop
 _pick_config chose before it; names in ROUND10_NAMES below.
     python -m experiments.probe_softmax --round10 --budget 150
 
+`--round12` times the forward at N <= 16384 (tiles, and Inductor's looped form at 16384)
+beside Inductor's own kernels; names in ROUND12_NAMES below.
+    python -m experiments.probe_softmax --round12 --budget 200 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -591,6 +595,38 @@ def round11_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 12 name means (printed at the start of a --round12 run).
+ROUND12_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "inductor / inductor_mac": ROUND6_NAMES["inductor / inductor_mac"],
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+    "tNK_wW": "tile of N KB of x a program, W warps",
+    "row_wW": "N = 16384: one row a program, W warps",
+    "online_NK_wW[_ev]": "N = 16384: Inductor's form, a loop over the row (running max and sum), "
+    "then a second loop reading it again from L2 and writing; N*1024 values a step, W warps; "
+    "_ev: the first read kept in L2 (evict_last), the second evict_first",
+}
+
+
+def round12_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 12: the forward at N <= 16384 against Inductor's kernels at rows of 2^27 elements,
+    where the bench put the tile 1-2% behind the best compile mode (fp32 N = 128, 1024, 16384;
+    bf16 N = 128)."""
+    if backward or n > ONE_PASS_MAX_ELEMS:
+        return {}
+    if n == ONE_PASS_MAX_ELEMS:
+        out = {f"row_w{w}": Config("tile", 1, n, w) for w in (4, 8, 32)}
+        for values, warps in ((2048, 8), (4096, 16), (4096, 8)):
+            name = f"online_{values // 1024}K_w{warps}"
+            out[name] = Config("online", 1, values, warps)
+            out[name + "_ev"] = Config("online", 1, values, warps, evict=True, exp2=1)
+        return out
+    out = {}
+    for kbytes, warps in ((4, 4), (8, 4), (16, 8), (32, 8), (64, 16)):
+        out[f"t{kbytes}K_w{warps}"] = _tile(n, itemsize, kbytes, warps)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -599,11 +635,11 @@ def _error_line(exc: Exception) -> str:
 ROUND_CANDIDATES = {
     4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
     8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
-    11: round11_candidates,
+    11: round11_candidates, 12: round12_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
-               10: ROUND10_NAMES, 11: ROUND11_NAMES}  # fmt: skip
+               10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -653,7 +689,7 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round_no=0):
         out = torch.empty_like(x)
         fwd["same_bytes"] = lambda: out.copy_(x)
         bwd["same_bytes"] = lambda: torch.add(y, dy, out=out)
-    if round_no == 6:  # Inductor's kernels for the same call, timed alike (not Triton variants)
+    if round_no in (6, 12):  # Inductor's kernels for the same call, timed alike (not Triton ones)
         for name, mode in (("inductor", "default"), ("inductor_mac", "max-autotune-no-cudagraphs")):
             fwd[name] = torch.compile(lambda t: torch.softmax(t, -1), mode=mode, dynamic=False)
             fwd[name] = functools.partial(fwd[name], x)
@@ -746,12 +782,13 @@ def main() -> int:
     parser.add_argument("--round9", action="store_true", help="knobs around the round 9 picks")
     parser.add_argument("--round10", action="store_true", help="smem design vs coop")
     parser.add_argument("--round11", action="store_true", help="persistent smem kernels")
+    parser.add_argument("--round12", action="store_true", help="N <= 16384 vs Inductor")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 12) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 13) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -769,12 +806,16 @@ def main() -> int:
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
+        if round_no == 12:
+            ROWS = [(5, 128), (3, 1000), (3, 16384)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no in (7, 8, 9, 10):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
+    elif round_no == 12:  # the tile's rows
+        ROWS = [(m, n) for m, n in ROWS if n <= ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
     if args.elems:

@@ -84,10 +84,12 @@ COOP_FORWARD_MAXNREG = {4: 56}
 COOP_CAP_MIN_CHUNKS = 16
 # Tile of the online loop: big enough to keep many loads in flight per program.
 LOOP_TILE_ELEMS = 4096
-# smem design (round 10): the shared memory a program's chunks take (all inputs: y and dy in the
-# backward), SMEM_WARPS warps per SMEM_CHUNK_ELEMS values of chunk, and the most shared memory a
-# program may take once long rows grow the chunk
+# smem design: the forward's chunk in shared memory, SMEM_PROGRAM_BYTES a program and
+# SMEM_WARPS warps per SMEM_CHUNK_ELEMS values (round 10); the backward's persistent kernels,
+# two buffers of SMEM_BUFFER_BYTES of y and of dy a program, SMEM_WARPS warps a buffer (round
+# 11); and the most shared memory a program may take once long rows grow the chunk
 SMEM_PROGRAM_BYTES = 32768
+SMEM_BUFFER_BYTES = 16384
 SMEM_CHUNK_ELEMS = 8192
 SMEM_WARPS = 4
 SMEM_MAX_BYTES = 131072
@@ -1038,22 +1040,24 @@ def _pick_config(
             warps = 16  # one long row: 16 warps measured best in bf16, level in fp32
         return Config("tile", block_rows, padded_cols, warps)
     n_inputs = 2 if backward else 1
-    smem_chunk = max(
-        SMEM_PROGRAM_BYTES // (n_inputs * itemsize), next_power_of_2(cdiv(n_cols, MAX_SPLIT_CHUNKS))
-    )
-    if (
-        smem_ok and min_rows == 1 and (itemsize == 2 or not backward)
-        and n_inputs * smem_chunk * itemsize <= SMEM_MAX_BYTES
-    ):  # fmt: skip
-        # Chunks in shared memory, 32 KB a program (probe round 10, rows of 2^27 elements, %
-        # of copy at N = 65536 / 262144, H100 then H200: bf16 forward 16K chunks, 8 warps 94.4
-        # / 93.6 and 83.9 / 80.6, against coop's 79.4 / 74.9 and 67.9 / 63.3; bf16 backward
-        # 94.3 / 95.2 and 84.9 / 84.3 against 92.4 / 91.4 and 81.5 / 79.2; fp32 forward 98.0 /
-        # 97.5 and 90.8 / 84.5 against 98.0 / 94.1 and 85.6 / 79.3). The fp32 backward keeps
-        # coop (100.7 / 96.6 against 98.1 / 97.9 on the H100).
+    # the forward: one 32 KB chunk a program; the backward: two 16 KB buffers of y and of dy
+    base_chunk = (SMEM_BUFFER_BYTES if backward else SMEM_PROGRAM_BYTES) // itemsize
+    smem_chunk = max(base_chunk, next_power_of_2(cdiv(n_cols, MAX_SPLIT_CHUNKS)))
+    buffers = 2 if backward else 1
+    if smem_ok and min_rows == 1 and buffers * n_inputs * smem_chunk * itemsize <= SMEM_MAX_BYTES:
+        # Chunks in shared memory (kernels/notes/softmax.md, rows of 2^27 elements, % of copy
+        # at N = 65536 / 262144, H100 then H200). Round 10, the forward, 32 KB a program: bf16
+        # 16K chunks, 8 warps 94.4 / 93.6 and 83.9 / 80.6 against coop's 79.4 / 74.9 and 67.9 /
+        # 63.3; fp32 98.0 / 97.5 and 90.8 / 84.5 against 98.0 / 94.1 and 85.6 / 79.3. Round 11,
+        # the backward on the persistent kernels (p8K_w4 in bf16, p4K_w4 in fp32): bf16 98.2 /
+        # 97.7 and 86.0 / 86.2 against the one-shot kernels' 93.5 / 95.2 and 83.4 / 84.1; fp32
+        # 101.0 / 97.8 and 92.2 / 87.0 against coop's 101.2 / 96.6 and 91.3 / 83.5. The
+        # persistent forward was level or behind (bf16 92.9 / 92.0 and 82.4 / 81.7).
+        if backward:
+            warps = min(16, SMEM_WARPS * smem_chunk // base_chunk)
+            return Config("smem", 1, smem_chunk, warps, per_sm=-1)
         warps = min(16, SMEM_WARPS * smem_chunk // SMEM_CHUNK_ELEMS)
-        exp2 = 0 if backward else 2 if itemsize == 2 else 1
-        return Config("smem", 1, smem_chunk, warps, exp2=exp2)
+        return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1)
     # 16-bit backward rows one a program: chunks held as int32 pairs (where the strides let
     # them be read so; other rows take the plain kernel with the same chunk)
     pairs = backward and itemsize == 2 and min_rows == 1

@@ -515,6 +515,30 @@ def test_persistent_smem_grid(monkeypatch, config, itemsize, backward, programs)
     assert seen["programs"] == programs
 
 
+def test_round12_probe_candidates_are_valid():
+    """Round 12: the forward at N <= 16384 only; tiles that fit ONE_PASS_MAX_ELEMS and hold
+    whole rows, the online loop only at N = 16384, each with its _ev twin."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            assert not probe.round12_candidates(n, itemsize, True)
+            cands = probe.round12_candidates(n, itemsize, False)
+            assert bool(cands) == (n <= softmax_module.ONE_PASS_MAX_ELEMS)
+            for name, cfg in cands.items():
+                if cfg.design == "online":
+                    assert n == softmax_module.ONE_PASS_MAX_ELEMS and n % cfg.block_cols == 0
+                    assert cfg.evict == name.endswith("_ev") and name.removesuffix("_ev") in cands
+                    continue
+                assert cfg.design == "tile" and cfg.block_cols >= n, name
+                assert cfg.block_rows * cfg.block_cols <= softmax_module.ONE_PASS_MAX_ELEMS
+
+
+def test_round12_probe_smoke():
+    """The probe's round 12 on the interpreter, Inductor's kernels compiled for the CPU."""
+    out = _probe_smoke("--round12")
+    assert "online_4K_w16_ev" in out and "inductor_mac" in out and "t64K_w16" in out
+
+
 def test_round10_probe_smoke():
     """The probe's round 10 on the interpreter: smem variants run as split2 there."""
     out = _probe_smoke("--round10")
@@ -592,23 +616,26 @@ def test_pick_config_chunks(monkeypatch, device):
 
 def test_pick_config_takes_smem_where_the_rows_fit_it():
     """On a GPU, rows past the tile whose starts are 16-byte aligned (smem_ok) take the smem
-    design with 32 KB of chunks a program: 16-bit forward and backward, fp32 forward (round
-    10); the fp32 backward, and rows that do not fit it, keep coop."""
+    design: the forward one 32 KB chunk a program (round 10), the backward the persistent
+    kernels with two 16 KB buffers of y and of dy (round 11); rows that do not fit keep coop."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     with pretend_gpu((9, 0), 132):
         assert pick(65536, 512, False, False, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 16384, 8, exp2=2
         )
-        assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config("smem", 1, 8192, 4)
+        assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config(
+            "smem", 1, 8192, 4, per_sm=-1
+        )
         assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 8192, 4, exp2=1
         )
         assert pick(65536, 512, False, False, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 8192, 4, exp2=1
         )
-        # the fp32 backward keeps coop
-        assert pick(262144, 128, False, True, cpu, 4, smem_ok=True).design == "coop"
+        assert pick(262144, 128, False, True, cpu, 4, smem_ok=True) == Config(
+            "smem", 1, 4096, 4, per_sm=-1
+        )
         # not fitting: coop (pairs in the 16-bit backward)
         assert pick(65536, 512, False, False, cpu, 2).design == "coop"
         assert pick(65536, 512, False, True, cpu, 2) == Config("coop", 1, 4096, 4, pairs=True)
@@ -616,9 +643,17 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
         assert pick(2**22, 2, False, False, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 32768, 16, exp2=2
         )
-        assert pick(2**21, 2, False, True, cpu, 2, smem_ok=True) == Config("smem", 1, 16384, 8)
-        # until a program's chunks would pass SMEM_MAX_BYTES of shared memory
-        assert pick(2**24, 2, False, True, cpu, 2, smem_ok=True).design != "smem"
+        assert pick(2**21, 2, False, True, cpu, 2, smem_ok=True) == Config(
+            "smem", 1, 16384, 8, per_sm=-1
+        )
+        assert pick(2**20, 2, False, True, cpu, 4, smem_ok=True) == Config(
+            "smem", 1, 8192, 8, per_sm=-1
+        )
+        # until a program's chunks would pass SMEM_MAX_BYTES of shared memory (the backward's
+        # four buffers: half the row length the forward's one chunk reaches)
+        assert pick(2**22, 2, False, True, cpu, 2, smem_ok=True).design != "smem"
+        assert pick(2**21, 2, False, True, cpu, 4, smem_ok=True).design != "smem"
+        assert pick(2**23, 2, False, False, cpu, 2, smem_ok=True).design == "smem"
         # rows that fit the tile never take it
         assert pick(16384, 2048, False, False, cpu, 2, smem_ok=True).design == "tile"
 
