@@ -536,7 +536,7 @@ def test_round12_probe_candidates_are_valid():
 def test_round12_probe_smoke():
     """The probe's round 12 on the interpreter, Inductor's kernels compiled for the CPU."""
     out = _probe_smoke("--round12")
-    assert "online_4K_w16_ev" in out and "inductor_mac" in out and "t64K_w16" in out
+    assert "online_4K_w16_ev" in out and "inductor_mac" in out and "t4K_w2" in out
 
 
 def test_round10_probe_smoke():
