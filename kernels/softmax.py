@@ -57,12 +57,14 @@ ONE_PASS_MAX_ELEMS = 16384
 # by ONE_PASS_MAX_ELEMS): 4096 fp32 or 8192 bf16 values, 4 warps in the forward and 8 in the
 # backward (round 2 of the probe: kernels/notes/softmax.md).
 TILE_BYTES = 16384
-# 16-bit forward rows of at most SMALL_TILE_MAX_COLS columns fill tiles of SMALL_TILE_BYTES
-# instead (probe round 6, H100 bf16: 4 KB tiles 89.4 / 89.6% of copy at N = 128 / 512 against
-# 88.2 / 89.2 for 8 KB and 87.6 / 87.9 for 32 KB; at N >= 1024 the 16 KB tile stays level or
-# ahead).
+# Forward rows of at most SMALL_TILE_MAX_COLS[itemsize] columns fill tiles of SMALL_TILE_BYTES
+# instead. 16-bit (probe round 6, H100 bf16: 4 KB tiles 89.4 / 89.6% of copy at N = 128 / 512
+# against 88.2 / 89.2 for 8 KB and 87.6 / 87.9 for 32 KB; at N >= 1024 the 16 KB tile stays
+# level or ahead, and on an H200 ahead: 95.4 against 92.1 in probe 12). fp32 (probe 12, rows
+# of 2^27 elements, N = 128 / 512 / 1024, H100 then H200: 99.0 / 99.4 / 99.5 and 98.5 / 99.0 /
+# 98.9 against 98.4 / 99.3 / 98.5 and 97.0 / 96.5 / 96.7 for 16 KB; level at 4096).
 SMALL_TILE_BYTES = 4096
-SMALL_TILE_MAX_COLS = 512
+SMALL_TILE_MAX_COLS = {2: 512, 4: 1024}
 # Chunk of one coop/split program: 4096 values, 4 warps; the backward over rows that are not
 # one-a-program (adjacent rows, softmax over an outer dim) takes 16 KB of each input. The
 # 16-bit backward holds its chunk as int32 pairs (Config.pairs; round 9: 85.5 / 80.9% of copy
@@ -1023,7 +1025,7 @@ def _pick_config(
     padded_cols = next_power_of_2(n_cols)
     if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
         tile_bytes = TILE_BYTES
-        if itemsize == 2 and not backward and padded_cols <= SMALL_TILE_MAX_COLS:
+        if not backward and padded_cols <= SMALL_TILE_MAX_COLS.get(itemsize, 0):
             tile_bytes = SMALL_TILE_BYTES
         tile_elems = min(tile_bytes // itemsize, ONE_PASS_MAX_ELEMS)
         block_rows = max(min_rows, tile_elems // padded_cols)

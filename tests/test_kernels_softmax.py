@@ -714,8 +714,8 @@ def test_smem_design_needs_a_gpu(device):
 
 def test_pick_config_spreads_few_rows_over_the_sms():
     """Launch-bound sizes (fewer full tiles than SMs) get smaller tiles, down to the minimum
-    rows a program; sizes with tiles enough keep theirs (16 KB of each input; 4 KB for 16-bit
-    forward rows of up to 512 columns)."""
+    rows a program; sizes with tiles enough keep theirs (16 KB of each input; 4 KB for forward
+    rows of up to 512 columns in 16-bit, 1024 in fp32)."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     with pretend_gpu((9, 0), 132):
@@ -723,7 +723,11 @@ def test_pick_config_spreads_few_rows_over_the_sms():
         # 16-bit forward rows of up to 512 columns: 4 KB tiles (probe round 6)
         assert pick(128, 262144, False, False, cpu, 2).block_rows == 16
         assert pick(1024, 32768, False, False, cpu, 2).block_rows == 8
-        assert pick(128, 262144, False, False, cpu, 4).block_rows == 32
+        # fp32 forward rows of up to 1024 columns: 4 KB tiles (probe round 12); 4096: 16 KB
+        assert pick(128, 262144, False, False, cpu, 4).block_rows == 8
+        assert pick(1024, 131072, False, False, cpu, 4) == Config("tile", 1, 1024, 4)
+        assert pick(2048, 65536, False, False, cpu, 4).block_rows == 2
+        assert pick(128, 262144, False, True, cpu, 4).block_rows == 32  # the backward: 16 KB
         assert pick(128, 64, False, False, cpu, 2).block_rows == 1  # 64 rows: one a program
         assert pick(1024, 32, False, False, cpu, 2).block_rows == 1
         assert pick(4096, 128, False, True, cpu, 2).block_rows == 1
