@@ -616,7 +616,10 @@ def round12_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         return {}
     if n == ONE_PASS_MAX_ELEMS:
         out = {f"row_w{w}": Config("tile", 1, n, w) for w in (4, 8, 32)}
-        for values, warps in ((2048, 8), (4096, 16), (4096, 8)):
+        # 16K: the whole row in one step, read again from cache (Inductor's kernel at fp32 N =
+        # 16384 in the bench: a looped reduction, evict_last then evict_first)
+        for values, warps in ((2048, 8), (4096, 16), (4096, 8), (16384, 8), (16384, 16),
+                              (16384, 32)):  # fmt: skip
             name = f"online_{values // 1024}K_w{warps}"
             out[name] = Config("online", 1, values, warps)
             out[name + "_ev"] = Config("online", 1, values, warps, evict=True, exp2=1)
