@@ -67,6 +67,11 @@ _pick_config chose before it; names in ROUND10_NAMES below.
 beside Inductor's own kernels; names in ROUND12_NAMES below.
     python -m experiments.probe_softmax --round12 --budget 200 --elems 134217728
 
+`--round13` times, at N <= 16384, Inductor's looped form with the whole row a step (the row
+loaded twice, the second time from cache) and the shipped tile with evict_first, beside
+Inductor's kernels compiled afresh for each shape; names in ROUND13_NAMES below.
+    python -m experiments.probe_softmax --round13 --budget 200 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -632,6 +637,34 @@ def round12_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 13 name means (printed at the start of a --round13 run).
+ROUND13_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "default_ev": "the shipped tile with evict_first on its load and store",
+    "inductor / inductor_mac": ROUND6_NAMES["inductor / inductor_mac"] + "; compiled afresh "
+    "for each shape (round 12's one compiled lambda hit dynamo's recompile limit and ran eager)",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+    "loop_wW[_ev]": "N >= 1024: Inductor's looped form with the whole row a step: max and sum "
+    "over one load, then the row loaded again (from L1/L2) and written; W warps; _ev: the "
+    "first load evict_last, the second load and the store evict_first",
+}
+
+
+def round13_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 13: the forward at N <= 16384, where the bench put Inductor's kernels 0.5-1.3%
+    ahead of the tile by GPU time (fp32 N = 4096 and 16384, bf16 N = 128) with both at the
+    copy's rate; Inductor's fp32 kernel there reads the row twice, the second time from cache."""
+    if backward or n > ONE_PASS_MAX_ELEMS:
+        return {}
+    cols = triton.next_power_of_2(n)
+    out = {}  # and default_ev, which run_shape makes from the shape's pick
+    if cols >= 1024:
+        for warps in (4, 8, 16):
+            out[f"loop_w{warps}"] = Config("online", 1, cols, warps)
+            out[f"loop_w{warps}_ev"] = Config("online", 1, cols, warps, evict=True, exp2=1)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -640,11 +673,12 @@ def _error_line(exc: Exception) -> str:
 ROUND_CANDIDATES = {
     4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
     8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
-    11: round11_candidates, 12: round12_candidates,
+    11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
-               10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES}  # fmt: skip
+               10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
+               13: ROUND13_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -694,7 +728,12 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round_no=0):
         out = torch.empty_like(x)
         fwd["same_bytes"] = lambda: out.copy_(x)
         bwd["same_bytes"] = lambda: torch.add(y, dy, out=out)
-    if round_no in (6, 12):  # Inductor's kernels for the same call, timed alike (not Triton ones)
+    if round_no == 13:
+        fwd["default_ev"] = lambda: _forward(x, -1, direct, pick._replace(evict=True))
+    if round_no in (6, 12, 13):  # Inductor's kernels for the same call, timed alike (not Triton)
+        # compiled afresh for each shape: one lambda over every shape and dtype passed dynamo's
+        # recompile limit at round 12's ninth and ran eager from there on
+        torch._dynamo.reset()
         for name, mode in (("inductor", "default"), ("inductor_mac", "max-autotune-no-cudagraphs")):
             fwd[name] = torch.compile(lambda t: torch.softmax(t, -1), mode=mode, dynamic=False)
             fwd[name] = functools.partial(fwd[name], x)
@@ -788,12 +827,13 @@ def main() -> int:
     parser.add_argument("--round10", action="store_true", help="smem design vs coop")
     parser.add_argument("--round11", action="store_true", help="persistent smem kernels")
     parser.add_argument("--round12", action="store_true", help="N <= 16384 vs Inductor")
+    parser.add_argument("--round13", action="store_true", help="Inductor's looped form, evict")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 13) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 14) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -811,7 +851,7 @@ def main() -> int:
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
-        if round_no == 12:
+        if round_no in (12, 13):
             ROWS = [(5, 128), (3, 1000), (3, 16384)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
@@ -819,7 +859,7 @@ def main() -> int:
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
-    elif round_no == 12:  # the tile's rows
+    elif round_no in (12, 13):  # the tile's rows
         ROWS = [(m, n) for m, n in ROWS if n <= ONE_PASS_MAX_ELEMS]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))

@@ -65,6 +65,15 @@ TILE_BYTES = 16384
 # 98.9 against 98.4 / 99.3 / 98.5 and 97.0 / 96.5 / 96.7 for 16 KB; level at 4096).
 SMALL_TILE_BYTES = 4096
 SMALL_TILE_MAX_COLS = {2: 512, 4: 1024}
+# Forward rows of one a program from ROW_LOOP_MIN_COLS[itemsize] columns (up to the tile's
+# ONE_PASS_MAX_ELEMS) take Inductor's looped form with the whole row a step (the online kernel,
+# block_cols = the padded row): max and sum over one load kept in L2 (evict_last), then the row
+# loaded again from cache and written (evict_first). Holding nothing across the reduction, a
+# program needs fewer registers than the tile. Probe round 13 (H100, rows of 2^27 elements, %
+# of copy, this form / the tile / Inductor's best): fp32 N = 1024 100.2 / 99.5 / 99.5, 4096
+# 100.2 / 99.3 / 100.5, 16384 100.0 / 98.1 / 99.3; bf16 4096 98.7 / 97.7 / 68.7, 16384 98.4 /
+# 97.4 / 69.5; bf16 1024 (2 KB a row) lost, 92.3 against 97.8.
+ROW_LOOP_MIN_COLS = {2: 4096, 4: 1024}
 # Chunk of one coop/split program: 4096 values, 4 warps; the backward over rows that are not
 # one-a-program (adjacent rows, softmax over an outer dim) takes 16 KB of each input. The
 # 16-bit backward holds its chunk as int32 pairs (Config.pairs; round 9: 85.5 / 80.9% of copy
@@ -1007,6 +1016,13 @@ def _warps_for(tile_bytes: int) -> int:
     return max(4, min(16, tile_bytes // (128 * 32)))
 
 
+def _row_loop_warps(row_bytes: int) -> int:
+    # probe round 13: 32 bytes a thread up to 16 KB rows (fp32 1024: 4 warps, bf16 4096: 8,
+    # fp32 4096: 16, where 8 read 99.5); 8 warps past it (bf16 16384: 98.4 against 94.9 on 16,
+    # fp32 16384: 100.0 against 99.6)
+    return max(4, row_bytes // 1024) if row_bytes <= 16384 else 8
+
+
 def _pick_config(
     n_cols: int,
     rows_inner: int,
@@ -1023,6 +1039,10 @@ def _pick_config(
     direct launch on a GPU: _smem_fits)."""
     min_rows = min(ADJACENT_ROWS if rows_adjacent else 1, next_power_of_2(rows_inner))
     padded_cols = next_power_of_2(n_cols)
+    loop_min_cols = ROW_LOOP_MIN_COLS.get(itemsize, ONE_PASS_MAX_ELEMS + 1)
+    if not backward and min_rows == 1 and loop_min_cols <= padded_cols <= ONE_PASS_MAX_ELEMS:
+        return Config("online", 1, padded_cols, _row_loop_warps(padded_cols * itemsize),
+                      evict=True, exp2=1)  # fmt: skip
     if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
         tile_bytes = TILE_BYTES
         if not backward and padded_cols <= SMALL_TILE_MAX_COLS.get(itemsize, 0):

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import triton
 
 from experiments.correctness import TOLERANCES, relative_error
 from kernels._common import pretend_gpu
@@ -539,6 +540,27 @@ def test_round12_probe_smoke():
     assert "online_4K_w16_ev" in out and "inductor_mac" in out and "t4K_w2" in out
 
 
+def test_round13_probe_candidates_are_valid():
+    """Round 13: the forward at N <= 16384 only; the looped form takes the whole padded row a
+    step from N = 1024, each with its _ev twin (evict_last, then evict_first)."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            assert not probe.round13_candidates(n, itemsize, True)
+            cands = probe.round13_candidates(n, itemsize, False)
+            assert bool(cands) == (1024 <= n <= softmax_module.ONE_PASS_MAX_ELEMS)
+            for name, cfg in cands.items():
+                assert cfg.design == "online" and cfg.block_cols == triton.next_power_of_2(n)
+                assert cfg.evict == name.endswith("_ev") and name.removesuffix("_ev") in cands
+
+
+def test_round13_probe_smoke():
+    """The probe's round 13 on the interpreter, Inductor's kernels compiled for the CPU afresh
+    for each shape."""
+    out = _probe_smoke("--round13")
+    assert "loop_w16_ev" in out and "default_ev" in out and "inductor_mac" in out
+
+
 def test_round10_probe_smoke():
     """The probe's round 10 on the interpreter: smem variants run as split2 there."""
     out = _probe_smoke("--round10")
@@ -654,8 +676,9 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
         assert pick(2**22, 2, False, True, cpu, 2, smem_ok=True).design != "smem"
         assert pick(2**21, 2, False, True, cpu, 4, smem_ok=True).design != "smem"
         assert pick(2**23, 2, False, False, cpu, 2, smem_ok=True).design == "smem"
-        # rows that fit the tile never take it
-        assert pick(16384, 2048, False, False, cpu, 2, smem_ok=True).design == "tile"
+        # rows that fit the tile never take it (the forward's row loop; the backward's tile)
+        assert pick(16384, 2048, False, False, cpu, 2, smem_ok=True).design == "online"
+        assert pick(16384, 2048, False, True, cpu, 2, smem_ok=True).design == "tile"
 
 
 @pytest.mark.parametrize(
@@ -712,6 +735,29 @@ def test_smem_design_needs_a_gpu(device):
         _forward(x, -1, direct, Config("smem", 1, 1024, 4))
 
 
+def test_pick_config_row_loop():
+    """Forward rows of one a program, from 1024 columns in fp32 and 4096 in 16-bit up to the
+    tile's limit, take the looped form with the whole padded row a step and the evict hints
+    (probe round 13); shorter rows, the backward and adjacent rows keep the tile, longer rows
+    the long-row designs."""
+    pick = softmax_module._pick_config
+    cpu = torch.device("cpu")
+    loop = lambda cols, warps: Config("online", 1, cols, warps, evict=True, exp2=1)  # noqa: E731
+    with pretend_gpu((9, 0), 132):
+        assert pick(1024, 131072, False, False, cpu, 4) == loop(1024, 4)
+        assert pick(1000, 7, False, False, cpu, 4) == loop(1024, 4)  # few rows too
+        assert pick(4096, 32768, False, False, cpu, 4) == loop(4096, 16)
+        assert pick(16384, 8192, False, False, cpu, 4) == loop(16384, 8)
+        assert pick(4096, 32768, False, False, cpu, 2) == loop(4096, 8)
+        assert pick(4097, 300, False, False, cpu, 2) == loop(8192, 16)
+        assert pick(16384, 8192, False, False, cpu, 2) == loop(16384, 8)
+        assert pick(2048, 65536, False, False, cpu, 2).design == "tile"
+        assert pick(512, 65536, False, False, cpu, 4).design == "tile"
+        assert pick(4096, 32768, False, True, cpu, 4).design == "tile"
+        assert pick(1024, 32768, True, False, cpu, 4).design != "online"
+        assert pick(16385, 512, False, False, cpu, 4).design != "online"
+
+
 def test_pick_config_spreads_few_rows_over_the_sms():
     """Launch-bound sizes (fewer full tiles than SMs) get smaller tiles, down to the minimum
     rows a program; sizes with tiles enough keep theirs (16 KB of each input; 4 KB for forward
@@ -723,10 +769,12 @@ def test_pick_config_spreads_few_rows_over_the_sms():
         # 16-bit forward rows of up to 512 columns: 4 KB tiles (probe round 6)
         assert pick(128, 262144, False, False, cpu, 2).block_rows == 16
         assert pick(1024, 32768, False, False, cpu, 2).block_rows == 8
-        # fp32 forward rows of up to 1024 columns: 4 KB tiles (probe round 12); 4096: 16 KB
+        # fp32 forward rows of up to 512 columns: 4 KB tiles (probe round 12); from 1024 columns
+        # one row a program takes the looped form (test_pick_config_row_loop); the backward and
+        # adjacent rows keep 16 KB tiles
         assert pick(128, 262144, False, False, cpu, 4).block_rows == 8
-        assert pick(1024, 131072, False, False, cpu, 4) == Config("tile", 1, 1024, 4)
-        assert pick(2048, 65536, False, False, cpu, 4).block_rows == 2
+        assert pick(2048, 65536, False, True, cpu, 4).block_rows == 2
+        assert pick(256, 131072, True, False, cpu, 4) == Config("tile", 32, 256, 8)
         assert pick(128, 262144, False, True, cpu, 4).block_rows == 32  # the backward: 16 KB
         assert pick(128, 64, False, False, cpu, 2).block_rows == 1  # 64 rows: one a program
         assert pick(1024, 32, False, False, cpu, 2).block_rows == 1
@@ -1010,7 +1058,9 @@ def test_bad_inputs(device):
         ((4, 262144), -1),  # coop
         ((300, 65536), -1),  # rows enough to fill the GPU twice (once the 16-bit online loop)
         ((2, 1048576), -1),  # coop with chunks grown to keep 128 per row
-        ((2048, 4096), -1),
+        ((2048, 4096), -1),  # the row loop (round 13)
+        ((257, 16384), -1),  # the row loop at the tile's limit
+        ((33, 5000), -1),  # the row loop over a padded row of 8192
         ((1024, 4096), 0),  # 32 adjacent rows a program: coop
         ((2, 6, 1024, 1024), -1),
         ((2, 6, 1024, 1024), 2),  # coop over adjacent rows, output rows strided
@@ -1100,6 +1150,34 @@ def test_coop_workspace_reuse_on_gpu():
             graph.replay()
             ref = torch.softmax(static_x.double(), -1)
             assert relative_error(static_y, ref) < TOLERANCES[dtype_name]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("n", [1024, 3001, 4096, 16384])
+def test_row_loop_on_gpu(n, dtype_name):
+    """The shipped row loop (the padded row a step, loaded twice, evict hints) on fresh rows with
+    -inf entries, an all -inf row, 1e4 and -1e4, a row of equal values, and on a split view
+    along dim 1 (unit column stride, rows 2n apart)."""
+    dtype = DTYPES[dtype_name]
+    base = torch.randn(37, 2 * n, device="cuda", dtype=dtype) * 4
+    x = base[:, :n]
+    x[1, : n // 3] = -float("inf")
+    x[2] = -float("inf")
+    x[3, n // 2] = 1e4
+    x[4, 7] = -1e4
+    x[5] = 2.5
+    config = softmax_module._pick_config(n, 37, False, False, x.device, x.element_size())
+    assert config.design == "online" or (dtype_name != "fp32" and n == 1024), config
+    y = _forward(x, -1, direct, None)
+    ref = torch.softmax(x.double(), -1)
+    assert torch.isnan(y[2]).all()
+    keep = [i for i in range(37) if i != 2]
+    assert relative_error(y[keep], ref[keep]) < TOLERANCES[dtype_name]
+    torch.testing.assert_close(
+        y[keep].double().sum(-1), torch.ones(36, device="cuda", dtype=torch.float64),
+        rtol=0, atol=TOLERANCES[dtype_name],
+    )  # fmt: skip
 
 
 @pytest.mark.gpu
