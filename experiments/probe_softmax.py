@@ -68,7 +68,7 @@ beside Inductor's own kernels; names in ROUND12_NAMES below.
     python -m experiments.probe_softmax --round12 --budget 200 --elems 134217728
 
 `--round13` times, at N <= 16384, Inductor's looped form with the whole row a step (the row
-loaded twice, the second time from cache) and the shipped tile with evict_first, beside
+loaded twice, the second time from cache), the 16 KB tile and the pick with evict_first, beside
 Inductor's kernels compiled afresh for each shape; names in ROUND13_NAMES below.
     python -m experiments.probe_softmax --round13 --budget 200 --elems 134217728
 
@@ -640,7 +640,9 @@ def round12_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
 # What each round 13 name means (printed at the start of a --round13 run).
 ROUND13_NAMES = {
     "default": "the shipped _pick_config choice",
-    "default_ev": "the shipped tile with evict_first on its load and store",
+    "default_ev": "the shipped pick with evict_first on its loads and store (the tile's twin; "
+    "the row loop has the hints already)",
+    "tile16K": "the 16 KB tile, the pick before round 13 (4 warps; 16 for a row of 16384)",
     "inductor / inductor_mac": ROUND6_NAMES["inductor / inductor_mac"] + "; compiled afresh "
     "for each shape (round 12's one compiled lambda hit dynamo's recompile limit and ran eager)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
@@ -658,6 +660,8 @@ def round13_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         return {}
     cols = triton.next_power_of_2(n)
     out = {}  # and default_ev, which run_shape makes from the shape's pick
+    # the 16 KB tile (the pick before round 13): 4 warps, 16 for a row of 16384
+    out["tile16K"] = _tile(n, itemsize, 16, 16 if cols * itemsize >= 32768 else 4)
     if cols >= 1024:
         for warps in (4, 8, 16):
             out[f"loop_w{warps}"] = Config("online", 1, cols, warps)

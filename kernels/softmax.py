@@ -1,7 +1,7 @@
 """Softmax over any dim of a tensor with any strides, forward and backward.
 
 Softmax is memory-bound: the target is the copy bandwidth, reading each input once and writing
-the output once. Three designs share the work (kernels/notes/softmax.md has the measurements):
+the output once. The designs share the work (kernels/notes/softmax.md has the measurements):
 
 - tile: rows that fit on chip. A program holds a (BLOCK_ROWS, BLOCK_COLS) tile in registers,
   several short rows at once so each thread loads 16 bytes at a time; optionally persistent
@@ -18,7 +18,10 @@ the output once. Three designs share the work (kernels/notes/softmax.md has the 
   each chunk held in shared memory instead of registers (kernels/softmax_smem.py, in Gluon), so
   an SM holds twice as many bytes of the row across the wait. The 16-bit forward and backward
   and the longest fp32 forward rows take it; other long rows keep coop.
-- online: a loop over the row, read twice; the fallback for rows too long to split.
+- online: a loop over the row, read twice: the max and sum, then the write. With the whole row
+  a step and the first read kept in L2 (evict_last), it is the forward of one-a-program rows of
+  4-64 KB (Inductor's form: the second read comes from cache, so DRAM still sees one read);
+  with shorter steps, the fallback for rows too long to split.
 - band (a probe candidate, round 4): split2 launched band by band, each band's rows small
   enough to stay in L2 between its two launches, so x is read from DRAM once.
 
@@ -69,10 +72,11 @@ SMALL_TILE_MAX_COLS = {2: 512, 4: 1024}
 # ONE_PASS_MAX_ELEMS) take Inductor's looped form with the whole row a step (the online kernel,
 # block_cols = the padded row): max and sum over one load kept in L2 (evict_last), then the row
 # loaded again from cache and written (evict_first). Holding nothing across the reduction, a
-# program needs fewer registers than the tile. Probe round 13 (H100, rows of 2^27 elements, %
-# of copy, this form / the tile / Inductor's best): fp32 N = 1024 100.2 / 99.5 / 99.5, 4096
-# 100.2 / 99.3 / 100.5, 16384 100.0 / 98.1 / 99.3; bf16 4096 98.7 / 97.7 / 68.7, 16384 98.4 /
-# 97.4 / 69.5; bf16 1024 (2 KB a row) lost, 92.3 against 97.8.
+# program needs fewer registers than the tile. Probe round 13 (rows of 2^27 elements, % of copy,
+# this form / the tile / Inductor's best), H100: fp32 N = 1024 100.2 / 99.5 / 99.5, 4096 100.2 /
+# 99.3 / 100.5, 16384 100.0 / 98.1 / 99.3; bf16 4096 98.6 / 97.7 / 68.7, 16384 98.4 / 97.4 /
+# 69.5; bf16 1024 (2 KB a row) lost, 92.3 against 97.8. H200: bf16 4096 96.3 / 95.3 / 50.6,
+# 16384 94.5 / 85.7 / 50.1.
 ROW_LOOP_MIN_COLS = {2: 4096, 4: 1024}
 # Chunk of one coop/split program: 4096 values, 4 warps; the backward over rows that are not
 # one-a-program (adjacent rows, softmax over an outer dim) takes 16 KB of each input. The
@@ -1017,10 +1021,13 @@ def _warps_for(tile_bytes: int) -> int:
 
 
 def _row_loop_warps(row_bytes: int) -> int:
-    # probe round 13: 32 bytes a thread up to 16 KB rows (fp32 1024: 4 warps, bf16 4096: 8,
-    # fp32 4096: 16, where 8 read 99.5); 8 warps past it (bf16 16384: 98.4 against 94.9 on 16,
-    # fp32 16384: 100.0 against 99.6)
-    return max(4, row_bytes // 1024) if row_bytes <= 16384 else 8
+    # probe round 13, % of copy: rows of up to 8 KB on 4 warps (bf16 4096: H200 96.3 against 85.6
+    # on 8 warps and the tile's 95.3, H100 98.6 against 98.7); 16 KB rows on 16 (fp32 4096, H100:
+    # 100.2 against 99.5 on 8); longer rows on 8 (bf16 16384: H100 98.4, H200 94.5 against 94.9
+    # and 74.6 on 16; fp32 16384, H100: 100.0 against 99.6)
+    if row_bytes <= 8192:
+        return 4
+    return 16 if row_bytes <= 16384 else 8
 
 
 def _pick_config(

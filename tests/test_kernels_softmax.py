@@ -541,14 +541,21 @@ def test_round12_probe_smoke():
 
 
 def test_round13_probe_candidates_are_valid():
-    """Round 13: the forward at N <= 16384 only; the looped form takes the whole padded row a
-    step from N = 1024, each with its _ev twin (evict_last, then evict_first)."""
+    """Round 13: the forward at N <= 16384 only; the 16 KB tile, and from N = 1024 the looped
+    form with the whole padded row a step, each with its _ev twin (evict_last, then
+    evict_first)."""
     probe = importlib.import_module("experiments.probe_softmax")
     for _, n in probe.ROWS:
         for itemsize in (2, 4):
             assert not probe.round13_candidates(n, itemsize, True)
             cands = probe.round13_candidates(n, itemsize, False)
-            assert bool(cands) == (1024 <= n <= softmax_module.ONE_PASS_MAX_ELEMS)
+            assert bool(cands) == (n <= softmax_module.ONE_PASS_MAX_ELEMS)
+            if not cands:
+                continue
+            tile = cands.pop("tile16K")
+            assert tile.design == "tile" and tile.block_cols >= n
+            assert tile.block_rows * tile.block_cols * itemsize in (16384, n * itemsize)
+            assert bool(cands) == (n >= 1024)
             for name, cfg in cands.items():
                 assert cfg.design == "online" and cfg.block_cols == triton.next_power_of_2(n)
                 assert cfg.evict == name.endswith("_ev") and name.removesuffix("_ev") in cands
@@ -748,7 +755,9 @@ def test_pick_config_row_loop():
         assert pick(1000, 7, False, False, cpu, 4) == loop(1024, 4)  # few rows too
         assert pick(4096, 32768, False, False, cpu, 4) == loop(4096, 16)
         assert pick(16384, 8192, False, False, cpu, 4) == loop(16384, 8)
-        assert pick(4096, 32768, False, False, cpu, 2) == loop(4096, 8)
+        assert pick(4096, 32768, False, False, cpu, 2) == loop(4096, 4)
+        assert pick(2048, 65536, False, False, cpu, 4) == loop(2048, 4)
+        assert pick(8192, 16384, False, False, cpu, 4) == loop(8192, 8)
         assert pick(4097, 300, False, False, cpu, 2) == loop(8192, 16)
         assert pick(16384, 8192, False, False, cpu, 2) == loop(16384, 8)
         assert pick(2048, 65536, False, False, cpu, 2).design == "tile"
