@@ -770,13 +770,15 @@ def test_pick_config_row_loop():
 def test_pick_config_spreads_few_rows_over_the_sms():
     """Launch-bound sizes (fewer full tiles than SMs) get smaller tiles, down to the minimum
     rows a program; sizes with tiles enough keep theirs (16 KB of each input; 4 KB for forward
-    rows of up to 512 columns in 16-bit, 1024 in fp32)."""
+    rows of up to 256 columns in 16-bit and 8 KB at 512, 4 KB up to 512 in fp32)."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     with pretend_gpu((9, 0), 132):
         assert pick(128, 262144, False, True, cpu, 2).block_rows == 64  # the rows set: 16 KB
-        # 16-bit forward rows of up to 512 columns: 4 KB tiles (probe round 6)
+        # 16-bit forward rows of up to 256 columns: 4 KB tiles (probe round 6); 512: 8 KB (12)
         assert pick(128, 262144, False, False, cpu, 2).block_rows == 16
+        assert pick(256, 262144, False, False, cpu, 2).block_rows == 8
+        assert pick(512, 262144, False, False, cpu, 2) == Config("tile", 8, 512, 4)
         assert pick(1024, 32768, False, False, cpu, 2).block_rows == 8
         # fp32 forward rows of up to 512 columns: 4 KB tiles (probe round 12); from 1024 columns
         # one row a program takes the looped form (test_pick_config_row_loop); the backward and
