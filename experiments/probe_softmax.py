@@ -97,6 +97,7 @@ from kernels.softmax import (
     _forward,
     _pick_config,
     _smem_fits,
+    _warps_for,
     direct,
 )
 
@@ -642,7 +643,7 @@ ROUND13_NAMES = {
     "default": "the shipped _pick_config choice",
     "default_ev": "the shipped pick with evict_first on its loads and store (the tile's twin; "
     "the row loop has the hints already)",
-    "tile16K": "the 16 KB tile, the pick before round 13 (4 warps; 16 for a row of 16384)",
+    "tile16K": "the 16 KB tile, the pick before round 13 (16 warps at 16384 values a tile)",
     "inductor / inductor_mac": ROUND6_NAMES["inductor / inductor_mac"] + "; compiled afresh "
     "for each shape (round 12's one compiled lambda hit dynamo's recompile limit and ran eager)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
@@ -660,8 +661,10 @@ def round13_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         return {}
     cols = triton.next_power_of_2(n)
     out = {}  # and default_ev, which run_shape makes from the shape's pick
-    # the 16 KB tile (the pick before round 13): 4 warps, 16 for a row of 16384
-    out["tile16K"] = _tile(n, itemsize, 16, 16 if cols * itemsize >= 32768 else 4)
+    # the 16 KB tile, warped as _pick_config's tile branch does (the pick before round 13)
+    tile = _tile(n, itemsize, 16, 0)
+    elems = tile.block_rows * tile.block_cols
+    out["tile16K"] = tile._replace(num_warps=16 if elems >= 16384 else _warps_for(elems * itemsize))
     if cols >= 1024:
         for warps in (4, 8, 16):
             out[f"loop_w{warps}"] = Config("online", 1, cols, warps)
