@@ -72,6 +72,11 @@ loaded twice, the second time from cache), the 16 KB tile and the pick with evic
 Inductor's kernels compiled afresh for each shape; names in ROUND13_NAMES below.
     python -m experiments.probe_softmax --round13 --budget 200 --elems 134217728
 
+`--round14` times, at N <= 16384, the pick without masks and with 32-bit offsets beside
+Inductor's kernels, and past it the smem forward with its partial folded into the pass over the
+landing pieces, and 64 KB programs; names in ROUND14_NAMES below.
+    python -m experiments.probe_softmax --round14 --budget 240 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -672,6 +677,57 @@ def round13_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 14 name means (printed at the start of a --round14 run).
+ROUND14_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "default_u / _i / _ui": "N <= 16384: the pick without masks where the rows fill its blocks "
+    "(u: Config.even), with 32-bit offsets (i: Config.int32), or both (ui)",
+    "tNK_wW_ui": "tile rows: a tile of N KB of x a program, W warps, both knobs (t2K_w2 is the "
+    "shape of Inductor's persistent reduction at bf16 N = 128: 8 rows on 2 warps)",
+    "sNK_wW": "N > 16384: smem, one program a chunk of N*1024 values, W warps (s32K_w16 in "
+    "16-bit: 64 KB a program, 3 an SM)",
+    "..._fold": "the smem forward with its partial (max, sum of exp) taken in one pass as the "
+    "pieces land, not in a second pass once all have (Config.fold)",
+    "inductor / inductor_mac": ROUND13_NAMES["inductor / inductor_mac"],
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round14_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 14, the forward: at N <= 16384, the pick without masks and with 32-bit offsets
+    (Inductor's kernels have both; the bench put them 0.4-0.9% ahead at N <= 512); past it, the
+    smem forward with its partial folded into the pass over the landing pieces, and 64 KB
+    programs (the H200 is 10-17 points short of its copy there)."""
+    if backward:
+        return {}
+    device = torch.device(DEVICE)
+    if n <= ONE_PASS_MAX_ELEMS:
+        # the pick for rows enough to fill every SM (the probe's rows of 2^25-2^27 elements)
+        pick = _pick_config(n, 2**20, False, False, device, itemsize)
+        out = {
+            "default_u": pick._replace(even=True),
+            "default_i": pick._replace(int32=True),
+            "default_ui": pick._replace(even=True, int32=True),
+        }
+        if pick.design == "tile":
+            for kbytes, warps in ((2, 2), (4, 2), (4, 4), (8, 4)):
+                tile = _tile(n, itemsize, kbytes, warps)._replace(even=True, int32=True)
+                if tile != out["default_ui"]:
+                    out[f"t{kbytes}K_w{warps}_ui"] = tile
+        return out
+    exp2 = 2 if itemsize == 2 else 1
+    pick = _pick_config(n, 1, False, False, device, itemsize, smem_ok=True)
+    out = {"default_fold": pick._replace(fold=True)} if pick.design == "smem" else {}
+    for kbytes, warps in ((64, 16), (16, 4)):
+        values = kbytes * 1024 // itemsize
+        if values > n or -(-n // values) > MAX_SPLIT_CHUNKS or values == pick.block_cols:
+            continue
+        smem = Config("smem", 1, values, warps, exp2=exp2)
+        out[f"s{values // 1024}K_w{warps}"] = smem
+        out[f"s{values // 1024}K_w{warps}_fold"] = smem._replace(fold=True)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -681,11 +737,12 @@ ROUND_CANDIDATES = {
     4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
     8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
     11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
+    14: round14_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
                10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
-               13: ROUND13_NAMES}  # fmt: skip
+               13: ROUND13_NAMES, 14: ROUND14_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -694,7 +751,7 @@ def _for_smoke(cfg: Config) -> Config:
     # the interpreter runs programs one at a time: a waiting (coop) program would never return,
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
-        return cfg._replace(design="split2", evict=False, per_sm=0)
+        return cfg._replace(design="split2", evict=False, per_sm=0, fold=False)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -737,7 +794,8 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round_no=0):
         bwd["same_bytes"] = lambda: torch.add(y, dy, out=out)
     if round_no == 13:
         fwd["default_ev"] = lambda: _forward(x, -1, direct, pick._replace(evict=True))
-    if round_no in (6, 12, 13):  # Inductor's kernels for the same call, timed alike (not Triton)
+    inductor = round_no in (6, 12, 13) or (round_no == 14 and n <= ONE_PASS_MAX_ELEMS)
+    if inductor:  # Inductor's kernels for the same call, timed alike (not Triton)
         # compiled afresh for each shape: one lambda over every shape and dtype passed dynamo's
         # recompile limit at round 12's ninth and ran eager from there on
         torch._dynamo.reset()
@@ -835,12 +893,13 @@ def main() -> int:
     parser.add_argument("--round11", action="store_true", help="persistent smem kernels")
     parser.add_argument("--round12", action="store_true", help="N <= 16384 vs Inductor")
     parser.add_argument("--round13", action="store_true", help="Inductor's looped form, evict")
+    parser.add_argument("--round14", action="store_true", help="no masks, int32, folded smem")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 14) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 15) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -860,6 +919,8 @@ def main() -> int:
             ROWS.append((3, 16384))
         if round_no in (12, 13):
             ROWS = [(5, 128), (3, 1000), (3, 16384)]
+        if round_no == 14:
+            ROWS = [(16, 128), (3, 1000), (4, 4096), (2, 70000)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no in (7, 8, 9, 10):  # the long rows only

@@ -168,6 +168,15 @@ class Config(NamedTuple):
     # it times exp(chunk max - row max) / row sum: one multiply a value after the wait instead
     # of a second exp (split2's finish launch recomputes it from x)
     rescale: bool = False
+    # -- round 14 --
+    # tile/online forward: no column or row masks where the rows fill the tile exactly
+    # (n_cols == block_cols, rows_inner a multiple of block_rows), as Inductor's kernels at
+    # N = R0_BLOCK; and 32-bit offsets where every tensor's extent fits in int32
+    even: bool = False
+    int32: bool = False
+    # smem forward: the sum of exp taken as the pieces land (each piece's max raising the shift
+    # and rescaling the running sum), not in a second pass over shared memory once all landed
+    fold: bool = False
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -181,16 +190,30 @@ def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
 # Shared pieces
 # ---------------------------------------------------------------------------------------------
 @triton.jit
-def _tile_rows(tile, rows_inner, BLOCK_ROWS: tl.constexpr):
+def _tile_rows(tile, rows_inner, BLOCK_ROWS: tl.constexpr, INT32: tl.constexpr = False):
     """Tile index -> one outer row index, BLOCK_ROWS consecutive inner ones, and their mask.
 
     Splitting the tile index rather than each row index keeps the inner indices an arange, so
-    the compiler sees contiguous addresses when the inner row stride is 1.
+    the compiler sees contiguous addresses when the inner row stride is 1. The indices are
+    int64 unless INT32 (the caller knows every offset fits in 32 bits).
     """
     blocks_per_outer = tl.cdiv(rows_inner, BLOCK_ROWS)
-    outer = (tile // blocks_per_outer).to(tl.int64)
-    inner = ((tile % blocks_per_outer) * BLOCK_ROWS).to(tl.int64) + tl.arange(0, BLOCK_ROWS)
+    outer = tile // blocks_per_outer
+    first = (tile % blocks_per_outer) * BLOCK_ROWS
+    if not INT32:
+        outer = outer.to(tl.int64)
+        first = first.to(tl.int64)
+    inner = first + tl.arange(0, BLOCK_ROWS)
     return outer, inner, inner < rows_inner
+
+
+@triton.jit
+def _columns(BLOCK_COLS: tl.constexpr, INT32: tl.constexpr):
+    """tl.arange(0, BLOCK_COLS) as a (1, BLOCK_COLS) row, int64 unless INT32."""
+    cols = tl.arange(0, BLOCK_COLS)
+    if not INT32:
+        cols = cols.to(tl.int64)
+    return cols[None, :]
 
 
 @triton.jit
@@ -404,30 +427,40 @@ def softmax_tile_kernel(
     y_stride_outer, y_stride_inner, y_stride_col,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, NUM_STAGES: tl.constexpr,
     POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
+    # EVEN: n_cols == BLOCK_COLS and rows_inner % BLOCK_ROWS == 0 (no masks); INT32: every
+    # offset fits in 32 bits (otherwise int64, so that column × stride cannot overflow when
+    # softmax runs over an outer dim)
+    EVEN: tl.constexpr = False, INT32: tl.constexpr = False,
 ):  # fmt: skip
-    # int64 so that column × stride cannot overflow when softmax runs over an outer dim
-    cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
+    cols = _columns(BLOCK_COLS, INT32)
     col_ok = cols < n_cols
     # a persistent grid walks the tiles; a grid of n_tiles programs runs this loop once
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        outer, inner, row_ok = _tile_rows(tile, rows_inner, BLOCK_ROWS)
+        outer, inner, row_ok = _tile_rows(tile, rows_inner, BLOCK_ROWS, INT32)
         row_ok = row_ok[:, None]
         x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
         y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
-        # Masked columns read -inf, which exp turns into 0. Rows past the end read 0 instead: an
-        # all -inf row would compute NaNs (never stored, but the interpreter warns about them).
-        fill = tl.where(row_ok, -float("inf"), 0.0)
-        x = tl.load(
-            x_rows + cols * x_stride_col, mask=row_ok & col_ok, other=fill, eviction_policy=POLICY
-        )
+        if EVEN:
+            x = tl.load(x_rows + cols * x_stride_col, eviction_policy=POLICY)
+        else:
+            # Masked columns read -inf, which exp turns into 0. Rows past the end read 0
+            # instead: an all -inf row would compute NaNs (never stored, but the interpreter
+            # warns about them).
+            fill = tl.where(row_ok, -float("inf"), 0.0)
+            x = tl.load(
+                x_rows + cols * x_stride_col, mask=row_ok & col_ok, other=fill,
+                eviction_policy=POLICY,
+            )  # fmt: skip
         x = x.to(tl.float32)
         # A row of only -inf gives -inf - -inf = NaN everywhere, as torch.softmax does.
         exp = _exp_shifted(x, tl.max(x, axis=1), EXP2)
-        y = exp * (1.0 / tl.sum(exp, axis=1))[:, None]
-        tl.store(
-            y_rows + cols * y_stride_col, y.to(y_ptr.dtype.element_ty), mask=row_ok & col_ok,
-            eviction_policy=POLICY,
-        )  # fmt: skip
+        y = (exp * (1.0 / tl.sum(exp, axis=1))[:, None]).to(y_ptr.dtype.element_ty)
+        if EVEN:
+            tl.store(y_rows + cols * y_stride_col, y, eviction_policy=POLICY)
+        else:
+            tl.store(
+                y_rows + cols * y_stride_col, y, mask=row_ok & col_ok, eviction_policy=POLICY
+            )  # fmt: skip
 
 
 @triton.jit
@@ -660,22 +693,27 @@ def softmax_online_kernel(
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, NUM_STAGES: tl.constexpr = 1,
     # the first read keeps x in L2 for the second (FIRST_POLICY), which may drop it (POLICY)
     FIRST_POLICY: tl.constexpr = "", POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
+    # as the tile kernel's; EVEN here: n_cols a multiple of BLOCK_COLS
+    EVEN: tl.constexpr = False, INT32: tl.constexpr = False,
 ):  # fmt: skip
-    outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS)
+    outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS, INT32)
     row_ok = row_ok[:, None]
     x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
     y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
-    cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
+    cols = _columns(BLOCK_COLS, INT32)
     fill = tl.where(row_ok, -float("inf"), 0.0)
     # -- main loop: online softmax, running max and a sum rescaled whenever the max grows --
     row_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
     row_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
     for start in tl.range(0, n_cols, BLOCK_COLS, num_stages=NUM_STAGES):
-        col_ok = start + cols < n_cols
-        x = tl.load(
-            x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill,
-            eviction_policy=FIRST_POLICY,
-        )  # fmt: skip
+        if EVEN:
+            x = tl.load(x_rows + (start + cols) * x_stride_col, eviction_policy=FIRST_POLICY)
+        else:
+            col_ok = start + cols < n_cols
+            x = tl.load(
+                x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill,
+                eviction_policy=FIRST_POLICY,
+            )  # fmt: skip
         x = x.to(tl.float32)
         new_max = tl.maximum(row_max, tl.max(x, axis=1))
         # Until a row has seen a finite value, shift by 0 rather than -inf: exp(-inf - 0) = 0
@@ -687,18 +725,23 @@ def softmax_online_kernel(
     # An all -inf row keeps row_max = -inf, so exp(x - row_max) is NaN, matching torch.
     inv_sum = 1.0 / row_sum
     for start in tl.range(0, n_cols, BLOCK_COLS, num_stages=NUM_STAGES):
-        col_ok = start + cols < n_cols
-        x = tl.load(
-            x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill,
-            eviction_policy=POLICY,
-        )  # fmt: skip
+        if EVEN:
+            x = tl.load(x_rows + (start + cols) * x_stride_col, eviction_policy=POLICY)
+        else:
+            col_ok = start + cols < n_cols
+            x = tl.load(
+                x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill,
+                eviction_policy=POLICY,
+            )  # fmt: skip
         y = _exp_shifted(x.to(tl.float32), row_max, EXP2) * inv_sum[:, None]
-        tl.store(
-            y_rows + (start + cols) * y_stride_col,
-            y.to(y_ptr.dtype.element_ty),
-            mask=row_ok & col_ok,
-            eviction_policy=POLICY,
-        )
+        y = y.to(y_ptr.dtype.element_ty)
+        if EVEN:
+            tl.store(y_rows + (start + cols) * y_stride_col, y, eviction_policy=POLICY)
+        else:
+            tl.store(
+                y_rows + (start + cols) * y_stride_col, y, mask=row_ok & col_ok,
+                eviction_policy=POLICY,
+            )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1163,6 +1206,13 @@ def _launch_rows(
             raise ValueError(f"rescale is a knob of the plain coop/split2 forward, got {config}")
         hints["RESCALE"] = True
 
+    if config.even or config.int32:
+        if backward or config.design not in ("tile", "online"):
+            raise ValueError(f"even and int32 are knobs of the tile/online forward, got {config}")
+        hints.update(_index_hints(config, (rows_outer, rows_inner), strides, n_cols))
+    if config.fold and (backward or config.design != "smem"):
+        raise ValueError(f"fold is a knob of the smem forward, got {config}")
+
     if config.design == "tile":
         if config.block_cols < n_cols:
             raise ValueError(f"tile of {config.block_cols} columns for rows of {n_cols}")
@@ -1241,6 +1291,21 @@ def _launch_rows(
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")
+
+
+def _index_hints(config: Config, rows: tuple[int, int], strides: list, n_cols: int) -> dict:
+    """The tile/online forward's EVEN and INT32 where Config.even / Config.int32 ask for them
+    and these rows allow them: EVEN where the rows fill the kernel's blocks exactly (no masks),
+    INT32 where the largest offset the kernel forms, padding included, fits in 32 bits."""
+    rows_outer, rows_inner = rows
+    padded_rows = cdiv(rows_inner, config.block_rows) * config.block_rows
+    padded_cols = cdiv(n_cols, config.block_cols) * config.block_cols
+    even = n_cols % config.block_cols == 0 and rows_inner % config.block_rows == 0
+    largest = max(
+        (rows_outer - 1) * abs(outer) + (padded_rows - 1) * abs(inner) + (padded_cols - 1) * abs(col)
+        for outer, inner, col in strides
+    )  # fmt: skip
+    return dict(EVEN=config.even and even, INT32=config.int32 and largest < 2**31)
 
 
 # Coop workspaces, two a (device, stream, size), taken in turn: each launch zeroes the other one
@@ -1322,7 +1387,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
     softmax_smem.launch(
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
-        maxnreg=config.maxnreg, programs=programs,
+        maxnreg=config.maxnreg, programs=programs, fold=config.fold,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

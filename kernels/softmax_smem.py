@@ -103,10 +103,13 @@ def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, P
 # -- the forward's two halves: a chunk's partial (max, sum of exp), and its output ----------------
 @gluon.jit
 def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
-                     VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr):  # fmt: skip
+                     VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
+                     FOLD: gl.constexpr = False):  # fmt: skip
     """(max, sum of exp(x - max)) of the chunk whose PIECES copies into smem.index(base + p)
     are the thread's last commit groups, packed for publishing."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    if FOLD:
+        return _forward_partial_folded(smem, base, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
     # the max, elementwise over the pieces as they land, then across threads once; each thread
     # reads only what its own copies wrote (one layout for both): no barrier
     for p in gl.static_range(PIECES):
@@ -125,6 +128,38 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
         v = smem.index(base + p).load(layout).to(gl.float32)
         sum_vec += gl.where(p * PIECE + offs < limit, _exp_shifted(v, shift, EXP2), 0.0)
     # the max is never the bits 0 unless the sum is at least 1: a published slot is never 0
+    return _pack(run_max, gl.sum(sum_vec, axis=0))
+
+
+@gluon.jit
+def _forward_partial_folded(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                            VEC: gl.constexpr, WARPS: gl.constexpr,
+                            EXP2: gl.constexpr):  # fmt: skip
+    """_forward_partial in one pass as the pieces land (Config.fold): each piece's max, taken
+    across the program, raises the shift, and the running sum of exp is rescaled to it, so the
+    partial is ready when the last piece lands instead of after a second pass over the chunk."""
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    for p in gl.static_range(PIECES):
+        cp.wait_group(PIECES - 1 - p)
+        # columns past the row's end (copied in as 0) count as -inf: exp gives 0
+        v = gl.where(p * PIECE + offs < limit, smem.index(base + p).load(layout).to(gl.float32),
+                     -float("inf"))  # fmt: skip
+        piece_max = gl.max(v, axis=0)
+        if p == 0:
+            new_max = piece_max
+        else:
+            new_max = gl.maximum(run_max, piece_max)
+        # until a finite value is seen the shift is 0: exp(-inf - 0) = 0 keeps the sum at 0
+        shift = gl.where(new_max == -float("inf"), 0.0, new_max)
+        e = _exp_shifted(v, shift, EXP2)
+        if p == 0:
+            sum_vec = e
+        else:
+            # the old shift is at most the new one (no overflow); a sum still 0 stays 0
+            scale = gl.where(run_max == -float("inf"), 0.0, gl.exp2((run_max - shift) * LOG2E))
+            sum_vec = sum_vec * scale + e
+        run_max = new_max
+    # as _forward_partial: a published slot is never 0 (a max of 0.0 has a sum of at least 1)
     return _pack(run_max, gl.sum(sum_vec, axis=0))
 
 
@@ -198,7 +233,7 @@ def softmax_smem_forward_kernel(
     x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True,
+    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = False,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride."""
     PIECES: gl.constexpr = CHUNK // PIECE
@@ -216,7 +251,7 @@ def softmax_smem_forward_kernel(
     for p in gl.static_range(PIECES):
         _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY)
         cp.commit_group()
-    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
+    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD)
     gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
     _forward_finish(y_ptr, smem, 0, slots, n_chunks, outer, inner, start, y_vstride_outer,
                     y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS,
@@ -307,7 +342,7 @@ def softmax_smem_persistent_forward_kernel(
     x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True,
+    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = False,
 ):  # fmt: skip
     """softmax_smem_forward_kernel's work, a program taking (row, chunk) tickets in turn."""
     PIECES: gl.constexpr = CHUNK // PIECE
@@ -336,7 +371,7 @@ def softmax_smem_persistent_forward_kernel(
                 MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
             )  # fmt: skip
         partial = _forward_partial(smem, buf * PIECES, offs, limit, PIECES, PIECE, VEC, WARPS,
-                                   EXP2)  # fmt: skip
+                                   EXP2, FOLD)  # fmt: skip
         gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
         if prev >= 0 and not other_row:  # one row: published first
             _forward_finish_ticket(
@@ -413,12 +448,13 @@ def softmax_smem_persistent_backward_kernel(
 
 
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
-           sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0):  # fmt: skip
+           sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
     next_ws (None: nothing to zero) for the next launch. launcher: kernels._common.direct.
-    programs > 0: the persistent kernels on that many programs (at most one a chunk)."""
+    programs > 0: the persistent kernels on that many programs (at most one a chunk). fold:
+    the forward's partial in one pass (kernels.softmax.Config.fold)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -440,6 +476,9 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         kernel = softmax_smem_backward_kernel if backward else softmax_smem_forward_kernel
     if not backward:
         meta["EXP2"] = exp2
+        meta["FOLD"] = fold
+    elif fold:
+        raise ValueError("fold is a knob of the forward")
     if maxnreg:  # a ptxas register cap (kernels.softmax.Config.maxnreg)
         meta["maxnreg"] = maxnreg
     grid = min(programs, n_slots) if programs > 0 else n_slots

@@ -227,6 +227,91 @@ def test_round3_loop_over_any_dim(dim, device):
     assert relative_error(dx, dx_ref) < TOLERANCES["fp32"]
 
 
+# Round 14: the tile and online forward without masks (rows that fill the blocks exactly) and
+# with 32-bit offsets; each knob only acts where the rows allow it, so every shape stays right.
+INDEX_CONFIGS = {
+    "tile_even_int32": Config("tile", 8, 128, 4, even=True, int32=True),
+    "tile_even": Config("tile", 4, 128, 2, even=True, exp2=1),
+    "tile_int32_persist": Config("tile", 4, 128, 4, per_sm=1, int32=True),
+    "online_even_int32": Config("online", 1, 128, 4, even=True, int32=True, evict=True, exp2=1),
+    "online_rows2_even": Config("online", 2, 32, 4, even=True),
+}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero encountered")
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("config_name", INDEX_CONFIGS)
+@pytest.mark.parametrize(
+    "shape, dim",
+    [
+        ((48, 128), -1),  # fills the blocks: EVEN
+        ((45, 101), -1),  # ragged rows and columns: masks
+        ((128, 40), 0),  # rows adjacent in memory, strided columns
+        ((3, 16, 128), 1),  # a middle dim
+    ],
+)
+def test_even_and_int32_forward(config_name, dtype_name, shape, dim, device):
+    config = INDEX_CONFIGS[config_name]
+    dtype = DTYPES[dtype_name]
+    moved = list(shape)
+    moved.append(moved.pop(dim))
+    rows = torch.randn(moved, device=device).view(-1, moved[-1]) * 3  # the softmax rows
+    rows[0, 3] = 1e4 if dtype != torch.float16 else 1e3
+    rows[1, ::3] = -float("inf")
+    rows[2] = 2.5  # all equal
+    rows[3] = -float("inf")  # NaN, as torch gives
+    x = rows.view(moved).movedim(-1, dim).contiguous().to(dtype)
+
+    def as_rows(t):
+        return t.movedim(dim, -1).reshape(-1, moved[-1])
+
+    y = _forward(x, dim, direct, config)
+    ref = torch.softmax(x.double(), dim)
+    assert torch.isnan(as_rows(y)[3]).all()
+    keep = [i for i in range(rows.shape[0]) if i != 3]
+    y_rows, ref_rows = as_rows(y)[keep], as_rows(ref)[keep]
+    if dtype == torch.float16:
+        ref_rows = ref_rows.to(dtype).double()  # subnormal fp16 outputs: compare as rounded
+    assert relative_error(y_rows, ref_rows) < TOLERANCES[dtype_name]
+    assert (as_rows(y)[1, ::3] == 0).all()
+
+
+def test_index_hints():
+    """EVEN only where the rows fill the blocks; INT32 only where the largest offset the kernel
+    forms (padded rows and columns included) is below 2^31; neither unless the config asks."""
+    hints = softmax_module._index_hints
+    tile = Config("tile", 8, 128, 4, even=True, int32=True)
+    assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 128) == dict(EVEN=True, INT32=True)
+    assert hints(tile, (1, 60), [(0, 128, 1)] * 2, 128)["EVEN"] is False  # ragged rows
+    assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 100)["EVEN"] is False  # ragged columns
+    assert hints(tile._replace(even=False, int32=False), (1, 64), [(0, 128, 1)] * 2, 128) == dict(
+        EVEN=False, INT32=False
+    )
+    # 2^24 rows of 128: the last offset is 2^31 - 1, just inside; one more row is not
+    assert hints(tile, (1, 2**24), [(0, 128, 1)] * 2, 128)["INT32"] is True
+    assert hints(tile, (1, 2**24 + 8), [(0, 128, 1)] * 2, 128)["INT32"] is False
+    # the output's strides count too, and the outer dim, and padded rows past the end
+    assert hints(tile, (1, 64), [(0, 128, 1), (0, 2**26, 1)], 128)["INT32"] is False
+    assert hints(tile, (2**10, 2**13), [(2**20, 128, 1)] * 2, 128)["INT32"] is True
+    assert hints(tile, (2**10, 2**13), [(2**21 + 2**11, 128, 1)] * 2, 128)["INT32"] is False
+    assert hints(tile, (1, 2**24 - 1), [(0, 128, 1)] * 2, 128)["INT32"] is True
+    assert hints(tile, (1, 2**24 - 1), [(0, 128, 2)] * 2, 128)["INT32"] is False
+    online = Config("online", 1, 4096, 4, even=True)
+    assert hints(online, (1, 5), [(0, 8192, 1)] * 2, 8192)["EVEN"] is True  # two whole steps
+    assert hints(online, (1, 5), [(0, 8192, 1)] * 2, 8000)["EVEN"] is False
+
+
+def test_round14_knobs_are_forward_knobs(device):
+    x = torch.randn(8, 128, device=device)
+    for config in (Config("tile", 8, 128, 4, even=True), Config("online", 1, 128, 4, int32=True)):
+        with pytest.raises(ValueError, match="even and int32 are knobs of the tile/online forward"):
+            _backward(x, x, -1, direct, config)
+    with pytest.raises(ValueError, match="even and int32 are knobs"):
+        _forward(x, -1, direct, Config("split2", 1, 64, 4, int32=True))
+    with pytest.raises(ValueError, match="fold is a knob of the smem forward"):
+        _forward(x, -1, direct, Config("split2", 1, 64, 4, fold=True))
+
+
 def test_rescale_is_a_plain_split_forward_knob(device):
     x = torch.randn(4, 300, device=device)
     for config in (
@@ -566,6 +651,45 @@ def test_round13_probe_smoke():
     for each shape."""
     out = _probe_smoke("--round13")
     assert "loop_w16_ev" in out and "default_ev" in out and "inductor_mac" in out
+
+
+def test_round14_probe_candidates_are_valid():
+    """Round 14, the forward only: at N <= 16384 the pick with even / int32 / both (and other
+    tiles with both where the pick is a tile); past it, the smem pick folded, and smem chunks of
+    64 and 16 KB, each with its folded twin."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            assert not probe.round14_candidates(n, itemsize, True)
+            cands = probe.round14_candidates(n, itemsize, False)
+            if n <= softmax_module.ONE_PASS_MAX_ELEMS:
+                pick = softmax_module._pick_config(n, 2**20, False, False, torch.device("cpu"),
+                                                   itemsize)  # fmt: skip
+                assert cands.pop("default_ui") == pick._replace(even=True, int32=True)
+                assert cands.pop("default_u") == pick._replace(even=True)
+                assert cands.pop("default_i") == pick._replace(int32=True)
+                assert bool(cands) == (pick.design == "tile")
+                for name, cfg in cands.items():
+                    assert name.endswith("_ui") and cfg.even and cfg.int32
+                    assert cfg.design == "tile" and cfg.block_cols == n
+                continue
+            with pretend_gpu((9, 0), 132):
+                assert probe.round14_candidates(n, itemsize, False) == cands
+            assert cands.pop("default_fold").fold
+            assert len(cands) == 4
+            for name, cfg in cands.items():
+                kbytes = cfg.block_cols * itemsize // 1024
+                assert cfg.design == "smem" and kbytes in (16, 64) and name.startswith("s")
+                assert cfg.fold == name.endswith("_fold")
+                assert cfg.num_warps == (16 if kbytes == 64 else 4)
+
+
+def test_round14_probe_smoke():
+    """The probe's round 14 on the interpreter: the even / int32 tiles and row loops beside
+    Inductor's kernels, and the folded smem forward (run as split2 there)."""
+    out = _probe_smoke("--round14")
+    for name in ("default_ui", "t2K_w2_ui", "inductor_mac", "default_fold", "s32K_w16_fold"):
+        assert name in out, name
 
 
 def test_round10_probe_smoke():
@@ -1216,6 +1340,10 @@ def test_row_loop_on_gpu(n, dtype_name):
         # often two of one row (the published-first order)
         Config("smem", 1, 4096, 2, exp2=1, per_sm=1),
         Config("smem", 1, 8192, 4, exp2=2, per_sm=-1),
+        # round 14: the partial folded into the pass over the landing pieces, one-shot and
+        # persistent (16 pieces a chunk; a whole chunk of -inf before the first finite value)
+        Config("smem", 1, 16384, 8, exp2=2, fold=True),
+        Config("smem", 1, 4096, 2, exp2=1, per_sm=1, fold=True),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1227,6 +1355,7 @@ def test_row_loop_on_gpu(n, dtype_name):
         + ("_rescale" if c.rescale else "")
         + (f"_w{c.num_warps}" if c.design == "smem" else "")
         + (f"_persist{c.per_sm}" if c.per_sm else "")
+        + ("_fold" if c.fold else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
@@ -1251,6 +1380,6 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
-    dx = _backward(y[keep], dy[keep], -1, direct, config._replace(rescale=False))
+    dx = _backward(y[keep], dy[keep], -1, direct, config._replace(rescale=False, fold=False))
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
