@@ -77,6 +77,14 @@ Inductor's kernels, and past it the smem forward with its partial folded into th
 landing pieces, and 64 KB programs; names in ROUND14_NAMES below.
     python -m experiments.probe_softmax --round14 --budget 240 --elems 134217728
 
+`--round15` times forward tiles of 512 bytes to 2 KB (down to one 16-byte access a thread, as
+Inductor's max-autotune configs) at N <= 1024 beside Inductor's kernels; names in ROUND15_NAMES.
+    python -m experiments.probe_softmax --round15 --budget 200 --elems 134217728
+
+`--round16` times forward tiles of 2-8 KB with 16 bytes a thread (and 2 KB on 2 warps) at
+N <= 1024 beside Inductor's kernels; names in ROUND16_NAMES below.
+    python -m experiments.probe_softmax --round16 --budget 200 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -728,6 +736,73 @@ def round14_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 15 name means (printed at the start of a --round15 run).
+ROUND15_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "tSIZE_wW[_ui]": "tile rows: a tile of SIZE of x a program (512B, 1K, 2K bytes, at least "
+    "one row) on W warps, down to one 16-byte access a thread: Inductor's max-autotune configs "
+    "at N <= 512 (probe 14's Inductor cache, H100: 4 rows of 128 or 1 row of 512 a program, 2-4 "
+    "warps); _ui: without masks and with 32-bit offsets (Config.even, Config.int32)",
+    "inductor / inductor_mac": ROUND13_NAMES["inductor / inductor_mac"],
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round15_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 15: forward tiles of 512 bytes to 2 KB at the rows the pick gives a tile (N <=
+    1024 in 16-bit, 512 in fp32), where Inductor's max-autotune kernel leads by 0.4-0.9%."""
+    if backward or n > ONE_PASS_MAX_ELEMS:
+        return {}
+    pick = _pick_config(n, 2**20, False, False, torch.device(DEVICE), itemsize)
+    if pick.design != "tile":
+        return {}
+    cols = triton.next_power_of_2(n)
+    out: dict[str, Config] = {}
+    for nbytes, warps in ((512, 1), (1024, 1), (1024, 2), (1024, 4), (2048, 2), (2048, 4)):
+        rows = max(1, nbytes // itemsize // cols)
+        tile = Config("tile", rows, cols, warps)
+        if tile in out.values() or tile == pick:
+            continue
+        name = f"t{nbytes}B_w{warps}" if nbytes < 1024 else f"t{nbytes // 1024}K_w{warps}"
+        out[name] = tile
+        out[name + "_ui"] = tile._replace(even=True, int32=True)
+    return out
+
+
+# What each round 16 name means (printed at the start of a --round16 run).
+ROUND16_NAMES = {
+    "default": "the shipped _pick_config choice",
+    "tNK_wW[_ui]": "tile rows: a tile of N KB of x a program on W warps; 16 bytes a thread at "
+    "t2K_w4, t4K_w8 and t8K_w16 (probe 15: the H100 led with 16 bytes a thread, 1-2 KB tiles, "
+    "where the H200 fell to 77-91% of copy below 4 KB a program); _ui: Config.even and "
+    "Config.int32",
+    "inductor / inductor_mac": ROUND13_NAMES["inductor / inductor_mac"],
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round16_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 16: forward tiles of 2-8 KB with 16 bytes a thread at the tile-picked rows (N <=
+    1024 in 16-bit, 512 in fp32), beside 2 KB on 2 warps (the H200's best in probe 15)."""
+    if backward or n > ONE_PASS_MAX_ELEMS:
+        return {}
+    pick = _pick_config(n, 2**20, False, False, torch.device(DEVICE), itemsize)
+    if pick.design != "tile":
+        return {}
+    cols = triton.next_power_of_2(n)
+    out: dict[str, Config] = {}
+    for kbytes, warps in ((2, 2), (2, 4), (4, 4), (4, 8), (8, 16)):
+        rows = max(1, kbytes * 1024 // itemsize // cols)
+        tile = Config("tile", rows, cols, warps)
+        if tile._replace(even=True, int32=True) in out.values():
+            continue
+        name = f"t{kbytes}K_w{warps}"
+        if kbytes == 4 and warps == 8:
+            out[name] = tile
+        out[name + "_ui"] = tile._replace(even=True, int32=True)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -737,12 +812,13 @@ ROUND_CANDIDATES = {
     4: round4_candidates, 5: round5_candidates, 6: round6_candidates, 7: round7_candidates,
     8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
     11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
-    14: round14_candidates,
+    14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
                10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
-               13: ROUND13_NAMES, 14: ROUND14_NAMES}  # fmt: skip
+               13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
+               16: ROUND16_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -794,7 +870,7 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round_no=0):
         bwd["same_bytes"] = lambda: torch.add(y, dy, out=out)
     if round_no == 13:
         fwd["default_ev"] = lambda: _forward(x, -1, direct, pick._replace(evict=True))
-    inductor = round_no in (6, 12, 13) or (round_no == 14 and n <= ONE_PASS_MAX_ELEMS)
+    inductor = round_no in (6, 12, 13, 15, 16) or (round_no == 14 and n <= ONE_PASS_MAX_ELEMS)
     if inductor:  # Inductor's kernels for the same call, timed alike (not Triton)
         # compiled afresh for each shape: one lambda over every shape and dtype passed dynamo's
         # recompile limit at round 12's ninth and ran eager from there on
@@ -894,12 +970,14 @@ def main() -> int:
     parser.add_argument("--round12", action="store_true", help="N <= 16384 vs Inductor")
     parser.add_argument("--round13", action="store_true", help="Inductor's looped form, evict")
     parser.add_argument("--round14", action="store_true", help="no masks, int32, folded smem")
+    parser.add_argument("--round15", action="store_true", help="tiles of 512 B - 2 KB")
+    parser.add_argument("--round16", action="store_true", help="tiles of 16 B a thread")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 15) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 17) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -921,6 +999,8 @@ def main() -> int:
             ROWS = [(5, 128), (3, 1000), (3, 16384)]
         if round_no == 14:
             ROWS = [(16, 128), (3, 1000), (4, 4096), (2, 70000)]
+        if round_no in (15, 16):
+            ROWS = [(16, 128), (5, 1000)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no in (7, 8, 9, 10):  # the long rows only
@@ -929,6 +1009,8 @@ def main() -> int:
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
     elif round_no in (12, 13):  # the tile's rows
         ROWS = [(m, n) for m, n in ROWS if n <= ONE_PASS_MAX_ELEMS]
+    elif round_no in (15, 16):  # the rows the pick gives a tile
+        ROWS = [(m, n) for m, n in ROWS if n <= 1024]
     elif args.round3 or args.round5:  # long rows first: they are round 3's first question
         ROWS = sorted(ROWS, key=lambda mn: (mn[1] < 65536, mn[1]))
     if args.elems:

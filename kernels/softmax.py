@@ -60,17 +60,18 @@ ONE_PASS_MAX_ELEMS = 16384
 # by ONE_PASS_MAX_ELEMS): 4096 fp32 or 8192 bf16 values, 4 warps in the forward and 8 in the
 # backward (round 2 of the probe: kernels/notes/softmax.md).
 TILE_BYTES = 16384
-# Forward rows of at most SMALL_TILE_MAX_COLS[itemsize] columns fill tiles of SMALL_TILE_BYTES
-# instead. 16-bit (probe round 6, H100 bf16: 4 KB tiles 89.4 / 89.6% of copy at N = 128 / 512
-# against 88.2 / 89.2 for 8 KB and 87.6 / 87.9 for 32 KB; at N >= 1024 the 16 KB tile stays
-# level or ahead, and on an H200 ahead: 95.4 against 92.1 in probe 12). fp32 (probe 12, rows
-# of 2^27 elements, N = 128 / 512 / 1024, H100 then H200: 99.0 / 99.4 / 99.5 and 98.5 / 99.0 /
-# 98.9 against 98.4 / 99.3 / 98.5 and 97.0 / 96.5 / 96.7 for 16 KB; level at 4096).
-SMALL_TILE_BYTES = 4096
-SMALL_TILE_MAX_COLS = {2: 512, 4: 1024}
-# ... except 16-bit rows of 512 columns, which take 8 KB (probe 12, bf16 N = 512, rows of 2^27
-# elements: H200 93.4% of copy against 90.6 for 4 KB; H100 98.0 for both)
-SMALL_TILE_BYTES_AT = {(2, 512): 8192}
+# Forward rows of at most SMALL_TILE_MAX_COLS[itemsize] columns fill tiles of
+# SMALL_TILE_BYTES[itemsize] on SMALL_TILE_WARPS[itemsize] warps instead, without masks and with
+# 32-bit offsets where the rows allow (Config.even, Config.int32). fp32: 4 KB on 4 warps (probe
+# 12, rows of 2^27 elements, N = 128 / 512 / 1024, H100 then H200: 99.0 / 99.4 / 99.5 and 98.5 /
+# 99.0 / 98.9% of copy against 98.4 / 99.3 / 98.5 and 97.0 / 96.5 / 96.7 for 16 KB). 16-bit: 2
+# KB on 2 warps, 32 bytes a thread (probes 15-16, bf16 N = 128 / 512 / 1024, H200: 96.8-97.5 /
+# 96.8-97.6 / 97.2-97.4 against the 4 KB / 8 KB / 16 KB tiles' 97.3 / 93.3 / 95.1; H100 level,
+# 0.1826-0.1834 ms against 0.1825-0.1832). The H100 ran 0.5% faster with 16 bytes a thread
+# (1-2 KB on 2-4 warps) where the H200 fell to 77-92% of copy: kernels/notes/softmax.md round 14.
+SMALL_TILE_BYTES = {2: 2048, 4: 4096}
+SMALL_TILE_WARPS = {2: 2, 4: 4}
+SMALL_TILE_MAX_COLS = {2: 1024, 4: 1024}
 # Forward rows of one a program from ROW_LOOP_MIN_COLS[itemsize] columns (up to the tile's
 # ONE_PASS_MAX_ELEMS) take Inductor's looped form with the whole row a step (the online kernel,
 # block_cols = the padded row): max and sum over one load kept in L2 (evict_last), then the row
@@ -1098,8 +1099,9 @@ def _pick_config(
                       evict=True, exp2=1)  # fmt: skip
     if min_rows * padded_cols <= ONE_PASS_MAX_ELEMS:
         tile_bytes = TILE_BYTES
-        if not backward and padded_cols <= SMALL_TILE_MAX_COLS.get(itemsize, 0):
-            tile_bytes = SMALL_TILE_BYTES_AT.get((itemsize, padded_cols), SMALL_TILE_BYTES)
+        small = not backward and padded_cols <= SMALL_TILE_MAX_COLS.get(itemsize, 0)
+        if small:
+            tile_bytes = SMALL_TILE_BYTES[itemsize]
         tile_elems = min(tile_bytes // itemsize, ONE_PASS_MAX_ELEMS)
         block_rows = max(min_rows, tile_elems // padded_cols)
         block_rows = max(min(block_rows, next_power_of_2(rows_inner)), min_rows)
@@ -1109,6 +1111,9 @@ def _pick_config(
         while block_rows > min_rows and rows_outer * cdiv(rows_inner, block_rows) < sms:
             block_rows //= 2
         elems = block_rows * padded_cols
+        if small and elems * itemsize <= tile_bytes:
+            return Config("tile", block_rows, padded_cols, SMALL_TILE_WARPS[itemsize],
+                          even=True, int32=True)  # fmt: skip
         # the backward loads two inputs: twice the bytes a thread
         warps = _warps_for(elems * itemsize * (2 if backward else 1))
         if elems >= 16384:

@@ -692,6 +692,30 @@ def test_round14_probe_smoke():
         assert name in out, name
 
 
+@pytest.mark.parametrize("round_no", [15, 16])
+def test_round15_16_probe_candidates_are_valid(round_no):
+    """Rounds 15-16: forward tiles only, at the rows the pick gives a tile, each holding whole
+    rows of the padded width, _ui twins with both index knobs."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    candidates = getattr(probe, f"round{round_no}_candidates")
+    for _, n in probe.ROWS:
+        for itemsize in (2, 4):
+            assert not candidates(n, itemsize, True)
+            cands = candidates(n, itemsize, False)
+            pick = softmax_module._pick_config(n, 2**20, False, False, torch.device("cpu"),
+                                               itemsize)  # fmt: skip
+            assert bool(cands) == (pick.design == "tile")
+            for name, cfg in cands.items():
+                assert cfg.design == "tile" and cfg.block_cols == n and cfg.block_rows >= 1
+                assert (cfg.even and cfg.int32) == name.endswith("_ui")
+
+
+@pytest.mark.parametrize("round_flag", ["--round15", "--round16"])
+def test_round15_16_probe_smoke(round_flag):
+    out = _probe_smoke(round_flag)
+    assert "t2K_w2_ui" in out and "inductor_mac" in out
+
+
 def test_round10_probe_smoke():
     """The probe's round 10 on the interpreter: smem variants run as split2 there."""
     out = _probe_smoke("--round10")
@@ -893,17 +917,24 @@ def test_pick_config_row_loop():
 
 def test_pick_config_spreads_few_rows_over_the_sms():
     """Launch-bound sizes (fewer full tiles than SMs) get smaller tiles, down to the minimum
-    rows a program; sizes with tiles enough keep theirs (16 KB of each input; 4 KB for forward
-    rows of up to 256 columns in 16-bit and 8 KB at 512, 4 KB up to 512 in fp32)."""
+    rows a program; sizes with tiles enough keep theirs (16 KB of each input; forward rows of up
+    to 1024 columns: 2 KB on 2 warps in 16-bit, 4 KB on 4 in fp32)."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     with pretend_gpu((9, 0), 132):
         assert pick(128, 262144, False, True, cpu, 2).block_rows == 64  # the rows set: 16 KB
-        # 16-bit forward rows of up to 256 columns: 4 KB tiles (probe round 6); 512: 8 KB (12)
-        assert pick(128, 262144, False, False, cpu, 2).block_rows == 16
-        assert pick(256, 262144, False, False, cpu, 2).block_rows == 8
-        assert pick(512, 262144, False, False, cpu, 2) == Config("tile", 8, 512, 4)
-        assert pick(1024, 32768, False, False, cpu, 2).block_rows == 8
+        # 16-bit forward rows of up to 1024 columns: 2 KB tiles on 2 warps, without masks and
+        # with 32-bit offsets where the rows allow (probes 15-16); 2048 columns: 16 KB again
+        small = dict(even=True, int32=True)
+        assert pick(128, 262144, False, False, cpu, 2) == Config("tile", 8, 128, 2, **small)
+        assert pick(256, 262144, False, False, cpu, 2).block_rows == 4
+        assert pick(512, 262144, False, False, cpu, 2) == Config("tile", 2, 512, 2, **small)
+        assert pick(1024, 32768, False, False, cpu, 2) == Config("tile", 1, 1024, 2, **small)
+        assert pick(2048, 32768, False, False, cpu, 2) == Config("tile", 4, 2048, 4)
+        # fp32: 4 KB on 4 warps
+        assert pick(128, 262144, False, False, cpu, 4) == Config("tile", 8, 128, 4, **small)
+        # adjacent rows (32 a program) make the tile bigger than the small one: warps by size
+        assert pick(128, 262144, True, False, cpu, 2) == Config("tile", 32, 128, 4)
         # fp32 forward rows of up to 512 columns: 4 KB tiles (probe round 12); from 1024 columns
         # one row a program takes the looped form (test_pick_config_row_loop); the backward and
         # adjacent rows keep 16 KB tiles
