@@ -121,9 +121,9 @@ DEVICE = "cuda"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
 
-def _tile(n: int, itemsize: int, kbytes: int, warps: int, per_sm: int = 0) -> Config:
+def _tile(n: int, itemsize: int, kbytes: float, warps: int, per_sm: int = 0) -> Config:
     cols = triton.next_power_of_2(n)  # the tile's columns: a power of 2 (odd --smoke rows)
-    elems = min(max(kbytes * 1024 // itemsize, cols), ONE_PASS_MAX_ELEMS)
+    elems = min(max(int(kbytes * 1024) // itemsize, cols), ONE_PASS_MAX_ELEMS)
     return Config("tile", max(1, elems // cols), cols, warps, per_sm)
 
 
@@ -756,11 +756,9 @@ def round15_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     pick = _pick_config(n, 2**20, False, False, torch.device(DEVICE), itemsize)
     if pick.design != "tile":
         return {}
-    cols = triton.next_power_of_2(n)
     out: dict[str, Config] = {}
     for nbytes, warps in ((512, 1), (1024, 1), (1024, 2), (1024, 4), (2048, 2), (2048, 4)):
-        rows = max(1, nbytes // itemsize // cols)
-        tile = Config("tile", rows, cols, warps)
+        tile = _tile(n, itemsize, nbytes / 1024, warps)
         if tile in out.values() or tile == pick:
             continue
         name = f"t{nbytes}B_w{warps}" if nbytes < 1024 else f"t{nbytes // 1024}K_w{warps}"
@@ -789,11 +787,9 @@ def round16_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     pick = _pick_config(n, 2**20, False, False, torch.device(DEVICE), itemsize)
     if pick.design != "tile":
         return {}
-    cols = triton.next_power_of_2(n)
     out: dict[str, Config] = {}
     for kbytes, warps in ((2, 2), (2, 4), (4, 4), (4, 8), (8, 16)):
-        rows = max(1, kbytes * 1024 // itemsize // cols)
-        tile = Config("tile", rows, cols, warps)
+        tile = _tile(n, itemsize, kbytes, warps)
         if tile._replace(even=True, int32=True) in out.values():
             continue
         name = f"t{kbytes}K_w{warps}"

@@ -218,6 +218,25 @@ def _columns(BLOCK_COLS: tl.constexpr, INT32: tl.constexpr):
 
 
 @triton.jit
+def _load_in(ptrs, ok, fill, POLICY: tl.constexpr, EVEN: tl.constexpr):
+    """tl.load of ptrs where ok (fill elsewhere); EVEN: every lane is in range, no mask."""
+    if EVEN:
+        x = tl.load(ptrs, eviction_policy=POLICY)
+    else:
+        x = tl.load(ptrs, mask=ok, other=fill, eviction_policy=POLICY)
+    return x
+
+
+@triton.jit
+def _store_out(ptrs, y, ok, POLICY: tl.constexpr, EVEN: tl.constexpr):
+    """tl.store of y where ok; EVEN: every lane is in range, no mask."""
+    if EVEN:
+        tl.store(ptrs, y, eviction_policy=POLICY)
+    else:
+        tl.store(ptrs, y, mask=ok, eviction_policy=POLICY)
+
+
+@triton.jit
 def _split_position(ws_ptr, ticket_index, n_chunks, WAIT: tl.constexpr, REVERSE: tl.constexpr):
     """(row block, chunk) of this split program."""
     if WAIT:
@@ -441,27 +460,15 @@ def softmax_tile_kernel(
         row_ok = row_ok[:, None]
         x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
         y_rows = y_ptr + (outer * y_stride_outer + inner * y_stride_inner)[:, None]
-        if EVEN:
-            x = tl.load(x_rows + cols * x_stride_col, eviction_policy=POLICY)
-        else:
-            # Masked columns read -inf, which exp turns into 0. Rows past the end read 0
-            # instead: an all -inf row would compute NaNs (never stored, but the interpreter
-            # warns about them).
-            fill = tl.where(row_ok, -float("inf"), 0.0)
-            x = tl.load(
-                x_rows + cols * x_stride_col, mask=row_ok & col_ok, other=fill,
-                eviction_policy=POLICY,
-            )  # fmt: skip
-        x = x.to(tl.float32)
+        # Masked columns read -inf, which exp turns into 0. Rows past the end read 0 instead: an
+        # all -inf row would compute NaNs (never stored, but the interpreter warns about them).
+        fill = tl.where(row_ok, -float("inf"), 0.0)
+        ok = row_ok & col_ok
+        x = _load_in(x_rows + cols * x_stride_col, ok, fill, POLICY, EVEN).to(tl.float32)
         # A row of only -inf gives -inf - -inf = NaN everywhere, as torch.softmax does.
         exp = _exp_shifted(x, tl.max(x, axis=1), EXP2)
         y = (exp * (1.0 / tl.sum(exp, axis=1))[:, None]).to(y_ptr.dtype.element_ty)
-        if EVEN:
-            tl.store(y_rows + cols * y_stride_col, y, eviction_policy=POLICY)
-        else:
-            tl.store(
-                y_rows + cols * y_stride_col, y, mask=row_ok & col_ok, eviction_policy=POLICY
-            )  # fmt: skip
+        _store_out(y_rows + cols * y_stride_col, y, ok, POLICY, EVEN)
 
 
 @triton.jit
@@ -707,14 +714,8 @@ def softmax_online_kernel(
     row_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
     row_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
     for start in tl.range(0, n_cols, BLOCK_COLS, num_stages=NUM_STAGES):
-        if EVEN:
-            x = tl.load(x_rows + (start + cols) * x_stride_col, eviction_policy=FIRST_POLICY)
-        else:
-            col_ok = start + cols < n_cols
-            x = tl.load(
-                x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill,
-                eviction_policy=FIRST_POLICY,
-            )  # fmt: skip
+        ok = row_ok & (start + cols < n_cols)
+        x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, FIRST_POLICY, EVEN)
         x = x.to(tl.float32)
         new_max = tl.maximum(row_max, tl.max(x, axis=1))
         # Until a row has seen a finite value, shift by 0 rather than -inf: exp(-inf - 0) = 0
@@ -726,23 +727,11 @@ def softmax_online_kernel(
     # An all -inf row keeps row_max = -inf, so exp(x - row_max) is NaN, matching torch.
     inv_sum = 1.0 / row_sum
     for start in tl.range(0, n_cols, BLOCK_COLS, num_stages=NUM_STAGES):
-        if EVEN:
-            x = tl.load(x_rows + (start + cols) * x_stride_col, eviction_policy=POLICY)
-        else:
-            col_ok = start + cols < n_cols
-            x = tl.load(
-                x_rows + (start + cols) * x_stride_col, mask=row_ok & col_ok, other=fill,
-                eviction_policy=POLICY,
-            )  # fmt: skip
+        ok = row_ok & (start + cols < n_cols)
+        x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, POLICY, EVEN)
         y = _exp_shifted(x.to(tl.float32), row_max, EXP2) * inv_sum[:, None]
         y = y.to(y_ptr.dtype.element_ty)
-        if EVEN:
-            tl.store(y_rows + (start + cols) * y_stride_col, y, eviction_policy=POLICY)
-        else:
-            tl.store(
-                y_rows + (start + cols) * y_stride_col, y, mask=row_ok & col_ok,
-                eviction_policy=POLICY,
-            )  # fmt: skip
+        _store_out(y_rows + (start + cols) * y_stride_col, y, ok, POLICY, EVEN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1307,7 +1296,8 @@ def _index_hints(config: Config, rows: tuple[int, int], strides: list, n_cols: i
     padded_cols = cdiv(n_cols, config.block_cols) * config.block_cols
     even = n_cols % config.block_cols == 0 and rows_inner % config.block_rows == 0
     largest = max(
-        (rows_outer - 1) * abs(outer) + (padded_rows - 1) * abs(inner) + (padded_cols - 1) * abs(col)
+        (rows_outer - 1) * abs(outer) + (padded_rows - 1) * abs(inner)
+        + (padded_cols - 1) * abs(col)
         for outer, inner, col in strides
     )  # fmt: skip
     return dict(EVEN=config.even and even, INT32=config.int32 and largest < 2**31)

@@ -146,9 +146,8 @@ def _forward_partial_folded(smem, base, offs, limit, PIECES: gl.constexpr, PIECE
                      -float("inf"))  # fmt: skip
         piece_max = gl.max(v, axis=0)
         if p == 0:
-            new_max = piece_max
-        else:
-            new_max = gl.maximum(run_max, piece_max)
+            run_max = piece_max  # nothing before the first piece
+        new_max = gl.maximum(run_max, piece_max)
         # until a finite value is seen the shift is 0: exp(-inf - 0) = 0 keeps the sum at 0
         shift = gl.where(new_max == -float("inf"), 0.0, new_max)
         e = _exp_shifted(v, shift, EXP2)
