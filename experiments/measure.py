@@ -19,6 +19,7 @@ from experiments import faults, modes, timing
 from experiments.correctness import relative_error, tolerance
 from experiments.records import Record
 from experiments.workloads import TORCH_OPS, Workload
+from kernels._common import TUNING_LOG, reset_tuning
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,8 @@ def measure_shape(job: Job, shape: dict, index: int, progress: Callable[[str], N
     """One row for `shape`, the `index`-th of the job's shape set."""
     record = base_record(job, shape)
     record.stage = "build"
+    tuned_before = len(TUNING_LOG)
+    reset_tuning()
     try:
         _measure(job, shape, index, record, progress)
     except Exception as exc:  # OOM, compile error, kernel error: one failed row, then move on
@@ -132,6 +135,8 @@ def measure_shape(job: Job, shape: dict, index: int, progress: Callable[[str], N
             "%s %s failed at %s: %s", record.mode, record.shape_label, record.stage, record.reason
         )
     finally:
+        # configs a kernel chose by timing them during this row (softmax's first call)
+        record.notes.extend(TUNING_LOG[tuned_before:])
         torch.compiler.reset()
         gc.collect()
         if job.device.type == "cuda":

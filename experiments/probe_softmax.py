@@ -102,6 +102,7 @@ import triton
 from triton.testing import do_bench
 
 from experiments.correctness import TOLERANCES, relative_error
+from kernels._common import TUNING_LOG
 from kernels.softmax import (
     MAX_SPLIT_CHUNKS,
     ONE_PASS_MAX_ELEMS,
@@ -890,6 +891,7 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round_no=0):
         y64, dy64 = y.double(), dy.double()
         return y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
 
+    tuned_before = len(TUNING_LOG)
     for pass_name, variants, reference_fn, nbytes, chosen in (
         ("fwd", fwd, fwd_reference, 2 * m * n * itemsize, pick),
         ("bwd", bwd, bwd_reference, 3 * m * n * itemsize, bwd_pick),
@@ -916,6 +918,9 @@ def run_shape(dtype_name, m, n, copy_gbs, budget, best, rounds, round_no=0):
             except Exception as exc:  # one failing variant must not stop the probe
                 errors[name] = f"FAILED {_error_line(exc)}"
         del reference
+        for line in TUNING_LOG[tuned_before:]:  # the first call's choice (kernels.softmax.TUNE)
+            print(f"# {line}")
+        tuned_before = len(TUNING_LOG)
         # -- timing: rounds over all variants, the best round of each --
         times: dict[str, float] = {}
         for _ in range(rounds):

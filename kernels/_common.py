@@ -158,3 +158,56 @@ def tile_counters(device: torch.device, count: int, minimum: int = 1024) -> torc
         counters = torch.zeros(max(count, minimum), device=device, dtype=torch.int32)
         _TILE_COUNTERS[key] = counters
     return counters
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing a config by timing it on the GPU (conv's autotuner, softmax's first-call choice)
+# ---------------------------------------------------------------------------------------------
+# What a kernel chose by timing, one line per choice (kernel, shape key, winner and times): the
+# benchmark copies the lines a measurement added into its record's notes, so a row says which
+# config its numbers are of.
+TUNING_LOG: list[str] = []
+# The caches of those choices (softmax's first-call choice registers its own), which
+# reset_tuning() empties: the benchmark does so before each row, as it resets torch.compile, so
+# every row's first call makes its choice afresh and its record's notes name it.
+TUNING_CACHES: list[dict] = []
+
+
+def reset_tuning() -> None:
+    for cache in TUNING_CACHES:
+        cache.clear()
+
+
+_CYCLES_PER_US: list[float] = []
+
+
+def _sleep_cycles(us: float) -> int:
+    """GPU clock cycles for torch.cuda._sleep to hold the GPU about `us` microseconds."""
+    if not _CYCLES_PER_US:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        start.record()
+        torch.cuda._sleep(1_000_000)
+        end.record()
+        torch.cuda.synchronize()
+        _CYCLES_PER_US.append(1_000_000 / (start.elapsed_time(end) * 1e3))
+    return int(us * _CYCLES_PER_US[0])
+
+
+def gpu_ms_per_call(fn: Callable[[], object], calls: int, cpu_us_per_call: float = 100.0) -> float:
+    """GPU time per call of `fn` (ms) over `calls` back-to-back calls, enqueued behind a sleep
+    kernel that holds the GPU while the CPU enqueues them all (`cpu_us_per_call` each, at most).
+    triton's do_bench times each call between two events, which counts the CPU path whenever it
+    outlasts the kernel: for kernels of a few microseconds it ranks configs by Python overhead."""
+    fn()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(_sleep_cycles(calls * cpu_us_per_call))
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls

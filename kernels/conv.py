@@ -47,6 +47,7 @@ from kernels._common import (
     direct,
     dot_precision,
     gpu_info,
+    gpu_ms_per_call,
     is_interpreter,
     next_power_of_2,
     tile_counters,
@@ -293,39 +294,12 @@ _TUNE_CALLS = [20]
 
 
 def _tune_bench(kernel_call, quantiles):
-    """The autotuner's timer: GPU time per call over back-to-back calls, behind a sleep kernel
-    that holds the GPU while the CPU enqueues them all. triton's default do_bench counts the
-    launch path whenever it outlasts the kernel, which for these 10-50 us convolutions ranks
-    configs by Python overhead rather than by speed."""
-    kernel_call()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    calls = _TUNE_CALLS[0]
-    torch.cuda._sleep(_sleep_cycles(calls * 100.0))  # ~100 us of CPU path per call, at most
-    start.record()
-    for _ in range(calls):
-        kernel_call()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / calls
+    """The autotuner's timer: GPU time per call over back-to-back calls behind a sleep kernel
+    (kernels._common.gpu_ms_per_call). triton's default do_bench counts the launch path whenever
+    it outlasts the kernel, which for these 10-50 us convolutions ranks configs by Python
+    overhead rather than by speed."""
+    ms = gpu_ms_per_call(kernel_call, _TUNE_CALLS[0])
     return [ms for _ in quantiles] if quantiles else ms
-
-
-_CYCLES_PER_US = []
-
-
-def _sleep_cycles(us: float) -> int:
-    if not _CYCLES_PER_US:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        torch.cuda.synchronize()
-        _CYCLES_PER_US.append(1_000_000 / (start.elapsed_time(end) * 1e3))
-    return int(us * _CYCLES_PER_US[0])
 
 
 def _configs_for(tiles):

@@ -29,6 +29,9 @@ Rows are addressed through the tensor's own strides, so softmax over a middle di
 sliced view needs no transposing copy.
 """
 
+import functools
+import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -36,12 +39,15 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
+    TUNING_CACHES,
+    TUNING_LOG,
     Launcher,
     cdiv,
     check_same,
     check_tensor,
     direct,
     gpu_info,
+    gpu_ms_per_call,
     is_interpreter,
     next_power_of_2,
 )
@@ -126,6 +132,25 @@ REGISTERS_PER_SM = 65536
 MAX_WARPS_PER_SM = 64
 # SM count used under the interpreter, small so the persistent loop runs several tiles.
 INTERPRETER_SMS = 3
+# The first call's choice (a GPU, a direct launch, not inside a CUDA-graph capture or a
+# torch.compile trace): forward rows of up to SMALL_TILE_MAX_COLS columns time the pick beside
+# tiles of TUNE_TILE_BYTES with one 16-byte access a thread, and keep the fastest for that shape
+# (_tuned_config). The H100 and the H200 are both sm_90 with 132 SMs, and want different tiles
+# there (probes 15-16, kernels/notes/softmax.md): the H100 0.5-0.8% faster with 16 bytes a
+# thread, the H200 10-20 points of its copy slower. KBENCH_SOFTMAX_TUNE=0 keeps the pick.
+TUNE = os.environ.get("KBENCH_SOFTMAX_TUNE", "1") != "0"
+# Smaller inputs keep the pick: their calls are launch-bound, and a choice (about 20 batches of
+# calls) would cost more than it could save. From this size up, every pick fills the SMs with
+# whole tiles, so the candidates are the same for every row count of one power of 2.
+TUNE_MIN_BYTES = 8 * 2**20
+TUNE_TILE_BYTES = (1024, 2048, 4096)
+TUNE_ROUNDS = 5  # timing rounds over the candidates; each keeps its best round
+TUNE_BATCH_MS = 4.0  # GPU time of one timed batch of back-to-back calls
+TUNE_MAX_CALLS = 100
+TUNE_CPU_US_PER_CALL = 150.0  # the CPU path of one call, at most (call latency: 70-130 us)
+# (device, dtype, columns, rows rounded up to a power of 2) -> the chosen Config
+_TUNED: dict = {}
+TUNING_CACHES.append(_TUNED)
 
 
 class Config(NamedTuple):
@@ -1160,6 +1185,67 @@ def _pick_config(
     return Config("online", min_rows, block_cols, 4 if block_cols * min_rows <= 2048 else 8)
 
 
+def _tunable(launch: Launcher, device: torch.device) -> bool:
+    """Whether this call may time configs: a direct launch on a GPU, outside a CUDA-graph
+    capture (which must not run anything else) and a torch.compile trace."""
+    return (
+        TUNE and launch is direct and device.type == "cuda" and gpu_info(device) is not None
+        and not torch.cuda.is_current_stream_capturing() and not torch.compiler.is_compiling()
+    )  # fmt: skip
+
+
+def _tile_candidates(
+    pick: Config, rows_inner: int, rows_outer: int, itemsize: int, device: torch.device
+) -> list[Config]:
+    """The pick, then tiles of TUNE_TILE_BYTES (at least one row) with one 16-byte access a
+    thread, thinned for few rows as _pick_config thins its tiles; no duplicates."""
+    candidates = [pick]
+    cols = pick.block_cols
+    sms = _sm_count(device)
+    for tile_bytes in TUNE_TILE_BYTES:
+        block_rows = min(max(1, tile_bytes // (cols * itemsize)), next_power_of_2(rows_inner))
+        while block_rows > 1 and rows_outer * cdiv(rows_inner, block_rows) < sms:
+            block_rows //= 2
+        warps = max(1, min(16, block_rows * cols * itemsize // (16 * 32)))
+        candidate = Config("tile", block_rows, cols, warps, even=True, int32=True)
+        if candidate not in candidates:
+            candidates.append(candidate)
+    return candidates
+
+
+def _label(config: Config) -> str:
+    return f"{config.design} {config.block_rows}x{config.block_cols} w{config.num_warps}"
+
+
+def _time_candidate(fn) -> float:
+    """GPU ms per call of `fn`: a batch of about TUNE_BATCH_MS of back-to-back calls."""
+    estimate = gpu_ms_per_call(fn, 3, TUNE_CPU_US_PER_CALL)
+    calls = max(3, min(TUNE_MAX_CALLS, math.ceil(TUNE_BATCH_MS / max(estimate, 1e-6))))
+    return gpu_ms_per_call(fn, calls, TUNE_CPU_US_PER_CALL)
+
+
+def _tuned_config(key: tuple, make_candidates, run, what: str) -> Config:
+    """The fastest of make_candidates() for `key`, timed once (TUNE_ROUNDS interleaved rounds,
+    the best round of each; ties keep the earlier candidate, the pick) and then remembered.
+    run(config) launches one call; `what` names the rows in TUNING_LOG's line."""
+    config = _TUNED.get(key)
+    if config is not None:
+        return config
+    candidates = make_candidates()
+    for candidate in candidates:  # compile each, and warm up
+        run(candidate)
+    best = dict.fromkeys(candidates, math.inf)
+    for _ in range(TUNE_ROUNDS):
+        for candidate in candidates:
+            ms = _time_candidate(functools.partial(run, candidate))
+            best[candidate] = min(best[candidate], ms)
+    config = min(candidates, key=best.__getitem__)
+    _TUNED[key] = config
+    times = ", ".join(f"{_label(c)} {best[c]:.4g}" for c in candidates)
+    TUNING_LOG.append(f"softmax {what}: chose {_label(config)} (GPU ms a call: {times})")
+    return config
+
+
 def _launch_rows(
     launch: Launcher, moved: list[torch.Tensor], backward: bool, config: Config | None = None
 ) -> None:
@@ -1189,6 +1275,19 @@ def _launch_rows(
         config = _pick_config(
             n_cols, rows_inner, rows_adjacent, backward, device, itemsize, rows_outer, smem_ok
         )
+        rows = rows_outer * rows_inner
+        small = not backward and config.block_cols <= SMALL_TILE_MAX_COLS.get(itemsize, 0)
+        if (
+            small and config.design == "tile" and not rows_adjacent
+            and rows * n_cols * itemsize >= TUNE_MIN_BYTES and _tunable(launch, device)
+        ):  # fmt: skip
+            pick = config
+            config = _tuned_config(
+                (device, moved[0].dtype, n_cols, next_power_of_2(rows)),
+                lambda: _tile_candidates(pick, rows_inner, rows_outer, itemsize, device),
+                lambda c: _launch_rows(launch, moved, False, c),
+                f"forward {str(moved[0].dtype).removeprefix('torch.')} {rows} x {n_cols}",
+            )
     kernels = _KERNELS[backward]
     flat_strides = [s for tensor_strides in strides for s in tensor_strides]
     row_blocks = rows_outer * cdiv(rows_inner, config.block_rows)

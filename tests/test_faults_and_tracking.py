@@ -117,3 +117,29 @@ def test_worker_passes_the_wandb_group_as_a_string(value):
     override = OverridesParser.create().parse_override(f"wandb.group={quoted(value)}")
     assert override.value() == value
     assert run_group(None, 1, "name") == "1" and run_group(None, None, "name") == "name"
+
+
+def test_a_row_notes_the_config_its_first_call_chose(compose_job, monkeypatch):
+    """softmax's first call on a GPU picks its short-row tile by timing candidates; the row's
+    notes name the choice, and each row chooses afresh (the cache is reset as torch.compile's
+    is). Here the timer is a stand-in and the interpreter runs the kernels."""
+    import importlib
+
+    softmax_module = importlib.import_module("kernels.softmax")
+    monkeypatch.setattr(softmax_module, "_tunable", lambda launch, device: True)
+    monkeypatch.setattr(softmax_module, "TUNE_MIN_BYTES", 0)  # the cpu shapes are small
+
+    def timer(fn):
+        fn()
+        return 1.0 / fn.args[0].num_warps  # more warps, faster: a non-pick candidate wins
+
+    monkeypatch.setattr(softmax_module, "_time_candidate", timer)
+    for _ in range(2):  # the second job in this process chooses again and says so again
+        rows, output_dir = run_job(
+            compose_job, "kernel=softmax", "mode=triton", "wandb.mode=disabled"
+        )
+        (output_dir / "results.jsonl").unlink()
+        assert [r["status"] for r in rows] == ["ok", "ok"]
+        (note,) = [n for n in rows[0]["notes"] if n.startswith("softmax forward")]
+        assert note.startswith("softmax forward float32 37 x 100: chose tile ")
+        assert not any(n.startswith("softmax") for n in rows[1]["notes"])  # N = 4097: no tile

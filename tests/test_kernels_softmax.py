@@ -1414,3 +1414,194 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     dx = _backward(y[keep], dy[keep], -1, direct, config._replace(rescale=False, fold=False))
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
+
+
+# -- the first call's choice (softmax_module._tuned_config) --
+
+
+def _fake_timer(times_by_label, calls=None):
+    """A _time_candidate stand-in: runs the candidate once (so its output is computed) and
+    gives the time listed for its label, or 1.0."""
+
+    def timer(fn):
+        fn()
+        candidate = fn.args[0]
+        if calls is not None:
+            calls.append(candidate)
+        return times_by_label.get(softmax_module._label(candidate), 1.0)
+
+    return timer
+
+
+@pytest.mark.parametrize(
+    "itemsize, cols, rows, want",
+    [
+        # bf16 N = 128, rows enough for every SM: the pick (8 rows on 2 warps), then 1, 2 and 4 KB
+        (2, 128, 2**20, [(8, 2), (4, 2), (8, 4), (16, 8)]),
+        (2, 1024, 2**17, [(1, 2), (1, 4), (2, 8)]),  # a row is 2 KB: at least one row a tile
+        (4, 512, 2**18, [(2, 4), (1, 4), (2, 8)]),
+        (4, 1024, 2**17, [(1, 4), (1, 8)]),
+        (2, 128, 64, [(1, 2), (1, 1)]),  # 64 rows on 132 SMs: one row a program
+    ],
+)
+def test_tile_candidates(itemsize, cols, rows, want):
+    with pretend_gpu((9, 0), 132):
+        device = torch.device("cuda")
+        pick = softmax_module._pick_config(cols, rows, False, False, device, itemsize)
+        got = softmax_module._tile_candidates(pick, rows, 1, itemsize, device)
+    assert got[0] == pick
+    assert [(c.block_rows, c.num_warps) for c in got] == want
+    assert len(set(got)) == len(got)
+    for c in got[1:]:  # one 16-byte access a thread, at least one row, no masks, int32
+        assert c.design == "tile" and c.block_cols == cols and c.even and c.int32
+        if c.block_rows * cols * itemsize >= 512:
+            assert c.block_rows * cols * itemsize == c.num_warps * 32 * 16
+
+
+def test_tuned_config_times_once_keeps_the_fastest_and_logs_it(monkeypatch):
+    candidates = [Config("tile", 8, 128, 2), Config("tile", 4, 128, 2), Config("tile", 8, 128, 4)]
+    calls, runs = [], []
+    times = {"tile 4x128 w2": 0.5, "tile 8x128 w4": 0.7}
+    monkeypatch.setattr(softmax_module, "_time_candidate", _fake_timer(times, calls))
+    monkeypatch.setattr(softmax_module, "_TUNED", {})
+    log_before = len(softmax_module.TUNING_LOG)
+    tuned = softmax_module._tuned_config
+    assert tuned(("k",), lambda: candidates, runs.append, "forward bf16 8 x 128") == candidates[1]
+    assert len(calls) == softmax_module.TUNE_ROUNDS * len(candidates)
+    assert runs[: len(candidates)] == candidates  # each compiled and warmed up first
+    (line,) = softmax_module.TUNING_LOG[log_before:]
+    assert line.startswith("softmax forward bf16 8 x 128: chose tile 4x128 w2")
+    assert "tile 8x128 w4 0.7" in line
+    # remembered: no second timing, no second line
+    assert tuned(("k",), lambda: candidates, runs.append, "again") == candidates[1]
+    assert len(calls) == softmax_module.TUNE_ROUNDS * len(candidates)
+    assert len(softmax_module.TUNING_LOG) == log_before + 1
+    # a tie keeps the earlier candidate (the pick comes first)
+    monkeypatch.setattr(softmax_module, "_time_candidate", _fake_timer({}))
+    assert tuned(("tie",), lambda: candidates, runs.append, "tie") == candidates[0]
+
+
+def test_reset_tuning_empties_the_cache(monkeypatch):
+    from kernels._common import reset_tuning
+
+    monkeypatch.setattr(softmax_module, "_time_candidate", _fake_timer({}))
+    softmax_module._tuned_config(("reset",), lambda: [Config("tile", 1, 128, 1)], print, "r")
+    assert ("reset",) in softmax_module._TUNED
+    reset_tuning()
+    assert softmax_module._TUNED == {}
+
+
+def test_tuning_only_where_a_direct_gpu_launch_can_time(device):
+    assert not softmax_module._tunable(direct, torch.device("cpu"))
+    with pretend_gpu((9, 0), 132):  # a pretended GPU (experiments.resources) never times
+        assert not softmax_module._tunable(direct, torch.device("cpu"))
+    if device == "cuda":
+        assert softmax_module._tunable(direct, torch.device("cuda"))
+        assert not softmax_module._tunable(lambda kernel: kernel, torch.device("cuda"))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered", "ignore:divide by zero encountered")
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(
+    "shape, dim, cols",
+    [((64, 128), -1, 128), ((45, 101), -1, 101), ((7, 9, 33), 1, 9), ((3, 16, 512), -1, 512)],
+)
+def test_every_tuning_candidate_is_correct(shape, dim, cols, dtype_name, device):
+    """Each tile the first call may time, on full and ragged blocks, a middle dim, extremes."""
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(shape, device=device) * 3
+    x.select(dim, 0).fill_(2.5)  # equal values along the rows
+    x.view(-1)[5] = 1e4 if dtype != torch.float16 else 1e3
+    x = x.to(dtype)
+    rows = x.numel() // cols
+    with pretend_gpu((9, 0), 4):  # few SMs: these few rows still fill tiles of several rows
+        pick = softmax_module._pick_config(
+            cols, rows, False, False, torch.device("cuda"), x.element_size()
+        )
+        candidates = softmax_module._tile_candidates(
+            pick, rows, 1, x.element_size(), torch.device("cuda")
+        )
+    assert len(candidates) > 1
+    ref = torch.softmax(x.double(), dim)
+    for config in candidates:
+        y = _forward(x, dim, direct, config)
+        assert relative_error(y, ref) < TOLERANCES[dtype_name], config
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_first_call_tunes_the_short_row_forward_once(dtype_name, device, monkeypatch):
+    """Through softmax(): the forward of short rows takes the fastest candidate (by a fake
+    timer here), keeps it for the next call, and stays correct; non-contiguous rows and the
+    backward are not timed."""
+    dtype = DTYPES[dtype_name]
+    calls = []
+    monkeypatch.setattr(softmax_module, "_tunable", lambda launch, device: launch is direct)
+    monkeypatch.setattr(softmax_module, "_TUNED", {})
+    x = torch.randn(96, 128, device=device).to(dtype).requires_grad_()
+    monkeypatch.setattr(softmax_module, "TUNE_MIN_BYTES", x.nbytes)
+    small = torch.randn(95, 128, device=device).to(dtype)  # a byte short: keeps the pick
+    assert relative_error(softmax(small, -1), torch.softmax(small.double(), -1)) < 0.01
+    assert softmax_module._TUNED == {}
+    itemsize = x.element_size()
+    pick = softmax_module._pick_config(128, 96, False, False, x.device, itemsize)
+    last = softmax_module._tile_candidates(pick, 96, 1, itemsize, x.device)[-1]
+    times = {softmax_module._label(last): 0.1}
+    monkeypatch.setattr(softmax_module, "_time_candidate", _fake_timer(times, calls))
+    log_before = len(softmax_module.TUNING_LOG)
+    y = softmax(x, -1)
+    assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES[dtype_name]
+    assert list(softmax_module._TUNED.values()) == [last]
+    timed = len(calls)
+    assert timed > 0
+    y2 = softmax(x.detach() * 1.5, -1)  # same shape: no new timing
+    assert len(calls) == timed
+    tol = TOLERANCES[dtype_name]
+    assert relative_error(y2, torch.softmax(x.detach().double() * 1.5, -1)) < tol
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    y64 = torch.softmax(x.double(), -1)
+    dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(-1, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
+    lines = softmax_module.TUNING_LOG[log_before:]
+    name = str(dtype).removeprefix("torch.")
+    assert len(lines) == 1 and lines[0].startswith(f"softmax forward {name} 96 x 128: chose ")
+    # rows adjacent in memory (softmax over dim 0) take the adjacent-rows tile: not timed
+    xt = torch.randn(128, 40, device=device).to(dtype)
+    assert relative_error(softmax(xt, 0), torch.softmax(xt.double(), 0)) < TOLERANCES[dtype_name]
+    assert len(softmax_module._TUNED) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(65536, 128), (16384, 512), (4096, 1024)])
+def test_first_call_tuning_on_gpu(shape, dtype_name, monkeypatch):
+    """On the GPU the first call times its candidates with the real timer and writes one line;
+    the choice is correct, and a CUDA graph captured on a new shape keeps the pick untimed."""
+    monkeypatch.setattr(softmax_module, "_TUNED", {})
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+    log_before = len(softmax_module.TUNING_LOG)
+    y = softmax(x, -1)
+    torch.testing.assert_close(
+        y.double(), torch.softmax(x.double(), -1), rtol=0, atol=TOLERANCES[dtype_name]
+    )
+    assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES[dtype_name]
+    (line,) = softmax_module.TUNING_LOG[log_before:]
+    assert "chose tile" in line
+    (chosen,) = softmax_module._TUNED.values()
+    assert chosen.design == "tile"
+    # capture on a shape not yet tuned (more rows: the next power of 2): no timing inside it
+    w = torch.randn(shape[0] + 3, shape[1], device="cuda", dtype=dtype)
+    monkeypatch.setattr(softmax_module, "TUNE", False)
+    softmax(w, -1)  # compiles the pick's kernel for w outside the capture, untimed
+    monkeypatch.setattr(softmax_module, "TUNE", True)
+    tuned_before = len(softmax_module._TUNED)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = softmax(w, -1)
+    assert len(softmax_module._TUNED) == tuned_before
+    w.copy_(torch.randn_like(w) * 2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(out, torch.softmax(w.double(), -1)) < TOLERANCES[dtype_name]
