@@ -1586,6 +1586,10 @@ def test_first_call_tuning_on_gpu(shape, dtype_name, monkeypatch):
         y.double(), torch.softmax(x.double(), -1), rtol=0, atol=TOLERANCES[dtype_name]
     )
     assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES[dtype_name]
+    pick = softmax_module._pick_config(shape[1], shape[0], False, False, x.device, x.element_size())
+    if pick.design != "tile":  # fp32 rows of 1024 take the row loop: nothing to time
+        assert softmax_module.TUNING_LOG[log_before:] == [] and softmax_module._TUNED == {}
+        return
     (line,) = softmax_module.TUNING_LOG[log_before:]
     assert "chose tile" in line
     (chosen,) = softmax_module._TUNED.values()
