@@ -85,6 +85,9 @@ Inductor's max-autotune configs) at N <= 1024 beside Inductor's kernels; names i
 N <= 1024 beside Inductor's kernels; names in ROUND16_NAMES below.
     python -m experiments.probe_softmax --round16 --budget 200 --elems 134217728
 
+`--round17` times the smem forward's poll interval past the tile; names in ROUND17_NAMES.
+    python -m experiments.probe_softmax --round17 --budget 120 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -800,6 +803,25 @@ def round16_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 17 name means (printed at the start of a --round17 run).
+ROUND17_NAMES = {
+    "default": "the shipped _pick_config choice (smem past N = 16384)",
+    "sleepN": "the pick with N ns of nanosleep between polls of the row's partials (the pick: "
+    "200). An H200 profile of the bf16 N = 262144 forward (ncu) had its schedulers issuing on "
+    "68% of cycles at 69% of DRAM peak: every warp of a waiting program polls and reduces the "
+    "row's slots across warps each time",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round17_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 17: the smem forward's poll interval past the tile."""
+    if backward or n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    return {f"sleep{ns}": pick._replace(sleep_ns=ns) for ns in (0, 500, 1000, 2000, 5000)}
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -810,12 +832,13 @@ ROUND_CANDIDATES = {
     8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
     11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
+    17: round17_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
                10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
-               16: ROUND16_NAMES}  # fmt: skip
+               16: ROUND16_NAMES, 17: ROUND17_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -973,12 +996,13 @@ def main() -> int:
     parser.add_argument("--round14", action="store_true", help="no masks, int32, folded smem")
     parser.add_argument("--round15", action="store_true", help="tiles of 512 B - 2 KB")
     parser.add_argument("--round16", action="store_true", help="tiles of 16 B a thread")
+    parser.add_argument("--round17", action="store_true", help="the smem forward's poll interval")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 17) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 18) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -992,7 +1016,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, 17):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1004,7 +1028,7 @@ def main() -> int:
             ROWS = [(16, 128), (5, 1000)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
-    elif round_no in (7, 8, 9, 10):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
