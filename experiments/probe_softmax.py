@@ -810,6 +810,7 @@ ROUND17_NAMES = {
     "200). An H200 profile of the bf16 N = 262144 forward (ncu) had its schedulers issuing on "
     "68% of cycles at 69% of DRAM peak: every warp of a waiting program polls and reduces the "
     "row's slots across warps each time",
+    "wW": "the pick's chunk on W warps",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
@@ -819,7 +820,12 @@ def round17_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
     pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
-    return {f"sleep{ns}": pick._replace(sleep_ns=ns) for ns in (0, 500, 1000, 2000, 5000)}
+    out = {f"sleep{ns}": pick._replace(sleep_ns=ns) for ns in (0, 500, 1000, 2000, 5000)}
+    if pick.design == "smem":  # the same chunk on fewer or more warps (fewer polling warps)
+        for warps in (2, 4, 8, 16):
+            if warps != pick.num_warps:
+                out[f"w{warps}"] = pick._replace(num_warps=warps)
+    return out
 
 
 def _error_line(exc: Exception) -> str:
