@@ -811,6 +811,9 @@ ROUND17_NAMES = {
     "68% of cycles at 69% of DRAM peak: every warp of a waiting program polls and reduces the "
     "row's slots across warps each time",
     "wW": "the pick's chunk on W warps",
+    "fold2[_sleepN | _p]": "the pick with its partial taken in one pass as the pieces land, each "
+    "thread over its own values (Config.fold = 2: the max pass over shared memory and the "
+    "per-value masks gone, about 22% fewer PTX instructions a piece); _p: the persistent kernel",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
@@ -825,6 +828,9 @@ def round17_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         for warps in (2, 4, 8, 16):
             if warps != pick.num_warps:
                 out[f"w{warps}"] = pick._replace(num_warps=warps)
+        out["fold2"] = pick._replace(fold=2)
+        out["fold2_sleep1000"] = pick._replace(fold=2, sleep_ns=1000)
+        out["fold2_p"] = pick._replace(fold=2, per_sm=-1)
     return out
 
 

@@ -201,8 +201,9 @@ class Config(NamedTuple):
     even: bool = False
     int32: bool = False
     # smem forward: the sum of exp taken as the pieces land (each piece's max raising the shift
-    # and rescaling the running sum), not in a second pass over shared memory once all landed
-    fold: bool = False
+    # and rescaling the running sum), not in a second pass over shared memory once all landed:
+    # 1 (round 14) with a program-wide max a piece, 2 (round 17) each thread over its own values
+    fold: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1305,6 +1306,8 @@ def _launch_rows(
         hints.update(_index_hints(config, (rows_outer, rows_inner), strides, n_cols))
     if config.fold and (backward or config.design != "smem"):
         raise ValueError(f"fold is a knob of the smem forward, got {config}")
+    if config.fold not in (0, 1, 2):
+        raise ValueError(f"fold is 0, 1 (program-wide) or 2 (by thread), got {config.fold}")
 
     if config.design == "tile":
         if config.block_cols < n_cols:

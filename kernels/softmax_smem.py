@@ -104,12 +104,14 @@ def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, P
 @gluon.jit
 def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                      VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
-                     FOLD: gl.constexpr = False):  # fmt: skip
+                     FOLD: gl.constexpr = 0):  # fmt: skip
     """(max, sum of exp(x - max)) of the chunk whose PIECES copies into smem.index(base + p)
     are the thread's last commit groups, packed for publishing."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    if FOLD:
+    if FOLD == 1:
         return _forward_partial_folded(smem, base, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
+    if FOLD == 2:
+        return _forward_partial_by_thread(smem, base, limit, PIECES, PIECE, VEC, WARPS, EXP2)
     # the max, elementwise over the pieces as they land, then across threads once; each thread
     # reads only what its own copies wrote (one layout for both): no barrier
     for p in gl.static_range(PIECES):
@@ -160,6 +162,41 @@ def _forward_partial_folded(smem, base, offs, limit, PIECES: gl.constexpr, PIECE
         run_max = new_max
     # as _forward_partial: a published slot is never 0 (a max of 0.0 has a sum of at least 1)
     return _pack(run_max, gl.sum(sum_vec, axis=0))
+
+
+@gluon.jit
+def _forward_partial_by_thread(smem, base, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                               VEC: gl.constexpr, WARPS: gl.constexpr,
+                               EXP2: gl.constexpr):  # fmt: skip
+    """_forward_partial in one pass as the pieces land, each thread folding its own VEC values
+    a piece into its own running (max, sum of exp): no cross-thread step until the end, one
+    exp a value and one more a thread a piece (Config.fold = 2). A piece is read as (threads,
+    VEC), thread t holding row t: the addresses its own copies wrote, as the 1-D layout."""
+    THREADS: gl.constexpr = 32 * WARPS
+    gl.static_assert(PIECE == THREADS * VEC, "a piece is one 16-byte copy a thread")
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [WARPS, 1], [1, 0])
+    # a thread's VEC values are all in the row or all past it (rows end on a 16-byte boundary)
+    first = gl.arange(0, THREADS, layout=gl.SliceLayout(1, layout)) * VEC
+    run_max = gl.full([THREADS], -float("inf"), gl.float32, gl.SliceLayout(1, layout))
+    run_sum = gl.zeros([THREADS], gl.float32, gl.SliceLayout(1, layout))
+    for p in gl.static_range(PIECES):
+        cp.wait_group(PIECES - 1 - p)
+        v = smem.index(base + p).reshape([THREADS, VEC]).load(layout).to(gl.float32)
+        ok = p * PIECE + first < limit
+        new_max = gl.maximum(run_max, gl.where(ok, gl.max(v, axis=1), -float("inf")))
+        # until a thread sees a finite value its shift is 0: exp(-inf - 0) = 0 keeps its sum 0
+        shift = gl.where(new_max == -float("inf"), 0.0, new_max)
+        piece_sum = gl.where(ok, gl.sum(_exp_shifted(v, shift[:, None], EXP2), axis=1), 0.0)
+        # the old shift is at most the new one (no overflow); a sum still 0 stays 0
+        scale = gl.where(run_max == -float("inf"), 0.0, gl.exp2((run_max - shift) * LOG2E))
+        run_sum = run_sum * scale + piece_sum
+        run_max = new_max
+    chunk_max = gl.max(run_max, axis=0)
+    chunk_shift = gl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+    scaled = gl.where(run_max == -float("inf"), 0.0,
+                      run_sum * gl.exp2((run_max - chunk_shift) * LOG2E))  # fmt: skip
+    # as _forward_partial: a published slot is never 0 (a max of 0.0 has a sum of at least 1)
+    return _pack(chunk_max, gl.sum(scaled, axis=0))
 
 
 @gluon.jit
@@ -232,7 +269,7 @@ def softmax_smem_forward_kernel(
     x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = False,
+    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride."""
     PIECES: gl.constexpr = CHUNK // PIECE
@@ -341,7 +378,7 @@ def softmax_smem_persistent_forward_kernel(
     x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = False,
+    POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
 ):  # fmt: skip
     """softmax_smem_forward_kernel's work, a program taking (row, chunk) tickets in turn."""
     PIECES: gl.constexpr = CHUNK // PIECE
@@ -453,7 +490,8 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
     next_ws (None: nothing to zero) for the next launch. launcher: kernels._common.direct.
     programs > 0: the persistent kernels on that many programs (at most one a chunk). fold:
-    the forward's partial in one pass (kernels.softmax.Config.fold)."""
+    the forward's partial in one pass, 1 program-wide, 2 thread by thread
+    (kernels.softmax.Config.fold)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -475,7 +513,7 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         kernel = softmax_smem_backward_kernel if backward else softmax_smem_forward_kernel
     if not backward:
         meta["EXP2"] = exp2
-        meta["FOLD"] = fold
+        meta["FOLD"] = int(fold)
     elif fold:
         raise ValueError("fold is a knob of the forward")
     if maxnreg:  # a ptxas register cap (kernels.softmax.Config.maxnreg)

@@ -310,6 +310,10 @@ def test_round14_knobs_are_forward_knobs(device):
         _forward(x, -1, direct, Config("split2", 1, 64, 4, int32=True))
     with pytest.raises(ValueError, match="fold is a knob of the smem forward"):
         _forward(x, -1, direct, Config("split2", 1, 64, 4, fold=True))
+    with pytest.raises(ValueError, match="fold is a knob of the smem forward"):
+        _forward(x, -1, direct, Config("split2", 1, 64, 4, fold=2))
+    with pytest.raises(ValueError, match="fold is 0, 1 .* or 2"):
+        _forward(x, -1, direct, Config("smem", 1, 64, 4, fold=3))
 
 
 def test_rescale_is_a_plain_split_forward_knob(device):
@@ -1375,6 +1379,9 @@ def test_row_loop_on_gpu(n, dtype_name):
         # persistent (16 pieces a chunk; a whole chunk of -inf before the first finite value)
         Config("smem", 1, 16384, 8, exp2=2, fold=True),
         Config("smem", 1, 4096, 2, exp2=1, per_sm=1, fold=True),
+        Config("smem", 1, 16384, 8, exp2=2, fold=2),
+        Config("smem", 1, 8192, 4, exp2=1, fold=2),
+        Config("smem", 1, 4096, 2, exp2=1, per_sm=1, fold=2),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1386,7 +1393,7 @@ def test_row_loop_on_gpu(n, dtype_name):
         + ("_rescale" if c.rescale else "")
         + (f"_w{c.num_warps}" if c.design == "smem" else "")
         + (f"_persist{c.per_sm}" if c.per_sm else "")
-        + ("_fold" if c.fold else "")
+        + (f"_fold{int(c.fold)}" if c.fold else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
