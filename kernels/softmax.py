@@ -1092,6 +1092,23 @@ def _row_loop_warps(row_bytes: int) -> int:
     return 16 if row_bytes <= 16384 else 8
 
 
+def _tile_block_rows(
+    tile_bytes: int, cols: int, itemsize: int, min_rows: int, rows_inner: int, rows_outer: int,
+    device: torch.device,
+) -> int:
+    """Rows of `cols` (padded) columns a tile of tile_bytes of input holds: at least min_rows,
+    at most the rows there are (to a power of 2), capped by ONE_PASS_MAX_ELEMS; then, for too
+    few rows to give every SM a full tile (launch-bound sizes), halved so that the rows spread
+    over more SMs instead of queueing in a few programs."""
+    tile_elems = min(tile_bytes // itemsize, ONE_PASS_MAX_ELEMS)
+    block_rows = max(min_rows, tile_elems // cols)
+    block_rows = max(min(block_rows, next_power_of_2(rows_inner)), min_rows)
+    sms = _sm_count(device)
+    while block_rows > min_rows and rows_outer * cdiv(rows_inner, block_rows) < sms:
+        block_rows //= 2
+    return block_rows
+
+
 def _pick_config(
     n_cols: int,
     rows_inner: int,
@@ -1117,14 +1134,9 @@ def _pick_config(
         small = not backward and padded_cols <= SMALL_TILE_MAX_COLS.get(itemsize, 0)
         if small:
             tile_bytes = SMALL_TILE_BYTES[itemsize]
-        tile_elems = min(tile_bytes // itemsize, ONE_PASS_MAX_ELEMS)
-        block_rows = max(min_rows, tile_elems // padded_cols)
-        block_rows = max(min(block_rows, next_power_of_2(rows_inner)), min_rows)
-        # Too few rows to give every SM a full tile (launch-bound sizes): smaller tiles, so
-        # that the rows spread over more SMs instead of queueing in a few programs.
-        sms = _sm_count(device)
-        while block_rows > min_rows and rows_outer * cdiv(rows_inner, block_rows) < sms:
-            block_rows //= 2
+        block_rows = _tile_block_rows(
+            tile_bytes, padded_cols, itemsize, min_rows, rows_inner, rows_outer, device
+        )
         elems = block_rows * padded_cols
         if small and elems * itemsize <= tile_bytes:
             return Config("tile", block_rows, padded_cols, SMALL_TILE_WARPS[itemsize],
@@ -1202,11 +1214,8 @@ def _tile_candidates(
     thread, thinned for few rows as _pick_config thins its tiles; no duplicates."""
     candidates = [pick]
     cols = pick.block_cols
-    sms = _sm_count(device)
     for tile_bytes in TUNE_TILE_BYTES:
-        block_rows = min(max(1, tile_bytes // (cols * itemsize)), next_power_of_2(rows_inner))
-        while block_rows > 1 and rows_outer * cdiv(rows_inner, block_rows) < sms:
-            block_rows //= 2
+        block_rows = _tile_block_rows(tile_bytes, cols, itemsize, 1, rows_inner, rows_outer, device)
         warps = max(1, min(16, block_rows * cols * itemsize // (16 * 32)))
         candidate = Config("tile", block_rows, cols, warps, even=True, int32=True)
         if candidate not in candidates:
