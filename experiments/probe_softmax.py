@@ -88,6 +88,10 @@ N <= 1024 beside Inductor's kernels; names in ROUND16_NAMES below.
 `--round17` times the smem forward's poll interval past the tile; names in ROUND17_NAMES.
     python -m experiments.probe_softmax --round17 --budget 120 --elems 134217728
 
+`--round18` times the smem forward with part of each chunk held in registers (Config.regs) past
+the tile; names in ROUND18_NAMES. experiments.probe_softmax_phases stamps the pick's phases.
+    python -m experiments.probe_softmax --round18 --budget 120 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -834,6 +838,37 @@ def round17_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 18 name means (printed at the start of a --round18 run).
+ROUND18_NAMES = {
+    "default": ROUND17_NAMES["default"],
+    "cNK_wW[_hR]": "the smem forward on chunks of N KB and W warps, the chunk's last R pieces (16 "
+    "bytes a thread each) held in registers and the rest in shared memory (Config.regs): more "
+    "of the row held an SM than its 228 KB of shared memory (the pick: 192 KB, 6 programs of "
+    "32 KB); the resident KB an SM from sm_90 ptxas's registers is in the name's comment",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+# (KB a chunk, warps, held pieces) -> KB held an SM (ptxas sm_90 offline, Triton 3.8)
+ROUND18_SHAPES = {
+    2: {(32, 4, 1): 224, (32, 4, 2): 224, (16, 2, 4): 256, (16, 2, 2): 240, (16, 4, 0): 208},
+    4: {(32, 4, 4): 288, (32, 4, 2): 224, (16, 4, 2): 256, (64, 8, 4): 256, (32, 8, 1): 224,
+        (16, 2, 4): 272},
+}  # fmt: skip
+
+
+def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 18: the smem forward's chunk partly held in registers."""
+    if backward or n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem":
+        return {}
+    out = {}
+    for (kbytes, warps, regs), _resident in ROUND18_SHAPES.get(itemsize, {}).items():
+        name = f"c{kbytes}K_w{warps}" + (f"_h{regs}" if regs else "")
+        out[name] = pick._replace(block_cols=kbytes * 1024 // itemsize, num_warps=warps, regs=regs)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -844,13 +879,13 @@ ROUND_CANDIDATES = {
     8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
     11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
-    17: round17_candidates,
+    17: round17_candidates, 18: round18_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
                10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
-               16: ROUND16_NAMES, 17: ROUND17_NAMES}  # fmt: skip
+               16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -859,7 +894,7 @@ def _for_smoke(cfg: Config) -> Config:
     # the interpreter runs programs one at a time: a waiting (coop) program would never return,
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
-        return cfg._replace(design="split2", evict=False, per_sm=0, fold=False)
+        return cfg._replace(design="split2", evict=False, per_sm=0, fold=False, regs=0)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -1009,12 +1044,13 @@ def main() -> int:
     parser.add_argument("--round15", action="store_true", help="tiles of 512 B - 2 KB")
     parser.add_argument("--round16", action="store_true", help="tiles of 16 B a thread")
     parser.add_argument("--round17", action="store_true", help="the smem forward's poll interval")
+    parser.add_argument("--round18", action="store_true", help="smem chunks held in registers too")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 18) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 19) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1028,7 +1064,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, 17):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, 17, 18):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1040,7 +1076,7 @@ def main() -> int:
             ROWS = [(16, 128), (5, 1000)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
-    elif round_no in (7, 8, 9, 10, 17):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17, 18):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

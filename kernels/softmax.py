@@ -204,6 +204,11 @@ class Config(NamedTuple):
     # and rescaling the running sum), not in a second pass over shared memory once all landed:
     # 1 (round 14) with a program-wide max a piece, 2 (round 17) each thread over its own values
     fold: int = 0
+    # -- round 18 --
+    # smem forward (one-shot kernel): the chunk's last `regs` pieces (a piece: 16 bytes a
+    # thread) held in registers, loaded beside the copies into shared memory, so a program
+    # holds more of the row than its shared memory: a power of 2 below the chunk's pieces
+    regs: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1317,6 +1322,8 @@ def _launch_rows(
         raise ValueError(f"fold is a knob of the smem forward, got {config}")
     if config.fold not in (0, 1, 2):
         raise ValueError(f"fold is 0, 1 (program-wide) or 2 (by thread), got {config.fold}")
+    if config.regs and (backward or config.design != "smem" or config.per_sm):
+        raise ValueError(f"regs is a knob of the one-shot smem forward, got {config}")
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1493,7 +1500,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
     softmax_smem.launch(
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
-        maxnreg=config.maxnreg, programs=programs, fold=config.fold,
+        maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

@@ -17,6 +17,9 @@ it, so these kernels are GPU-only, as the coop design is; the CPU path keeps spl
 
 from __future__ import annotations
 
+import math
+
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -219,6 +222,84 @@ def _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_v
         e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2)
         gl.store(y_row + p * PIECE + offs, (e * inv_sum).to(y_ptr.dtype.element_ty),
                  mask=p * PIECE + offs < limit, eviction_policy=POLICY)  # fmt: skip
+    return row_max, inv_sum
+
+
+# -- the forward's register-held pieces (Config.regs): the chunk's last REGS pieces ------------
+# Held as 32-bit words (a 16-bit row read as pairs), so a value costs half a register in 16-bit.
+# After the wait everything the output needs is recomputed from the words plus `zero`, a 0 the
+# compilers cannot know (from a kernel argument), so that neither LLVM nor ptxas keeps the
+# partial's fp32 values, masks or addresses live across the wait in place of the words.
+@gluon.jit
+def _held_words(row_ptr, limit, zero, FIRST: gl.constexpr, REGS: gl.constexpr,
+                PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """(pointers, mask) of the chunk's pieces FIRST ... FIRST + REGS - 1 as one (REGS, words a
+    piece) tensor of 32-bit words, each thread holding the 16 bytes of every piece that its
+    copies would; `zero` (0) places the address arithmetic where it is called."""
+    PAIRS: gl.constexpr = row_ptr.dtype.element_ty.primitive_bitwidth == 16
+    WORDS: gl.constexpr = PIECE // 2 if PAIRS else PIECE
+    layout: gl.constexpr = gl.BlockedLayout([1, 16 // 4], [1, 32], [1, WARPS], [1, 0])
+    r = gl.arange(0, REGS, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, WORDS, layout=gl.SliceLayout(0, layout))
+    offs = (FIRST + r[:, None]) * WORDS + c[None, :] + zero
+    if PAIRS:  # limit is even: rows are whole 16-byte vectors
+        return row_ptr.to(gl.pointer_type(gl.int32), bitcast=True) + offs, offs < limit // 2
+    else:
+        return row_ptr + offs, offs < limit
+
+
+@gluon.jit
+def _held_values(words, dtype: gl.constexpr):
+    """The held words as fp32 values: (low halves, high halves) for a 16-bit dtype, else
+    (the values, the values)."""
+    if dtype.primitive_bitwidth == 16:
+        lo = words.to(gl.int16).to(dtype, bitcast=True).to(gl.float32)
+        hi = (words >> 16).to(gl.int16).to(dtype, bitcast=True).to(gl.float32)
+        return lo, hi
+    else:
+        return words, words
+
+
+@gluon.jit
+def _held_partial(partial, words, zero, dtype: gl.constexpr, EXP2: gl.constexpr):
+    """The smem pieces' packed partial merged with the held values' (max, sum of exp); words
+    past the row's end were loaded as -inf, whose exp is 0."""
+    PAIRS: gl.constexpr = dtype.primitive_bitwidth == 16
+    lo, hi = _held_values(words, dtype)
+    held_max = gl.max(gl.max(gl.maximum(lo, hi), axis=1), axis=0)
+    smem_max, smem_sum = _unpack(partial)
+    new_max = gl.maximum(smem_max, held_max)
+    # all -inf so far: shift by 0, so every exp is 0 and the sum stays 0
+    shift = gl.where(new_max == -float("inf"), 0.0, new_max)
+    if PAIRS:  # the halves again, not kept from the max: the words are all that stays live
+        lo, hi = _held_values(words + zero, dtype)
+        e = _exp_shifted(lo, shift, EXP2) + _exp_shifted(hi, shift, EXP2)
+    else:
+        e = _exp_shifted(lo, shift, EXP2)
+    held_sum = gl.sum(gl.sum(e, axis=1), axis=0)
+    total = smem_sum * gl.exp2((smem_max - shift) * LOG2E) + held_sum
+    # as _forward_partial: never the bits 0 (a max of 0.0 has a sum of at least 1)
+    return _pack(new_max, total)
+
+
+@gluon.jit
+def _held_store(y_row, words, limit, zero, row_max, inv_sum, dtype: gl.constexpr,
+                FIRST: gl.constexpr,
+                REGS: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+                EXP2: gl.constexpr, POLICY: gl.constexpr):  # fmt: skip
+    """Write y for the held words once the row's (max, 1 / sum) are known."""
+    words = words + zero
+    y_words, ok = _held_words(y_row, limit, zero, FIRST, REGS, PIECE, VEC, WARPS)
+    lo, hi = _held_values(words, dtype)
+    out_ty: gl.constexpr = y_row.dtype.element_ty
+    y_lo = (_exp_shifted(lo, row_max, EXP2) * inv_sum).to(out_ty)
+    if dtype.primitive_bitwidth == 16:
+        y_hi = (_exp_shifted(hi, row_max, EXP2) * inv_sum).to(out_ty)
+        lo_bits = y_lo.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        out = lo_bits | (y_hi.to(gl.int16, bitcast=True).to(gl.int32) << 16)
+    else:
+        out = y_lo
+    gl.store(y_words, out, mask=ok, eviction_policy=POLICY)
 
 
 # -- the backward's two halves: a chunk's Σ y·dy, and its dx -------------------------------------
@@ -270,9 +351,12 @@ def softmax_smem_forward_kernel(
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
     POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
+    REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0,
 ):  # fmt: skip
-    """One program per (row, chunk of CHUNK columns), rows of unit column stride."""
-    PIECES: gl.constexpr = CHUNK // PIECE
+    """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
+    chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
+    HELD_PAD is the 32-bit word of -inf values they are padded with past the row's end."""
+    PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
     ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
@@ -287,11 +371,21 @@ def softmax_smem_forward_kernel(
     for p in gl.static_range(PIECES):
         _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY)
         cp.commit_group()
+    if REGS > 0:  # loads in flight beside the copies; first used once the smem pieces are in
+        held_ptrs, held_ok = _held_words(x_row, limit, 0, PIECES, REGS, PIECE, VEC, WARPS)
+        held = gl.load(held_ptrs, mask=held_ok, other=HELD_PAD, eviction_policy=POLICY)
     partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD)
+    if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
+        partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
     gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
-    _forward_finish(y_ptr, smem, 0, slots, n_chunks, outer, inner, start, y_vstride_outer,
-                    y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS,
-                    SLEEP_NS, EXP2, POLICY)  # fmt: skip
+    row_max, inv_sum = _forward_finish(
+        y_ptr, smem, 0, slots, n_chunks, outer, inner, start, y_vstride_outer, y_vstride_inner,
+        offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+    )  # fmt: skip
+    if REGS > 0:
+        y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
+        _held_store(y_row, held, limit, n_vecs >> 31, row_max, inv_sum, x_ptr.dtype.element_ty,
+                    PIECES, REGS, PIECE, VEC, WARPS, EXP2, POLICY)  # fmt: skip
 
 
 @gluon.jit
@@ -484,14 +578,16 @@ def softmax_smem_persistent_backward_kernel(
 
 
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
-           sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False):  # fmt: skip
+           sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
+           regs=0):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
     next_ws (None: nothing to zero) for the next launch. launcher: kernels._common.direct.
     programs > 0: the persistent kernels on that many programs (at most one a chunk). fold:
     the forward's partial in one pass, 1 program-wide, 2 thread by thread
-    (kernels.softmax.Config.fold)."""
+    (kernels.softmax.Config.fold). regs: the forward's last `regs` pieces a chunk held in
+    registers (one-shot kernel; a power of 2, fewer than the chunk's pieces)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -511,9 +607,19 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
                   else softmax_smem_persistent_forward_kernel)  # fmt: skip
     else:
         kernel = softmax_smem_backward_kernel if backward else softmax_smem_forward_kernel
+    if regs and (backward or programs > 0 or regs & (regs - 1) or regs >= chunk // piece):
+        raise ValueError(
+            f"regs = {regs}: pieces held in registers are a knob of the one-shot forward, a "
+            f"power of 2 below the chunk's {chunk // piece} pieces"
+        )
     if not backward:
         meta["EXP2"] = exp2
         meta["FOLD"] = int(fold)
+        if regs:  # the held words past the row's end: -inf values (kernel _held_words)
+            itemsize = tensors[0].element_size()
+            neg_inf = torch.full((4 // itemsize,), -math.inf, dtype=tensors[0].dtype)
+            pad = neg_inf.view(torch.int32).item() if itemsize == 2 else -math.inf
+            meta.update(REGS=regs, HELD_PAD=pad)
     elif fold:
         raise ValueError("fold is a knob of the forward")
     if maxnreg:  # a ptxas register cap (kernels.softmax.Config.maxnreg)

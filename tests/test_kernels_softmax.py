@@ -316,6 +316,28 @@ def test_round14_knobs_are_forward_knobs(device):
         _forward(x, -1, direct, Config("smem", 1, 64, 4, fold=3))
 
 
+def test_held_pieces_are_a_one_shot_smem_forward_knob(device):
+    x = torch.randn(8, 128, device=device)
+    for config in (Config("split2", 1, 64, 4, regs=1), Config("smem", 1, 64, 4, regs=1, per_sm=1)):
+        with pytest.raises(ValueError, match="regs is a knob of the one-shot smem forward"):
+            _forward(x, -1, direct, config)
+    with pytest.raises(ValueError, match="regs is a knob"):
+        _backward(x, x, -1, direct, Config("smem", 1, 64, 4, regs=1))
+
+
+@pytest.mark.parametrize("regs", [3, 8, 16])
+def test_held_pieces_are_a_power_of_2_below_the_chunk(regs):
+    """softmax_smem.launch refuses held pieces it cannot lay out (no GPU needed: it checks
+    before it launches)."""
+    if softmax_module.softmax_smem is None:
+        pytest.skip("this Triton has no Gluon")
+    x = torch.empty(2, 4096)  # fp32, 4 warps: pieces of 512 values, 8 a chunk of 4096
+    with pytest.raises(ValueError, match=f"regs = {regs}: pieces held in registers"):
+        softmax_module.softmax_smem.launch(
+            lambda k: None, False, [x, x], x, None, (1, 2), [(0, 4096, 1)] * 2, 4096, 4, regs=regs
+        )
+
+
 def test_rescale_is_a_plain_split_forward_knob(device):
     x = torch.randn(4, 300, device=device)
     for config in (
@@ -1382,6 +1404,11 @@ def test_row_loop_on_gpu(n, dtype_name):
         Config("smem", 1, 16384, 8, exp2=2, fold=2),
         Config("smem", 1, 8192, 4, exp2=1, fold=2),
         Config("smem", 1, 4096, 2, exp2=1, per_sm=1, fold=2),
+        # round 18: the chunk's last pieces held in registers (bf16 as pairs): 2 of 16 (fp32:
+        # of 32), 4 of 16 (32) on 2 warps, 1 of 4 (8) with tl.exp's form
+        Config("smem", 1, 16384, 4, exp2=2, regs=2),
+        Config("smem", 1, 8192, 2, exp2=1, regs=4),
+        Config("smem", 1, 4096, 4, regs=1),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1394,6 +1421,7 @@ def test_row_loop_on_gpu(n, dtype_name):
         + (f"_w{c.num_warps}" if c.design == "smem" else "")
         + (f"_persist{c.per_sm}" if c.per_sm else "")
         + (f"_fold{int(c.fold)}" if c.fold else "")
+        + (f"_regs{c.regs}" if c.regs else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
@@ -1418,9 +1446,37 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
-    dx = _backward(y[keep], dy[keep], -1, direct, config._replace(rescale=False, fold=False))
+    backward = config._replace(rescale=False, fold=0, regs=0)
+    dx = _backward(y[keep], dy[keep], -1, direct, backward)
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("n", [70000, 16392])
+def test_held_pieces_on_ragged_rows_on_gpu(dtype_name, n):
+    """Config.regs where the row ends inside a chunk (70000: a last chunk of 4464 columns, held
+    pieces past the end; 16392: a second chunk of 8 columns), on rows 64 columns apart (a view),
+    with 1e4 and -inf in the held pieces."""
+    dtype = DTYPES[dtype_name]
+    base = torch.randn(5, n + 64, device="cuda", dtype=dtype) * 3
+    x = base[:, :n]
+    x[0, 16384 - 100] = 1e4  # the first chunk's last (held) piece
+    x[1, 8192:16384] = -float("inf")  # its held pieces all -inf
+    x[2, :-3] = -float("inf")  # one finite run, at the row's end
+    for config in (
+        Config("smem", 1, 16384, 4, exp2=2, regs=4),
+        Config("smem", 1, 16384, 8, exp2=1, regs=1),
+        Config("smem", 1, 8192, 2, regs=8),
+    ):
+        y = _forward(x, -1, direct, config)
+        ref = torch.softmax(x.double(), -1)
+        if dtype == torch.float16:
+            ref = ref.to(dtype).double()  # subnormal fp16 outputs: compare as rounded
+        assert relative_error(y, ref) < TOLERANCES[dtype_name], config
+        ones = torch.ones(5, device="cuda", dtype=torch.float64)
+        torch.testing.assert_close(y.double().sum(-1), ones, rtol=0, atol=TOLERANCES[dtype_name])
 
 
 # -- the first call's choice (softmax_module._tuned_config) --
@@ -1616,3 +1672,40 @@ def test_first_call_tuning_on_gpu(shape, dtype_name, monkeypatch):
     graph.replay()
     torch.cuda.synchronize()
     assert relative_error(out, torch.softmax(w.double(), -1)) < TOLERANCES[dtype_name]
+
+
+def test_round18_probe_candidates_are_valid():
+    """Round 18: forward only, past the tile; smem chunks whose held pieces are a power of 2
+    below the chunk's pieces (16 bytes a thread each), named for their chunk and warps."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    with pretend_gpu((9, 0), 132):
+        for n in (16384, 65536, 262144):
+            for itemsize in (2, 4):
+                assert not probe.round18_candidates(n, itemsize, True)
+                cands = probe.round18_candidates(n, itemsize, False)
+                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                for name, cfg in cands.items():
+                    pieces = cfg.block_cols * itemsize // (16 * 32 * cfg.num_warps)
+                    assert cfg.design == "smem" and not cfg.per_sm and cfg.block_rows == 1
+                    assert cfg.regs == 0 or (cfg.regs & (cfg.regs - 1) == 0 and cfg.regs < pieces)
+                    kbytes = cfg.block_cols * itemsize // 1024
+                    assert name.startswith(f"c{kbytes}K_w{cfg.num_warps}")
+
+
+def test_phase_summary_of_known_stamps():
+    """experiments.probe_softmax_phases.summarize on made-up stamps: 2 rows of 2 chunks, the
+    phases 1 / 2 / 3 us (clock64 at 1000 cycles a us), the second row starting 10 us later."""
+    phases = importlib.import_module("experiments.probe_softmax_phases")
+    stamps = torch.zeros(4, phases.STAMPS, dtype=torch.int64)
+    for ticket in range(4):
+        t0 = 10_000 * (ticket // 2) + 500 * (ticket % 2)  # ns; chunk 1 starts 0.5 us later
+        g = [t0, t0 + 1000, t0 + 3000, t0 + 6000]
+        stamps[ticket, 0:4] = torch.tensor(g)
+        stamps[ticket, 4:8] = torch.tensor(g)  # cycles at 1 GHz: one a ns
+    out = "\n".join(phases.summarize(stamps, n_chunks=2, sms=1))
+    assert "16.50 us (first start to last end), 4 programs, SM clock 1000 MHz" in out
+    assert "1.45 programs alive" in out  # 4 x 6 us over 16.5 us
+    assert "load+partial          1.00 /    1.00 /    1.00    16.7%" in out
+    assert "wait                  2.00 /    2.00 /    2.00    33.3%" in out
+    assert "start spread    0.50 /    0.50 /    0.50 us" in out
+    assert "ramp (to the first end) 6.00 us, tail (from the last start) 6.00 us" in out

@@ -1,0 +1,218 @@
+"""Where a long-row smem forward program spends its life (GPU, Gluon; a probe, not a benchmark).
+
+The smem forward (kernels/softmax_smem.py) runs one program per (row, chunk): it copies its chunk
+into shared memory, publishes the chunk's partial, waits for the row's other partials and writes
+its chunk. Round 17's profile (kernels/notes/softmax.md) put an H200 program's life at about
+15 us for 32 KB, but not which phase takes it. This module launches the same kernel with four
+timestamps a program (%globaltimer, ns, one clock for the whole GPU; and %clock64, the SM's
+cycles) written to a side buffer:
+
+    t0  the ticket taken (the program's start)
+    t1  the chunk's partial ready (its copies landed, its max and sum taken)
+    t2  the row's partials all published (the end of the wait)
+    t3  its chunk written (the stores issued)
+
+and prints, per shape: the launch's time with and without the stamps, each phase's percentiles,
+how many programs were alive on average, and for each row how far apart its chunks started and
+published.
+
+    python -m experiments.probe_softmax_phases --only 65536,262144
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+
+import torch
+
+from experiments.probe_softmax import DTYPES, bench_gpu
+from kernels._common import gpu_info
+from kernels.softmax import Config, _coop_workspace, _pick_config, softmax, softmax_reference
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+
+    from kernels import softmax_smem as sk
+except ImportError:  # a Triton without Gluon: main() says so
+    gluon = None
+
+STAMPS = 10  # int64 words a program: 4 globaltimer, 4 clock64, the SM, unused
+PHASES = ("load+partial", "wait", "write", "life")
+
+if gluon is not None:
+
+    GLOBALTIMER = gl.constexpr("mov.u64 $0, %globaltimer;")  # ns, one clock for the GPU
+    CLOCK64 = gl.constexpr("mov.u64 $0, %clock64;")  # the SM's cycles
+
+    @gluon.jit
+    def _stamp(after, ASM: gl.constexpr):
+        """A timer (ASM) read once `after` (an int32) is computed, as an int64."""
+        return gl.inline_asm_elementwise(ASM, "=l,r", [after], dtype=gl.int64, is_pure=False,
+                                         pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _smid(ticket):
+        return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [ticket], dtype=gl.int32,
+                                         is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def stamped_forward_kernel(
+        x_ptr, y_ptr, ws_ptr, next_ptr, stamps_ptr,
+        rows_inner, n_vecs, n_chunks, ticket_index,
+        x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
+        CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+        MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
+        POLICY: gl.constexpr, CLEAR: gl.constexpr,
+    ):  # fmt: skip
+        """kernels.softmax_smem.softmax_smem_forward_kernel (FOLD 0, REGS 0), stamped."""
+        PIECES: gl.constexpr = CHUNK // PIECE
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+        offs = gl.arange(0, PIECE, layout=layout)
+        ticket = sk._take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+        # each stamp stored at once: nothing held in registers across the phases
+        base = stamps_ptr + ticket.to(gl.int64) * 10
+        gl.store(base + 0, _stamp(ticket, GLOBALTIMER))
+        gl.store(base + 4, _stamp(ticket, CLOCK64))
+        gl.store(base + 8, _smid(ticket).to(gl.int64))
+        outer, inner, start, limit, slots, _ = sk._position(
+            ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
+        )  # fmt: skip
+        x_row = sk._chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start,
+                                VEC)  # fmt: skip
+        smem = gl.allocate_shared_memory(
+            x_ptr.dtype.element_ty, [PIECES, PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        )  # fmt: skip
+        for p in gl.static_range(PIECES):
+            sk._copy_in(smem, x_row, offs, limit, p, PIECE, POLICY)
+            cp.commit_group()
+        partial = sk._forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, 0)
+        gl.store(base + 1, _stamp(partial.to(gl.int32), GLOBALTIMER))
+        gl.store(base + 5, _stamp(partial.to(gl.int32), CLOCK64))
+        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+        # the wait alone: _forward_finish then finds the slots published and returns at once
+        packed, _ = sk._row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+        arrived = gl.sum(packed, axis=0).to(gl.int32)
+        gl.store(base + 2, _stamp(arrived, GLOBALTIMER))
+        gl.store(base + 6, _stamp(arrived, CLOCK64))
+        row_max, _ = sk._forward_finish(
+            y_ptr, smem, 0, slots, n_chunks, outer, inner, start, y_vstride_outer,
+            y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS, SLEEP_NS, EXP2,
+            POLICY,
+        )  # fmt: skip
+        gl.store(base + 3, _stamp(row_max.to(gl.int32), GLOBALTIMER))
+        gl.store(base + 7, _stamp(row_max.to(gl.int32), CLOCK64))
+
+
+# a register cap so that the stamps do not cost the kernel a program an SM (the bf16 pick: 32
+# registers, 6 programs of 8 warps; stamped without the cap, 44 and 5)
+STAMPED_MAXNREG = 40
+
+
+def launch_stamped(x: torch.Tensor, y: torch.Tensor, config: Config, stamps: torch.Tensor):
+    """The smem forward of contiguous rows x -> y with config, stamps[ticket] filled."""
+    m, n = x.shape
+    vec = 16 // x.element_size()
+    n_chunks = math.ceil(n / config.block_cols)
+    n_slots = m * n_chunks
+    pair = _coop_workspace(n_slots + 1, x.device)
+    ws, next_ws = pair[pair[2]], pair[1 - pair[2]]
+    piece = vec * 32 * config.num_warps
+    stamped_forward_kernel[(n_slots,)](
+        x, y, ws, next_ws, stamps, m, n // vec, n_chunks, n_slots, 0, n // vec, 0, n // vec,
+        CHUNK=config.block_cols, PIECE=piece, VEC=vec, WARPS=config.num_warps,
+        MAX_CHUNKS=1 << max(0, (n_chunks - 1).bit_length()), SLEEP_NS=config.sleep_ns,
+        EXP2=config.exp2, POLICY="evict_first" if config.evict else "", CLEAR=True,
+        num_warps=config.num_warps, maxnreg=STAMPED_MAXNREG,
+    )  # fmt: skip
+    pair[2] ^= 1
+
+
+def _percentiles(values: torch.Tensor) -> str:
+    q = torch.quantile(values.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+    return " / ".join(f"{v:7.2f}" for v in q.tolist())
+
+
+def summarize(stamps: torch.Tensor, n_chunks: int, sms: int) -> list[str]:
+    """Lines describing one stamped launch (stamps: (programs, STAMPS) int64 on the CPU)."""
+    g = stamps[:, 0:4].double() / 1000.0  # us
+    c = stamps[:, 4:8].double()
+    start, end = g[:, 0].min().item(), g[:, 3].max().item()
+    wall = end - start
+    cycles = c[:, 3] - c[:, 0]
+    life = g[:, 3] - g[:, 0]
+    mhz = (cycles.sum() / life.sum()).item()  # cycles per us: the SMs' clock
+    phases = [(c[:, 1] - c[:, 0]) / mhz, (c[:, 2] - c[:, 1]) / mhz, (c[:, 3] - c[:, 2]) / mhz,
+              cycles / mhz]  # fmt: skip
+    lines = [
+        f"  stamped launch {wall:8.2f} us (first start to last end), {len(g)} programs, "
+        f"SM clock {mhz:.0f} MHz, {life.sum().item() / wall / sms:.2f} programs alive an SM "
+        f"on average",
+        "  phase (us, clock64)      p10 /     p50 /     p90   share of the mean life",
+    ]
+    mean_life = phases[3].mean().item()
+    for name, v in zip(PHASES, phases, strict=True):
+        lines.append(f"  {name:<18} {_percentiles(v)}   {v.mean().item() / mean_life:6.1%}")
+    rows = g.shape[0] // n_chunks
+    if n_chunks > 1:
+        by_row = g.reshape(rows, n_chunks, 4)
+        start_spread = by_row[:, :, 0].amax(1) - by_row[:, :, 0].amin(1)
+        ready_spread = by_row[:, :, 1].amax(1) - by_row[:, :, 1].amin(1)
+        last_ready_to_wait_end = by_row[:, :, 2].amin(1) - by_row[:, :, 1].amax(1)
+        lines += [
+            f"  a row's chunks: start spread {_percentiles(start_spread)} us (globaltimer), "
+            f"partials-ready spread {_percentiles(ready_spread)}",
+            f"  a row's last partial ready -> its first wait ends: "
+            f"{_percentiles(last_ready_to_wait_end)} us",
+        ]
+    ramp = g[:, 3].min().item() - start  # until the first program ends
+    tail = end - g[:, 0].max().item()  # from the last program's start
+    lines.append(
+        f"  ramp (to the first end) {ramp:.2f} us, tail (from the last start) {tail:.2f} us"
+    )
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="65536,262144", help="comma list of N")
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--elems", type=int, default=2**27, help="elements a tensor")
+    args = parser.parse_args(argv)
+    if gluon is None or not torch.cuda.is_available():
+        print("needs a CUDA GPU and a Triton with Gluon")
+        return 1
+    device = torch.device("cuda")
+    sms = gpu_info(device).sms
+    print(f"# {torch.cuda.get_device_name()}; {sms} SMs; rows of {args.elems} elements")
+    for dtype_name in args.dtypes.split(","):
+        for n in (int(v) for v in args.only.split(",")):
+            dtype = DTYPES[dtype_name]
+            x = torch.randn(args.elems // n, n, device=device, dtype=dtype)
+            config = _pick_config(n, x.shape[0], False, False, device, x.element_size(), 1,
+                                     True)  # fmt: skip
+            if config.design != "smem" or config.per_sm or config.fold or config.regs:
+                print(f"{dtype_name} N={n}: the pick is not the one-shot smem forward: {config}")
+                continue
+            n_chunks = math.ceil(n / config.block_cols)
+            stamps = torch.zeros(x.shape[0] * n_chunks, STAMPS, device=device, dtype=torch.int64)
+            y = torch.empty_like(x)
+            launch_stamped(x, y, config, stamps)
+            torch.testing.assert_close(y, softmax_reference(x, -1), atol=2e-3, rtol=2e-2)
+            plain = bench_gpu(functools.partial(softmax, x, -1))
+            stamped = bench_gpu(functools.partial(launch_stamped, x, y, config, stamps))
+            launch_stamped(x, y, config, stamps)
+            torch.cuda.synchronize()
+            print(f"{dtype_name} {x.shape[0]}x{n}: {config.block_cols} columns a chunk, "
+                  f"{config.num_warps} warps, {n_chunks} chunks a row; softmax() {plain * 1e3:.1f} "
+                  f"us, stamped {stamped * 1e3:.1f} us")  # fmt: skip
+            print("\n".join(summarize(stamps.cpu(), n_chunks, sms)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
