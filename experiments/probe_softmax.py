@@ -845,6 +845,8 @@ ROUND18_NAMES = {
     "bytes a thread each) held in registers and the rest in shared memory (Config.regs): more "
     "of the row held an SM than its 228 KB of shared memory (the pick: 192 KB, 6 programs of "
     "32 KB); the resident KB an SM from sm_90 ptxas's registers is in the name's comment",
+    "default_p": "the pick on round 11's persistent kernel (two chunk buffers a program, no "
+    "program started or ended between chunks)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 # (KB a chunk, warps, held pieces) -> KB held an SM (ptxas sm_90 offline, Triton 3.8)
@@ -866,6 +868,7 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     for (kbytes, warps, regs), _resident in ROUND18_SHAPES.get(itemsize, {}).items():
         name = f"c{kbytes}K_w{warps}" + (f"_h{regs}" if regs else "")
         out[name] = pick._replace(block_cols=kbytes * 1024 // itemsize, num_warps=warps, regs=regs)
+    out["default_p"] = pick._replace(per_sm=-1)  # round 11's persistent kernel, for the phases
     return out
 
 

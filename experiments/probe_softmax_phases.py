@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import sys
 
 import torch
@@ -41,11 +42,13 @@ try:
 except ImportError:  # a Triton without Gluon: main() says so
     gluon = None
 
-STAMPS = 10  # int64 words a program: 4 globaltimer, 4 clock64, the SM, unused
-PHASES = ("load+partial", "wait", "write", "life")
+# int64 words a program: t0-t3 by globaltimer, t0-t3 by clock64, the SM, then the program's
+# entry (before it asks for its ticket) by globaltimer and by clock64
+STAMPS = 11
+PHASES = ("ticket", "load+partial", "wait", "write", "life")
 
 if gluon is not None:
-
+    STAMPS_C = gl.constexpr(STAMPS)
     GLOBALTIMER = gl.constexpr("mov.u64 $0, %globaltimer;")  # ns, one clock for the GPU
     CLOCK64 = gl.constexpr("mov.u64 $0, %clock64;")  # the SM's cycles
 
@@ -67,15 +70,28 @@ if gluon is not None:
         x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
         CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
         MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
-        POLICY: gl.constexpr, CLEAR: gl.constexpr,
+        POLICY: gl.constexpr, CLEAR: gl.constexpr, BY_PID: gl.constexpr = False,
     ):  # fmt: skip
-        """kernels.softmax_smem.softmax_smem_forward_kernel (FOLD 0, REGS 0), stamped."""
+        """kernels.softmax_smem.softmax_smem_forward_kernel (FOLD 0, REGS 0), stamped. BY_PID:
+        the ticket is the program id, no atomic (a probe of what the atomic costs: the wait is
+        then deadlock-free only if the GPU starts programs in id order, as it does in practice
+        but does not promise)."""
         PIECES: gl.constexpr = CHUNK // PIECE
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
         offs = gl.arange(0, PIECE, layout=layout)
-        ticket = sk._take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+        pid = gl.program_id(0)
+        g_entry = _stamp(pid, GLOBALTIMER)
+        c_entry = _stamp(pid, CLOCK64)
+        if BY_PID:
+            ticket = pid
+            gl.store(next_ptr + ticket, 0)  # the next launch's slot, as _take_ticket clears it
+            gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
+        else:
+            ticket = sk._take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
         # each stamp stored at once: nothing held in registers across the phases
-        base = stamps_ptr + ticket.to(gl.int64) * 10
+        base = stamps_ptr + ticket.to(gl.int64) * STAMPS_C
+        gl.store(base + 9, g_entry)
+        gl.store(base + 10, c_entry)
         gl.store(base + 0, _stamp(ticket, GLOBALTIMER))
         gl.store(base + 4, _stamp(ticket, CLOCK64))
         gl.store(base + 8, _smid(ticket).to(gl.int64))
@@ -113,7 +129,8 @@ if gluon is not None:
 STAMPED_MAXNREG = 40
 
 
-def launch_stamped(x: torch.Tensor, y: torch.Tensor, config: Config, stamps: torch.Tensor):
+def launch_stamped(x: torch.Tensor, y: torch.Tensor, config: Config, stamps: torch.Tensor,
+                   by_pid: bool = False):  # fmt: skip
     """The smem forward of contiguous rows x -> y with config, stamps[ticket] filled."""
     m, n = x.shape
     vec = 16 // x.element_size()
@@ -127,7 +144,7 @@ def launch_stamped(x: torch.Tensor, y: torch.Tensor, config: Config, stamps: tor
         CHUNK=config.block_cols, PIECE=piece, VEC=vec, WARPS=config.num_warps,
         MAX_CHUNKS=1 << max(0, (n_chunks - 1).bit_length()), SLEEP_NS=config.sleep_ns,
         EXP2=config.exp2, POLICY="evict_first" if config.evict else "", CLEAR=True,
-        num_warps=config.num_warps, maxnreg=STAMPED_MAXNREG,
+        num_warps=config.num_warps, maxnreg=STAMPED_MAXNREG, BY_PID=by_pid,
     )  # fmt: skip
     pair[2] ^= 1
 
@@ -137,39 +154,57 @@ def _percentiles(values: torch.Tensor) -> str:
     return " / ".join(f"{v:7.2f}" for v in q.tolist())
 
 
+def _slot_gaps(sm_ids: torch.Tensor, entry: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """Per SM (clock64, one clock an SM): with S the most programs it held at once, the time
+    from the k-th end to the (k + S)-th entry, the time a program slot stood empty between
+    programs (programs matched to slots in time order)."""
+    gaps = []
+    for sm_id in sm_ids.unique():
+        on = sm_ids == sm_id
+        starts, ends = entry[on].sort().values, end[on].sort().values
+        events = torch.cat([starts, ends]).argsort(stable=True)
+        steps = torch.cat([torch.ones_like(starts), -torch.ones_like(ends)])[events]
+        slots = int(steps.cumsum(0).max())
+        if len(starts) > slots:
+            gaps.append(starts[slots:] - ends[: len(starts) - slots])
+    return torch.cat(gaps) if gaps else torch.zeros(1)
+
+
 def summarize(stamps: torch.Tensor, n_chunks: int, sms: int) -> list[str]:
     """Lines describing one stamped launch (stamps: (programs, STAMPS) int64 on the CPU)."""
-    g = stamps[:, 0:4].double() / 1000.0  # us
-    c = stamps[:, 4:8].double()
-    start, end = g[:, 0].min().item(), g[:, 3].max().item()
+    g = torch.cat([stamps[:, 9:10], stamps[:, 0:4]], 1).double() / 1000.0  # us: entry, t0-t3
+    c = torch.cat([stamps[:, 10:11], stamps[:, 4:8]], 1).double()
+    start, end = g[:, 0].min().item(), g[:, 4].max().item()
     wall = end - start
-    cycles = c[:, 3] - c[:, 0]
-    life = g[:, 3] - g[:, 0]
+    cycles = c[:, 4] - c[:, 0]
+    life = g[:, 4] - g[:, 0]
     mhz = (cycles.sum() / life.sum()).item()  # cycles per us: the SMs' clock
-    phases = [(c[:, 1] - c[:, 0]) / mhz, (c[:, 2] - c[:, 1]) / mhz, (c[:, 3] - c[:, 2]) / mhz,
-              cycles / mhz]  # fmt: skip
+    phases = [(c[:, k + 1] - c[:, k]) / mhz for k in range(4)] + [cycles / mhz]
     lines = [
         f"  stamped launch {wall:8.2f} us (first start to last end), {len(g)} programs, "
         f"SM clock {mhz:.0f} MHz, {life.sum().item() / wall / sms:.2f} programs alive an SM "
         f"on average",
         "  phase (us, clock64)      p10 /     p50 /     p90   share of the mean life",
     ]
-    mean_life = phases[3].mean().item()
+    mean_life = phases[-1].mean().item()
     for name, v in zip(PHASES, phases, strict=True):
         lines.append(f"  {name:<18} {_percentiles(v)}   {v.mean().item() / mean_life:6.1%}")
+    gaps = _slot_gaps(stamps[:, 8], c[:, 0], c[:, 4]) / mhz
+    lines.append(f"  a slot empty between programs {_percentiles(gaps)} us (clock64, an SM's "
+                 f"programs matched to slots in time order)")  # fmt: skip
     rows = g.shape[0] // n_chunks
     if n_chunks > 1:
-        by_row = g.reshape(rows, n_chunks, 4)
+        by_row = g.reshape(rows, n_chunks, 5)
         start_spread = by_row[:, :, 0].amax(1) - by_row[:, :, 0].amin(1)
-        ready_spread = by_row[:, :, 1].amax(1) - by_row[:, :, 1].amin(1)
-        last_ready_to_wait_end = by_row[:, :, 2].amin(1) - by_row[:, :, 1].amax(1)
+        ready_spread = by_row[:, :, 2].amax(1) - by_row[:, :, 2].amin(1)
+        last_ready_to_wait_end = by_row[:, :, 3].amin(1) - by_row[:, :, 2].amax(1)
         lines += [
             f"  a row's chunks: start spread {_percentiles(start_spread)} us (globaltimer), "
             f"partials-ready spread {_percentiles(ready_spread)}",
             f"  a row's last partial ready -> its first wait ends: "
             f"{_percentiles(last_ready_to_wait_end)} us",
         ]
-    ramp = g[:, 3].min().item() - start  # until the first program ends
+    ramp = g[:, 4].min().item() - start  # until the first program ends
     tail = end - g[:, 0].max().item()  # from the last program's start
     lines.append(
         f"  ramp (to the first end) {ramp:.2f} us, tail (from the last start) {tail:.2f} us"
@@ -182,6 +217,10 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="65536,262144", help="comma list of N")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--elems", type=int, default=2**27, help="elements a tensor")
+    parser.add_argument(
+        "--by-pid", action="store_true", help="also with program ids for tickets (no atomic)"
+    )
+    parser.add_argument("--save", default="", help="a folder for the raw stamps (.pt)")
     args = parser.parse_args(argv)
     if gluon is None or not torch.cuda.is_available():
         print("needs a CUDA GPU and a Triton with Gluon")
@@ -193,24 +232,32 @@ def main(argv=None) -> int:
         for n in (int(v) for v in args.only.split(",")):
             dtype = DTYPES[dtype_name]
             x = torch.randn(args.elems // n, n, device=device, dtype=dtype)
-            config = _pick_config(n, x.shape[0], False, False, device, x.element_size(), 1,
-                                     True)  # fmt: skip
+            config = _pick_config(n, x.shape[0], False, False, device, x.element_size(), 1, True)
             if config.design != "smem" or config.per_sm or config.fold or config.regs:
                 print(f"{dtype_name} N={n}: the pick is not the one-shot smem forward: {config}")
                 continue
             n_chunks = math.ceil(n / config.block_cols)
-            stamps = torch.zeros(x.shape[0] * n_chunks, STAMPS, device=device, dtype=torch.int64)
-            y = torch.empty_like(x)
-            launch_stamped(x, y, config, stamps)
-            torch.testing.assert_close(y, softmax_reference(x, -1), atol=2e-3, rtol=2e-2)
             plain = bench_gpu(functools.partial(softmax, x, -1))
-            stamped = bench_gpu(functools.partial(launch_stamped, x, y, config, stamps))
-            launch_stamped(x, y, config, stamps)
-            torch.cuda.synchronize()
             print(f"{dtype_name} {x.shape[0]}x{n}: {config.block_cols} columns a chunk, "
                   f"{config.num_warps} warps, {n_chunks} chunks a row; softmax() {plain * 1e3:.1f} "
-                  f"us, stamped {stamped * 1e3:.1f} us")  # fmt: skip
-            print("\n".join(summarize(stamps.cpu(), n_chunks, sms)))
+                  f"us")  # fmt: skip
+            for by_pid in (False, True) if args.by_pid else (False,):
+                stamps = torch.zeros(x.shape[0] * n_chunks, STAMPS, device=device,
+                                     dtype=torch.int64)  # fmt: skip
+                y = torch.empty_like(x)
+                launch = functools.partial(launch_stamped, x, y, config, stamps, by_pid)
+                launch()
+                torch.testing.assert_close(y, softmax_reference(x, -1), atol=2e-3, rtol=2e-2)
+                stamped = bench_gpu(launch)
+                launch()
+                torch.cuda.synchronize()
+                what = "program ids for tickets" if by_pid else "the atomic ticket"
+                print(f" stamped, {what}: {stamped * 1e3:.1f} us")
+                print("\n".join(summarize(stamps.cpu(), n_chunks, sms)))
+                if args.save:
+                    os.makedirs(args.save, exist_ok=True)
+                    name = f"{dtype_name}_{n}" + ("_pid" if by_pid else "")
+                    torch.save(stamps.cpu(), os.path.join(args.save, f"stamps_{name}.pt"))
     return 0
 
 
