@@ -845,6 +845,10 @@ ROUND18_NAMES = {
     "bytes a thread each) held in registers and the rest in shared memory (Config.regs): more "
     "of the row held an SM than its 228 KB of shared memory (the pick: 192 KB, 6 programs of "
     "32 KB); the resident KB an SM from sm_90 ptxas's registers is in the name's comment",
+    "loopNK_lLK_wW": "round 3's coop loop: a program a chunk of N KB, read twice in steps of L KB "
+    "(the first read evict_last, the second evict_first: from L2), nothing held across the "
+    "wait, so programs are bounded by warps, not shared memory",
+    "onlineNK_wW": "the online row loop (x read twice) in steps of N KB, round 13's evict hints",
     "default_p": "the pick on round 11's persistent kernel (two chunk buffers a program, no "
     "program started or ended between chunks)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
@@ -869,6 +873,15 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         name = f"c{kbytes}K_w{warps}" + (f"_h{regs}" if regs else "")
         out[name] = pick._replace(block_cols=kbytes * 1024 // itemsize, num_warps=warps, regs=regs)
     out["default_p"] = pick._replace(per_sm=-1)  # round 11's persistent kernel, for the phases
+    # the chunk read twice, the second read from L2, nothing held across the wait (round 3's
+    # coop loop, untimed on an H200); and the online row loop with round 13's evict hints
+    for kbytes, loop_kbytes, warps in ((16, 4, 4), (16, 8, 4), (32, 8, 8), (8, 4, 4)):
+        name = f"loop{kbytes}K_l{loop_kbytes}K_w{warps}"
+        out[name] = Config("coop", 1, kbytes * 1024 // itemsize, warps, evict=True,
+                           exp2=pick.exp2, loop_cols=loop_kbytes * 1024 // itemsize)  # fmt: skip
+    for kbytes, warps in ((16, 8), (32, 16)):
+        out[f"online{kbytes}K_w{warps}"] = Config("online", 1, kbytes * 1024 // itemsize, warps,
+                                                  evict=True, exp2=pick.exp2)  # fmt: skip
     return out
 
 
