@@ -849,6 +849,9 @@ ROUND18_NAMES = {
     "(the first read evict_last, the second evict_first: from L2), nothing held across the "
     "wait, so programs are bounded by warps, not shared memory",
     "onlineNK_wW": "the online row loop (x read twice) in steps of N KB, round 13's evict hints",
+    "smem_1chunk / _2chunks": "at N = 16384: the long rows' smem forward on rows of one chunk "
+    "(no program waits for another) or two: is the smem design's rate on the H200 its wait or "
+    "its chunks",
     "default_p": "the pick on round 11's persistent kernel (two chunk buffers a program, no "
     "program started or ended between chunks)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
@@ -862,7 +865,16 @@ ROUND18_SHAPES = {
 
 
 def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
-    """Round 18: the smem forward's chunk partly held in registers."""
+    """Round 18: the smem forward's chunk partly held in registers; at N = ONE_PASS_MAX_ELEMS
+    the smem kernel on one chunk a row (no wait for other programs)."""
+    if not backward and n == ONE_PASS_MAX_ELEMS:
+        long_pick = _pick_config(4 * n, 1, False, False, torch.device(DEVICE), itemsize,
+                                 smem_ok=True)  # fmt: skip
+        if long_pick.design != "smem":
+            return {}
+        # the row one chunk (or two) of the long rows' pick: its phases without the row's wait
+        return {"smem_1chunk": long_pick._replace(block_cols=n),
+                "smem_2chunks": long_pick._replace(block_cols=n // 2)}  # fmt: skip
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
     pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
@@ -1092,7 +1104,9 @@ def main() -> int:
             ROWS = [(16, 128), (5, 1000)]
         if args.round6:
             ROWS = [(5, 128), (3, 1000)]
-    elif round_no in (7, 8, 9, 10, 17, 18):  # the long rows only
+    elif round_no == 18:  # the long rows, and N = 16384 (smem on rows of one chunk)
+        ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
+    elif round_no in (7, 8, 9, 10, 17):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

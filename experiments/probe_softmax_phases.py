@@ -221,6 +221,10 @@ def main(argv=None) -> int:
         "--by-pid", action="store_true", help="also with program ids for tickets (no atomic)"
     )
     parser.add_argument("--save", default="", help="a folder for the raw stamps (.pt)")
+    parser.add_argument(
+        "--one-chunk", action="store_true",
+        help="the long rows' smem pick on rows of N columns, one chunk a row (N: its chunk)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if gluon is None or not torch.cuda.is_available():
         print("needs a CUDA GPU and a Triton with Gluon")
@@ -233,6 +237,10 @@ def main(argv=None) -> int:
             dtype = DTYPES[dtype_name]
             x = torch.randn(args.elems // n, n, device=device, dtype=dtype)
             config = _pick_config(n, x.shape[0], False, False, device, x.element_size(), 1, True)
+            if args.one_chunk:  # the long rows' pick on rows of one chunk: no wait
+                long_pick = _pick_config(4 * n, 1, False, False, device, x.element_size(), 1,
+                                         True)  # fmt: skip
+                config = long_pick._replace(block_cols=n)
             if config.design != "smem" or config.per_sm or config.fold or config.regs:
                 print(f"{dtype_name} N={n}: the pick is not the one-shot smem forward: {config}")
                 continue
