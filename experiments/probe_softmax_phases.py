@@ -31,7 +31,7 @@ import torch
 
 from experiments.probe_softmax import DTYPES, bench_gpu
 from kernels._common import gpu_info
-from kernels.softmax import Config, _coop_workspace, _pick_config, softmax, softmax_reference
+from kernels.softmax import Config, _launch_rows, _pick_config, softmax, softmax_reference
 
 try:
     from triton.experimental import gluon
@@ -129,24 +129,34 @@ if gluon is not None:
 STAMPED_MAXNREG = 40
 
 
+class _Stamping:
+    """A launcher (kernels._common.Launcher) that runs stamped_forward_kernel in place of the
+    one-shot smem forward, so the rows, strides, workspace and meta are the production path's
+    (kernels.softmax._launch_rows); it adds the stamps, the ticket choice and the register cap,
+    and drops FOLD (the probe refuses configs with fold)."""
+
+    def __init__(self, stamps: torch.Tensor, by_pid: bool):
+        self.stamps, self.by_pid = stamps, by_pid
+
+    def __call__(self, kernel):
+        if kernel is not sk.softmax_smem_forward_kernel:
+            raise ValueError(f"only the one-shot smem forward has a stamped twin, not {kernel}")
+        return self
+
+    def __getitem__(self, grid):
+        def call(x, y, ws, next_ws, *args, FOLD=0, **meta):
+            stamped_forward_kernel[grid](
+                x, y, ws, next_ws, self.stamps, *args, BY_PID=self.by_pid,
+                **{**meta, "maxnreg": STAMPED_MAXNREG},
+            )  # fmt: skip
+
+        return call
+
+
 def launch_stamped(x: torch.Tensor, y: torch.Tensor, config: Config, stamps: torch.Tensor,
                    by_pid: bool = False):  # fmt: skip
-    """The smem forward of contiguous rows x -> y with config, stamps[ticket] filled."""
-    m, n = x.shape
-    vec = 16 // x.element_size()
-    n_chunks = math.ceil(n / config.block_cols)
-    n_slots = m * n_chunks
-    pair = _coop_workspace(n_slots + 1, x.device)
-    ws, next_ws = pair[pair[2]], pair[1 - pair[2]]
-    piece = vec * 32 * config.num_warps
-    stamped_forward_kernel[(n_slots,)](
-        x, y, ws, next_ws, stamps, m, n // vec, n_chunks, n_slots, 0, n // vec, 0, n // vec,
-        CHUNK=config.block_cols, PIECE=piece, VEC=vec, WARPS=config.num_warps,
-        MAX_CHUNKS=1 << max(0, (n_chunks - 1).bit_length()), SLEEP_NS=config.sleep_ns,
-        EXP2=config.exp2, POLICY="evict_first" if config.evict else "", CLEAR=True,
-        num_warps=config.num_warps, maxnreg=STAMPED_MAXNREG, BY_PID=by_pid,
-    )  # fmt: skip
-    pair[2] ^= 1
+    """The smem forward of x -> y with config, stamps[ticket] filled."""
+    _launch_rows(_Stamping(stamps, by_pid), [x, y], False, config)
 
 
 def _percentiles(values: torch.Tensor) -> str:
