@@ -232,7 +232,7 @@ def _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_v
 # partial's fp32 values, masks or addresses live across the wait in place of the words.
 @gluon.jit
 def _held_words(row_ptr, limit, zero, FIRST: gl.constexpr, REGS: gl.constexpr,
-                PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+                PIECE: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
     """(pointers, mask) of the chunk's pieces FIRST ... FIRST + REGS - 1 as one (REGS, words a
     piece) tensor of 32-bit words, each thread holding the 16 bytes of every piece that its
     copies would; `zero` (0) places the address arithmetic where it is called."""
@@ -284,12 +284,11 @@ def _held_partial(partial, words, zero, dtype: gl.constexpr, EXP2: gl.constexpr)
 
 @gluon.jit
 def _held_store(y_row, words, limit, zero, row_max, inv_sum, dtype: gl.constexpr,
-                FIRST: gl.constexpr,
-                REGS: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
-                EXP2: gl.constexpr, POLICY: gl.constexpr):  # fmt: skip
+                FIRST: gl.constexpr, REGS: gl.constexpr, PIECE: gl.constexpr,
+                WARPS: gl.constexpr, EXP2: gl.constexpr, POLICY: gl.constexpr):  # fmt: skip
     """Write y for the held words once the row's (max, 1 / sum) are known."""
     words = words + zero
-    y_words, ok = _held_words(y_row, limit, zero, FIRST, REGS, PIECE, VEC, WARPS)
+    y_words, ok = _held_words(y_row, limit, zero, FIRST, REGS, PIECE, WARPS)
     lo, hi = _held_values(words, dtype)
     out_ty: gl.constexpr = y_row.dtype.element_ty
     y_lo = (_exp_shifted(lo, row_max, EXP2) * inv_sum).to(out_ty)
@@ -372,7 +371,7 @@ def softmax_smem_forward_kernel(
         _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY)
         cp.commit_group()
     if REGS > 0:  # loads in flight beside the copies; first used once the smem pieces are in
-        held_ptrs, held_ok = _held_words(x_row, limit, 0, PIECES, REGS, PIECE, VEC, WARPS)
+        held_ptrs, held_ok = _held_words(x_row, limit, 0, PIECES, REGS, PIECE, WARPS)
         held = gl.load(held_ptrs, mask=held_ok, other=HELD_PAD, eviction_policy=POLICY)
     partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD)
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
@@ -385,7 +384,7 @@ def softmax_smem_forward_kernel(
     if REGS > 0:
         y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
         _held_store(y_row, held, limit, n_vecs >> 31, row_max, inv_sum, x_ptr.dtype.element_ty,
-                    PIECES, REGS, PIECE, VEC, WARPS, EXP2, POLICY)  # fmt: skip
+                    PIECES, REGS, PIECE, WARPS, EXP2, POLICY)  # fmt: skip
 
 
 @gluon.jit
