@@ -92,6 +92,11 @@ N <= 1024 beside Inductor's kernels; names in ROUND16_NAMES below.
 the tile; names in ROUND18_NAMES. experiments.probe_softmax_phases stamps the pick's phases.
     python -m experiments.probe_softmax --round18 --budget 120 --elems 134217728
 
+`--round19` times the smem forward's chunks by program id (Config.by_pid) against the atomic
+ticket past the tile; names in ROUND19_NAMES. experiments.probe_softmax_ladder builds the
+protocol up from a copy through shared memory.
+    python -m experiments.probe_softmax --round19 --budget 120 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -732,7 +737,7 @@ def round14_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
                     out[f"t{kbytes}K_w{warps}_ui"] = tile
         return out
     exp2 = 2 if itemsize == 2 else 1
-    pick = _pick_config(n, 1, False, False, device, itemsize, smem_ok=True)
+    pick = _ticketed(_pick_config(n, 1, False, False, device, itemsize, smem_ok=True))
     out = {"default_fold": pick._replace(fold=True)} if pick.design == "smem" else {}
     for kbytes, warps in ((64, 16), (16, 4)):
         values = kbytes * 1024 // itemsize
@@ -822,11 +827,19 @@ ROUND17_NAMES = {
 }
 
 
+def _ticketed(pick: Config) -> Config:
+    """The smem forward pick as rounds 10-18 measured it: the atomic ticket (round 19 took
+    chunks by program id, Config.by_pid, with a register cap), so their knobs keep their
+    meaning (fold, regs and the persistent kernel are knobs of the ticketed kernel)."""
+    return pick._replace(by_pid=False, maxnreg=0) if pick.by_pid else pick
+
+
 def round17_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
     """Round 17: the smem forward's poll interval past the tile."""
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
-    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    pick = _ticketed(_pick_config(n, 1, False, False, torch.device(DEVICE), itemsize,
+                                  smem_ok=True))  # fmt: skip
     out = {f"sleep{ns}": pick._replace(sleep_ns=ns) for ns in (0, 500, 1000, 2000, 5000)}
     if pick.design == "smem":  # the same chunk on fewer or more warps (fewer polling warps)
         for warps in (2, 4, 8, 16):
@@ -868,8 +881,8 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     """Round 18: the smem forward's chunk partly held in registers; at N = ONE_PASS_MAX_ELEMS
     the smem kernel on one chunk a row (no wait for other programs)."""
     if not backward and n == ONE_PASS_MAX_ELEMS:
-        long_pick = _pick_config(4 * n, 1, False, False, torch.device(DEVICE), itemsize,
-                                 smem_ok=True)  # fmt: skip
+        long_pick = _ticketed(_pick_config(4 * n, 1, False, False, torch.device(DEVICE),
+                                           itemsize, smem_ok=True))  # fmt: skip
         if long_pick.design != "smem":
             return {}
         # the row one chunk (or two) of the long rows' pick: its phases without the row's wait
@@ -877,7 +890,8 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
                 "smem_2chunks": long_pick._replace(block_cols=n // 2)}  # fmt: skip
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
-    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    pick = _ticketed(_pick_config(n, 1, False, False, torch.device(DEVICE), itemsize,
+                                  smem_ok=True))  # fmt: skip
     if pick.design != "smem":
         return {}
     out = {}
@@ -897,6 +911,35 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 19 name means (printed at the start of a --round19 run).
+ROUND19_NAMES = {
+    "default": "the shipped _pick_config choice (round 19: the smem forward's chunks by program "
+    "id, Config.by_pid)",
+    "ticket": "the pick with round 10-18's atomic ticket at each program's start",
+    "cNK_wW": "the pick (chunks by program id) on chunks of N KB and W warps",
+    "sleepS": "the pick polling its row every S ns",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round19_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 19: the smem forward's chunks by program id (no atomic ticket), against the
+    ticket, on other chunk sizes and poll intervals."""
+    if backward or n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem" or pick.per_sm:
+        return {}
+    out = {"ticket": pick._replace(by_pid=False)}
+    for kbytes, warps in ((16, pick.num_warps // 2), (64, 2 * pick.num_warps)):
+        out[f"c{kbytes}K_w{warps}"] = pick._replace(
+            by_pid=True, block_cols=kbytes * 1024 // itemsize, num_warps=warps
+        )  # fmt: skip
+    for sleep_ns in (0, 500):
+        out[f"sleep{sleep_ns}"] = pick._replace(by_pid=True, sleep_ns=sleep_ns)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -907,13 +950,14 @@ ROUND_CANDIDATES = {
     8: round8_candidates, 9: round9_candidates, 10: round10_candidates,
     11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
-    17: round17_candidates, 18: round18_candidates,
+    17: round17_candidates, 18: round18_candidates, 19: round19_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
                10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
-               16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES}  # fmt: skip
+               16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES,
+               19: ROUND19_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -922,7 +966,8 @@ def _for_smoke(cfg: Config) -> Config:
     # the interpreter runs programs one at a time: a waiting (coop) program would never return,
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
-        return cfg._replace(design="split2", evict=False, per_sm=0, fold=False, regs=0)
+        return cfg._replace(design="split2", evict=False, per_sm=0, fold=False, regs=0,
+                            by_pid=False)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -1073,12 +1118,13 @@ def main() -> int:
     parser.add_argument("--round16", action="store_true", help="tiles of 16 B a thread")
     parser.add_argument("--round17", action="store_true", help="the smem forward's poll interval")
     parser.add_argument("--round18", action="store_true", help="smem chunks held in registers too")
+    parser.add_argument("--round19", action="store_true", help="smem chunks by program id")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 19) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 20) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1092,7 +1138,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, 17, 18):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, 17, 18, 19):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1106,7 +1152,7 @@ def main() -> int:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no == 18:  # the long rows, and N = 16384 (smem on rows of one chunk)
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
-    elif round_no in (7, 8, 9, 10, 17):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17, 19):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

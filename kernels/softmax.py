@@ -124,6 +124,13 @@ SMEM_MAX_BYTES = 131072
 SMEM_PER_SM = 233472
 SMEM_PROGRAM_EXTRA = 2048
 SMEM_ARCH_MAJOR = 9  # compute capability 9.x (Hopper): where the smem design was measured
+# Register caps of the one-shot smem forward with chunks by program id (Config.by_pid), by
+# warps: its helping path is a call (kernels.softmax_smem._forward_partial_global), and ptxas
+# then takes 96-97 registers uncapped under Triton 3.6 (2 programs an SM in 16-bit, 5 in
+# fp32). Capped at 32 with 8 warps and 40 with 4 (sm_90 ptxas, offline): no spills under
+# Triton 3.8; under 3.6 none in 16-bit and 8 bytes in fp32 at 32 chunks a row (0 at 4 and 8).
+# So 6 programs of 32 KB an SM, as with the atomic ticket.
+SMEM_PID_MAXNREG = {16: 40, 8: 32, 4: 40}
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
 ADJACENT_ROWS = 32
@@ -209,6 +216,12 @@ class Config(NamedTuple):
     # thread) held in registers, loaded beside the copies into shared memory, so a program
     # holds more of the row than its shared memory: a power of 2 below the chunk's pieces
     regs: int = 0
+    # -- round 19 --
+    # smem forward (one-shot kernel): the chunk is the program id instead of an atomic ticket
+    # taken at the program's start (a 2 us L2 round trip under load, with the program's shared
+    # memory idle); a program that has polled its row long enough computes the missing
+    # partials itself, so nothing relies on the order the GPU starts programs in
+    by_pid: bool = False
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1168,8 +1181,12 @@ def _pick_config(
         if backward:
             warps = min(16, SMEM_WARPS * smem_chunk // base_chunk)
             return Config("smem", 1, smem_chunk, warps, per_sm=-1)
+        # Round 19 (H200): chunks by program id, not an atomic ticket (probe_softmax_ladder,
+        # the protocol without masks: bf16 84.9 / 81.1 -> 91.6 / 89.9, fp32 92.7 / 84.9 ->
+        # 95.7 / 94.3 at N = 65536 / 262144).
         warps = min(16, SMEM_WARPS * smem_chunk // SMEM_CHUNK_ELEMS)
-        return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1)
+        return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1, by_pid=True,
+                      maxnreg=SMEM_PID_MAXNREG.get(warps, 0))  # fmt: skip
     # 16-bit backward rows one a program: chunks held as int32 pairs (where the strides let
     # them be read so; other rows take the plain kernel with the same chunk)
     pairs = backward and itemsize == 2 and min_rows == 1
@@ -1324,6 +1341,10 @@ def _launch_rows(
         raise ValueError(f"fold is 0, 1 (program-wide) or 2 (by thread), got {config.fold}")
     if config.regs and (backward or config.design != "smem" or config.per_sm):
         raise ValueError(f"regs is a knob of the one-shot smem forward, got {config}")
+    if config.by_pid and (backward or config.design != "smem" or config.per_sm or config.fold
+                          or config.regs):  # fmt: skip
+        raise ValueError(f"by_pid is a knob of the one-shot smem forward (no fold, no regs), "
+                         f"got {config}")  # fmt: skip
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1501,6 +1522,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
         maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
+        by_pid=config.by_pid,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

@@ -21,6 +21,7 @@ import math
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
@@ -41,6 +42,24 @@ def _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR: gl.constexpr):
     ticket = gl.atomic_add(ws_ptr + ticket_index, 1).to(gl.int32)
     if CLEAR:
         gl.store(next_ptr + ticket, 0, mask=ticket < ticket_index)
+        gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
+    return ticket
+
+
+@gluon.jit
+def _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR: gl.constexpr,
+                TRANSPOSE: gl.constexpr = False):  # fmt: skip
+    """The program id as the ticket (Config.by_pid): no atomic at the program's start. Clears
+    what _take_ticket clears. A program then waits for chunks it did not see taken, so the wait
+    is _row_slots_helping's, which never needs another program to run. TRANSPOSE (tests only):
+    program ids go down the rows' first chunks first, so that the programs the GPU starts
+    first all wait for chunks it starts last."""
+    ticket = gl.program_id(0)
+    if TRANSPOSE:
+        rows = ticket_index // n_chunks
+        ticket = (ticket % rows) * n_chunks + ticket // rows
+    if CLEAR:
+        gl.store(next_ptr + ticket, 0)
         gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
     return ticket
 
@@ -84,6 +103,66 @@ def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr
     # slot is published now, so one more load sees them all
     packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
     return packed, ok
+
+
+@gluon.jit
+def _row_slots_helping(slots, n_chunks, x_row, row_limit, MAX_CHUNKS: gl.constexpr,
+                       SLEEP_NS: gl.constexpr, HELP_POLLS: gl.constexpr, CHUNK: gl.constexpr,
+                       PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+                       EXP2: gl.constexpr):  # fmt: skip
+    """_row_slots for chunks assigned by program id: after HELP_POLLS polls with slots still
+    unpublished, the program computes each missing chunk's partial from global memory (x_row:
+    the row's first column, row_limit its columns) and publishes it where the slot is still
+    0, then polls on. So a program never waits on one that has not started (the GPU need not
+    start programs in id order; this is the decoupled fallback of single-pass scans)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    k = gl.arange(0, MAX_CHUNKS, layout=layout)
+    ok = k < n_chunks
+    packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
+    missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
+    polls = missing * 0
+    while missing > 0:
+        polls += 1
+        if polls == HELP_POLLS:
+            for j in range(n_chunks):
+                if gl.load(slots + j, volatile=True) == 0:
+                    start = j * CHUNK
+                    partial = _forward_partial_global(x_row + start, row_limit - start, CHUNK,
+                                                      WARPS, EXP2)
+                    gl.atomic_cas(slots + j, partial * 0, partial, sem="relaxed")
+        missing = _nanosleep(missing, SLEEP_NS)
+        packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
+        missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
+    # as _row_slots: one more load once every slot is published
+    packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
+    return packed, ok
+
+
+@gluon.jit(noinline=True)
+def _forward_partial_global(x_chunk, limit, CHUNK: gl.constexpr, WARPS: gl.constexpr,
+                            EXP2: gl.constexpr):  # fmt: skip
+    """(max, sum of exp(x - max)) of the chunk at x_chunk (limit: its columns in the row),
+    read from global memory one value a thread at a time: a cold path (a helping program's),
+    kept to few registers so that the hot path keeps its programs an SM. Its bits may differ
+    from the owner's _forward_partial; the slot holds whichever was published first, and
+    every program of the row reads that one."""
+    THREADS: gl.constexpr = 32 * WARPS
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    offs = gl.arange(0, THREADS, layout=layout)
+    max_vec = gl.full([THREADS], -float("inf"), gl.float32, layout)
+    for p in tl.range(CHUNK // THREADS, loop_unroll_factor=1):  # not unrolled: few registers
+        ok = p * THREADS + offs < limit
+        v = gl.load(x_chunk + p * THREADS + offs, mask=ok, other=-float("inf"))
+        max_vec = gl.maximum(max_vec, v.to(gl.float32))
+    run_max = gl.max(max_vec, axis=0)
+    shift = gl.where(run_max == -float("inf"), 0.0, run_max)
+    sum_vec = gl.zeros([THREADS], gl.float32, layout)
+    for p in tl.range(CHUNK // THREADS, loop_unroll_factor=1):
+        ok = p * THREADS + offs < limit
+        v = gl.load(x_chunk + p * THREADS + offs, mask=ok, other=-float("inf"))
+        sum_vec += _exp_shifted(v.to(gl.float32), shift, EXP2)
+    # as _forward_partial: never the bits 0 (a max of 0.0 has a sum of at least 1)
+    return _pack(run_max, gl.sum(sum_vec, axis=0))
 
 
 @gluon.jit
@@ -209,8 +288,20 @@ def _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_v
                     SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
                     POLICY: gl.constexpr):  # fmt: skip
     """Wait for the row's slots, then write y from the chunk held in smem.index(base + p)."""
-    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    return _forward_write(y_ptr, smem, base, packed, slot_ok, outer, inner, start,
+                          y_vstride_outer, y_vstride_inner, offs, limit, PIECES, PIECE, VEC,
+                          WARPS, EXP2, POLICY)  # fmt: skip
+
+
+@gluon.jit
+def _forward_write(y_ptr, smem, base, packed, slot_ok, outer, inner, start, y_vstride_outer,
+                   y_vstride_inner, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                   VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
+                   POLICY: gl.constexpr):  # fmt: skip
+    """Write y from the chunk held in smem.index(base + p), given the row's published slots;
+    returns the row's (max, 1 / sum)."""
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     maxes, sums = _unpack(packed)
     maxes = gl.where(slot_ok, maxes, -float("inf"))
     row_max = gl.max(maxes, axis=0)
@@ -350,15 +441,22 @@ def softmax_smem_forward_kernel(
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
     POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
-    REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0,
+    REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0, BY_PID: gl.constexpr = False,
+    HELP_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
-    HELD_PAD is the 32-bit word of -inf values they are padded with past the row's end."""
+    HELD_PAD is the 32-bit word of -inf values they are padded with past the row's end.
+    BY_PID (Config.by_pid): the chunk is the program id, and a program that has polled its row
+    HELP_POLLS times publishes the missing partials itself (_row_slots_helping); TRANSPOSE: a
+    test of that (_pid_ticket)."""
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
-    ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    if BY_PID:
+        ticket = _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR, TRANSPOSE)
+    else:
+        ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
     outer, inner, start, limit, slots, _ = _position(
         ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
     )  # fmt: skip
@@ -376,10 +474,19 @@ def softmax_smem_forward_kernel(
     partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD)
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
         partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
-    gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
-    row_max, inv_sum = _forward_finish(
-        y_ptr, smem, 0, slots, n_chunks, outer, inner, start, y_vstride_outer, y_vstride_inner,
-        offs, limit, PIECES, PIECE, VEC, WARPS, MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+    if BY_PID:  # a helper may have published this chunk's partial already (the same bits)
+        gl.atomic_cas(ws_ptr + ticket, partial * 0, partial, sem="relaxed")
+        x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
+        packed, slot_ok = _row_slots_helping(
+            slots, n_chunks, x_row0, n_vecs * VEC, MAX_CHUNKS, SLEEP_NS, HELP_POLLS, CHUNK,
+            PIECE, VEC, WARPS, EXP2,
+        )  # fmt: skip
+    else:
+        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+        packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    row_max, inv_sum = _forward_write(
+        y_ptr, smem, 0, packed, slot_ok, outer, inner, start, y_vstride_outer, y_vstride_inner,
+        offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, POLICY,
     )  # fmt: skip
     if REGS > 0:
         y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
@@ -576,9 +683,14 @@ def softmax_smem_persistent_backward_kernel(
             )  # fmt: skip
 
 
+# Polls of its row's slots after which a program with chunks by program id publishes the missing
+# partials itself: at least 256 x 200 ns, against a few polls for a row whose programs all run.
+HELP_POLLS = 256
+
+
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
-           regs=0):  # fmt: skip
+           regs=0, by_pid=False, help_polls=HELP_POLLS, transpose=False):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -586,7 +698,9 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     programs > 0: the persistent kernels on that many programs (at most one a chunk). fold:
     the forward's partial in one pass, 1 program-wide, 2 thread by thread
     (kernels.softmax.Config.fold). regs: the forward's last `regs` pieces a chunk held in
-    registers (one-shot kernel; a power of 2, fewer than the chunk's pieces)."""
+    registers (one-shot kernel; a power of 2, fewer than the chunk's pieces). by_pid: the
+    one-shot forward's chunks by program id (Config.by_pid), helping after help_polls polls;
+    transpose: program ids down the rows' first chunks first (a test of the helping)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -611,9 +725,19 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
             f"regs = {regs}: pieces held in registers are a knob of the one-shot forward, a "
             f"power of 2 below the chunk's {chunk // piece} pieces"
         )
+    if transpose and not by_pid:
+        raise ValueError("transpose orders the program ids of by_pid")
+    if by_pid and (backward or programs > 0 or fold or regs or help_polls < 1):
+        raise ValueError(
+            "by_pid is a knob of the one-shot forward without fold or regs, helping after at "
+            f"least 1 poll; got backward={backward}, programs={programs}, fold={fold}, "
+            f"regs={regs}, help_polls={help_polls}"
+        )
     if not backward:
         meta["EXP2"] = exp2
         meta["FOLD"] = int(fold)
+        if by_pid:
+            meta.update(BY_PID=True, HELP_POLLS=help_polls, TRANSPOSE=transpose)
         if regs:  # the held words past the row's end: -inf values (kernel _held_words)
             itemsize = tensors[0].element_size()
             neg_inf = torch.full((4 // itemsize,), -math.inf, dtype=tensors[0].dtype)

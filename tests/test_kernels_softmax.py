@@ -325,6 +325,43 @@ def test_held_pieces_are_a_one_shot_smem_forward_knob(device):
         _backward(x, x, -1, direct, Config("smem", 1, 64, 4, regs=1))
 
 
+def test_chunks_by_program_id_are_a_one_shot_smem_forward_knob(device):
+    x = torch.randn(8, 128, device=device)
+    for config in (
+        Config("split2", 1, 64, 4, by_pid=True),
+        Config("smem", 1, 64, 4, by_pid=True, per_sm=1),
+        Config("smem", 1, 64, 4, by_pid=True, fold=2),
+        Config("smem", 1, 64, 4, by_pid=True, regs=1),
+    ):
+        with pytest.raises(ValueError, match="by_pid is a knob of the one-shot smem forward"):
+            _forward(x, -1, direct, config)
+    with pytest.raises(ValueError, match="by_pid is a knob"):
+        _backward(x, x, -1, direct, Config("smem", 1, 64, 4, by_pid=True))
+
+
+@pytest.mark.parametrize(
+    "knobs, match",
+    [
+        (dict(by_pid=True, backward=True), "by_pid is a knob of the one-shot forward"),
+        (dict(by_pid=True, programs=132), "by_pid is a knob of the one-shot forward"),
+        (dict(by_pid=True, help_polls=0), "helping after at least 1 poll"),
+        (dict(transpose=True), "transpose orders the program ids of by_pid"),
+    ],
+)
+def test_smem_launch_refuses_chunks_by_program_id_it_cannot_run(knobs, match):
+    """softmax_smem.launch checks before it launches (no GPU needed)."""
+    if softmax_module.softmax_smem is None:
+        pytest.skip("this Triton has no Gluon")
+    x = torch.empty(2, 4096)
+    backward = knobs.pop("backward", False)
+    tensors = [x, x, x] if backward else [x, x]
+    with pytest.raises(ValueError, match=match):
+        softmax_module.softmax_smem.launch(
+            lambda k: None, backward, tensors, x, None, (1, 2), [(0, 4096, 1)] * len(tensors),
+            4096, 4, **knobs,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("regs", [3, 8, 16])
 def test_held_pieces_are_a_power_of_2_below_the_chunk(regs):
     """softmax_smem.launch refuses held pieces it cannot lay out (no GPU needed: it checks
@@ -824,17 +861,18 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     with pretend_gpu((9, 0), 132):
+        # round 19: the forward's chunks by program id, its registers capped by warps
         assert pick(65536, 512, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 16384, 8, exp2=2
+            "smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=32
         )
         assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 8192, 4, per_sm=-1
         )
         assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, exp2=1
+            "smem", 1, 8192, 4, exp2=1, by_pid=True, maxnreg=40
         )
         assert pick(65536, 512, False, False, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, exp2=1
+            "smem", 1, 8192, 4, exp2=1, by_pid=True, maxnreg=40
         )
         assert pick(262144, 128, False, True, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 4096, 4, per_sm=-1
@@ -844,7 +882,7 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
         assert pick(65536, 512, False, True, cpu, 2) == Config("coop", 1, 4096, 4, pairs=True)
         # rows past MAX_SPLIT_CHUNKS chunks: bigger chunks, warps in proportion
         assert pick(2**22, 2, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 32768, 16, exp2=2
+            "smem", 1, 32768, 16, exp2=2, by_pid=True, maxnreg=40
         )
         assert pick(2**21, 2, False, True, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 16384, 8, per_sm=-1
@@ -1409,6 +1447,9 @@ def test_row_loop_on_gpu(n, dtype_name):
         Config("smem", 1, 16384, 4, exp2=2, regs=2),
         Config("smem", 1, 8192, 2, exp2=1, regs=4),
         Config("smem", 1, 4096, 4, regs=1),
+        # round 19: chunks by program id (the backward drops the knob), capped as the pick
+        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=32),
+        Config("smem", 1, 4096, 4, exp2=1, by_pid=True, maxnreg=40),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1422,6 +1463,7 @@ def test_row_loop_on_gpu(n, dtype_name):
         + (f"_persist{c.per_sm}" if c.per_sm else "")
         + (f"_fold{int(c.fold)}" if c.fold else "")
         + (f"_regs{c.regs}" if c.regs else "")
+        + ("_pid" if c.by_pid else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
@@ -1446,7 +1488,7 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
-    backward = config._replace(rescale=False, fold=0, regs=0)
+    backward = config._replace(rescale=False, fold=0, regs=0, by_pid=False)
     dx = _backward(y[keep], dy[keep], -1, direct, backward)
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
@@ -1477,6 +1519,42 @@ def test_held_pieces_on_ragged_rows_on_gpu(dtype_name, n):
         assert relative_error(y, ref) < TOLERANCES[dtype_name], config
         ones = torch.ones(5, device="cuda", dtype=torch.float64)
         torch.testing.assert_close(y.double().sum(-1), ones, rtol=0, atol=TOLERANCES[dtype_name])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["help_at_once", "transposed"])
+def test_chunks_by_program_id_help_on_gpu(dtype_name, transpose):
+    """Config.by_pid's fallback. help_at_once: every program that finds its row incomplete at
+    its first poll computes the missing partials itself (rows of 70000 columns: a last chunk of
+    4464; a 1e4 and a run of -inf). transposed: program ids go down the rows' first chunks
+    first, on 8 rows an SM, more than the SMs hold programs; the GPU's first programs then
+    wait for chunks it starts only after them, and only the fallback ends the launch."""
+    from kernels._common import gpu_info
+
+    dtype = DTYPES[dtype_name]
+    smem = softmax_module.softmax_smem
+    device = torch.device("cuda")
+    n = 65536 if transpose else 70000
+    rows = 8 * gpu_info(device).sms if transpose else 6
+    x = torch.randn(rows, n, device=device, dtype=dtype) * 3
+    x[0, 5] = 1e4
+    x[1, :20000] = -float("inf")
+    y = torch.full_like(x, float("nan"))
+    config = softmax_module._pick_config(n, rows, False, False, device, x.element_size(),
+                                         smem_ok=True)  # fmt: skip
+    assert config.design == "smem" and config.by_pid
+    ws = torch.zeros(rows * triton.cdiv(n, config.block_cols) + 1, device=device,
+                     dtype=torch.int64)  # fmt: skip
+    smem.launch(
+        direct, False, [x, y], ws, None, (1, rows), [(rows * n, n, 1)] * 2, config.block_cols,
+        config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg, by_pid=True,
+        help_polls=smem.HELP_POLLS if transpose else 1, transpose=transpose,
+    )  # fmt: skip
+    ref = torch.softmax(x.double(), -1)
+    assert relative_error(y, ref) < TOLERANCES[dtype_name]
+    ones = torch.ones(rows, device=device, dtype=torch.float64)
+    torch.testing.assert_close(y.double().sum(-1), ones, rtol=0, atol=TOLERANCES[dtype_name])
 
 
 # -- the first call's choice (softmax_module._tuned_config) --
@@ -1726,3 +1804,23 @@ def test_phase_summary_of_known_stamps():
     assert "a slot empty between programs    3.50 /    3.50 /    3.50 us" in out
     assert "start spread    0.50 /    0.50 /    0.50 us" in out
     assert "ramp (to the first end) 6.50 us, tail (from the last start) 6.50 us" in out
+
+
+def test_round19_probe_candidates_are_valid():
+    """Round 19: forward only, past the tile; the ticketed pick beside the pick (chunks by
+    program id) on other chunks and poll intervals; earlier rounds' smem knobs keep the ticket."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    with pretend_gpu((9, 0), 132):
+        for n in (16384, 65536, 262144):
+            for itemsize in (2, 4):
+                assert not probe.round19_candidates(n, itemsize, True)
+                cands = probe.round19_candidates(n, itemsize, False)
+                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                for name, cfg in cands.items():
+                    assert cfg.design == "smem" and not cfg.per_sm and cfg.by_pid == (
+                        name != "ticket"
+                    )  # fmt: skip
+                    assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
+                for round_no in (17, 18):
+                    for cfg in probe.ROUND_CANDIDATES[round_no](n, itemsize, False).values():
+                        assert not cfg.by_pid

@@ -1,0 +1,320 @@
+"""What each step of the long-row smem forward costs (GPU, Gluon; a probe, not a benchmark).
+
+Round 18 (kernels/notes/softmax.md) left the H200's smem forward past the tile at 81-85% of its
+copy and ruled out the row's synchronization as such. This probe builds the forward up from a
+plain copy through shared memory, one step at a time, on the pick's programs (32 KB chunks, 8
+warps in 16-bit and 4 in fp32), and times each rung beside the copy of the same bytes:
+
+    TICKET  0: the chunk is the program id; 1: an atomic ticket (the production protocol)
+    WORK    0: copy (y = x through shared memory)
+            1: local: the chunk's own softmax (max, sum of exp, output; no other program)
+            2: row: the chunk's partial published, the row's awaited (the production kernel)
+            3: row, the partial's exp kept in shared memory in place of x (one exp a value)
+    LOAD    0: cp.async, 16 bytes a thread; 1: TMA, one bulk copy a split of the chunk
+    STORE   0: st.global from registers; 1: y written into shared memory, then TMA stores
+
+Rows are contiguous and N a multiple of the chunk, so a chunk is CHUNK consecutive values and
+there are no masks (the shipped kernel masks; its time is printed beside). A chunk is viewed as
+(CHUNK / 256, 256) so that a TMA box covers a split of it (box sides are at most 256).
+
+    python -m experiments.probe_softmax_ladder --only 65536,262144
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from typing import NamedTuple
+
+import torch
+
+from experiments.probe_softmax import DTYPES, bench_gpu, copy_bandwidth
+from kernels.softmax import softmax
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from kernels import softmax_smem as sk
+    from kernels._coop import _pack, _unpack
+except ImportError:  # a Triton without Gluon's Hopper modules: main() says so
+    gluon = None
+
+COLS = 256  # the inner side of a chunk's (rows, 256) view: a TMA box side's limit
+
+
+class Rung(NamedTuple):
+    ticket: int
+    work: int
+    load: int
+    store: int
+
+
+# TMA loads only under the copy rungs: with the softmax's work after them (rungs local_tma,
+# row_tma_t and others, timed in results/h100_probes/softmax_ladder19_h200.txt) some programs
+# read a split before its bytes landed on the H200 (NaN in 0.3-27% of the outputs at 2^27
+# values, though not on 12 chunks), with a fence and a barrier after the barriers' init or
+# without; unresolved. The copies through TMA were exact and no faster than cp.async.
+RUNGS = {
+    "copy_cp": Rung(0, 0, 0, 0),
+    "copy_cp_t": Rung(1, 0, 0, 0),
+    "copy_tma": Rung(0, 0, 1, 1),
+    "copy_tma_r": Rung(0, 0, 1, 0),
+    "local_cp": Rung(0, 1, 0, 0),
+    "local_cp_t": Rung(1, 1, 0, 0),
+    "row_cp": Rung(0, 2, 0, 0),
+    "row_cp_t": Rung(1, 2, 0, 0),
+    "row_cp_e": Rung(0, 3, 0, 0),
+    "row_cp_t_e": Rung(1, 3, 0, 0),
+}
+
+# the pick's programs (kernels.softmax: 32 KB chunks; 8 warps in 16-bit, 4 in fp32)
+CHUNK_BYTES = 32 * 1024
+
+
+# 6 programs of 8 warps an SM, as the bf16 pick (32 registers) has: the local rungs on cp.async
+# take 44 registers uncapped (40 with a 4-byte spill); the others fit 40 uncapped
+MAXNREG_8_WARPS = 40
+
+
+def warps_for(itemsize: int) -> int:
+    return 8 if itemsize == 2 else 4
+
+
+def chunk_for(itemsize: int) -> int:
+    return CHUNK_BYTES // itemsize
+
+
+def splits_for(rung: Rung, itemsize: int) -> int:
+    """Copies (and waits) a chunk: 8 rows of its (CHUNK / 256, 256) view a split (2048 values
+    in 16-bit, as the pick's pieces; 1024 in fp32, half its 8 KB chunk's pieces)."""
+    return chunk_for(itemsize) // COLS // 8
+
+
+def check_shape(n: int, itemsize: int) -> None:
+    if n % chunk_for(itemsize):
+        raise ValueError(f"the ladder needs rows of a multiple of {chunk_for(itemsize)} columns, "
+                         f"not {n}")  # fmt: skip
+
+
+if gluon is not None:
+    LOG2E = gl.constexpr(1.4426950408889634)
+    COLS_C = gl.constexpr(COLS)
+
+    @gluon.jit
+    def _landed(bars, s: gl.constexpr, LOAD: gl.constexpr, SPLITS: gl.constexpr):
+        """Wait until split s of the chunk is in shared memory."""
+        if LOAD == 0:
+            cp.wait_group(SPLITS - 1 - s)  # each thread reads what its own copies wrote
+        else:
+            mbarrier.wait(bars.index(s), 0)
+
+    @gluon.jit
+    def ladder_kernel(
+        x_ptr, y_ptr, x_desc, y_desc, ws_ptr, next_ptr, n_chunks, ticket_index,
+        CHUNK: gl.constexpr, SPLITS: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+        MAX_CHUNKS: gl.constexpr, TICKET: gl.constexpr, WORK: gl.constexpr,
+        LOAD: gl.constexpr, STORE: gl.constexpr, SLEEP_NS: gl.constexpr = 200,
+    ):  # fmt: skip
+        R: gl.constexpr = CHUNK // (SPLITS * COLS_C)  # rows of the view a split
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
+        dtype: gl.constexpr = x_ptr.dtype.element_ty
+        if TICKET:
+            c = sk._take_ticket(ws_ptr, next_ptr, ticket_index, True)
+        else:  # the program id (a row's wait then relies on programs starting in id order)
+            c = gl.program_id(0)
+            gl.store(next_ptr + c, 0)
+            gl.store(next_ptr + ticket_index, 0, mask=c == 0)
+        base = c.to(gl.int64) * CHUNK
+        rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, COLS_C, layout=gl.SliceLayout(0, layout))
+        offs = rows[:, None] * COLS_C + cols[None, :]
+        view_row = c * (CHUNK // COLS_C)  # the chunk's first row of the (rows, 256) view
+        bars = gl.allocate_shared_memory(gl.int64, [SPLITS, 1], mbarrier.MBarrierLayout())
+        if LOAD == 0:
+            smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C],
+                                             gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+            for s in gl.static_range(SPLITS):
+                cp.async_copy_global_to_shared(smem.index(s), x_ptr + base + s * R * COLS_C + offs)
+                cp.commit_group()
+        else:
+            smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C], x_desc.layout)
+            for s in gl.static_range(SPLITS):
+                mbarrier.init(bars.index(s), count=1)
+            # the inits seen by the TMA unit and by every thread before any wait: without this
+            # a warp could wait on the barrier word the SM's previous program left completed
+            # (bf16 rungs read unlanded data at scale on the H200)
+            fence_async_shared()
+            gl.thread_barrier()
+            for s in gl.static_range(SPLITS):
+                mbarrier.expect(bars.index(s), R * COLS_C * dtype.primitive_bitwidth // 8)
+                tma.async_copy_global_to_shared(x_desc, [view_row + s * R, 0], bars.index(s),
+                                                smem.index(s))  # fmt: skip
+        if WORK == 0:
+            for s in gl.static_range(SPLITS):
+                _landed(bars, s, LOAD, SPLITS)
+                if STORE == 0:
+                    v = smem.index(s).load(layout)
+                    gl.store(y_ptr + base + s * R * COLS_C + offs, v)
+                else:
+                    if LOAD == 0:  # written by the threads' copies: visible to the TMA unit
+                        fence_async_shared()
+                        gl.thread_barrier()
+                    tma.async_copy_shared_to_global(y_desc, [view_row + s * R, 0], smem.index(s))
+        else:
+            for s in gl.static_range(SPLITS):
+                _landed(bars, s, LOAD, SPLITS)
+                v = smem.index(s).load(layout).to(gl.float32)
+                if s == 0:
+                    max_vec = v
+                else:
+                    max_vec = gl.maximum(max_vec, v)
+            chunk_max = gl.max(gl.max(max_vec, axis=1), axis=0)
+            sum_vec = gl.zeros([R, COLS_C], gl.float32, layout)
+            for s in range(SPLITS):  # not unrolled: the loads of one split at a time live
+                v = smem.index(s).load(layout).to(gl.float32)
+                e = gl.exp2(v * LOG2E - chunk_max * LOG2E)
+                sum_vec += e
+                if WORK == 3:  # each thread overwrites what it read: no barrier
+                    smem.index(s).store(e.to(dtype))
+            chunk_sum = gl.sum(gl.sum(sum_vec, axis=1), axis=0)
+            if WORK == 1:
+                row_max = chunk_max
+                inv_sum = 1.0 / chunk_sum
+            else:
+                gl.atomic_xchg(ws_ptr + c, _pack(chunk_max, chunk_sum), sem="relaxed")
+                row = c // n_chunks
+                packed, ok = sk._row_slots(ws_ptr + row.to(gl.int64) * n_chunks, n_chunks,
+                                           MAX_CHUNKS, SLEEP_NS, WARPS)  # fmt: skip
+                maxes, sums = _unpack(packed)
+                maxes = gl.where(ok, maxes, -float("inf"))
+                row_max = gl.max(maxes, axis=0)
+                row_sum = gl.sum(gl.where(ok, sums * gl.exp2((maxes - row_max) * LOG2E), 0.0),
+                                 axis=0)  # fmt: skip
+                inv_sum = 1.0 / row_sum
+            scale = gl.exp2((chunk_max - row_max) * LOG2E) * inv_sum
+            for s in range(SPLITS):
+                if WORK == 3:
+                    y = smem.index(s).load(layout).to(gl.float32) * scale
+                else:
+                    v = smem.index(s).load(layout).to(gl.float32)
+                    y = gl.exp2(v * LOG2E - row_max * LOG2E) * inv_sum
+                if STORE == 0:
+                    gl.store(y_ptr + base + s * R * COLS_C + offs, y.to(dtype))
+                else:
+                    smem.index(s).store(y.to(dtype))
+            if STORE == 1:
+                fence_async_shared()
+                gl.thread_barrier()
+                for s in range(SPLITS):
+                    tma.async_copy_shared_to_global(y_desc, [view_row + s * R, 0], smem.index(s))
+        if STORE == 1:
+            tma.store_wait(0)
+
+
+class Ladder:
+    """One rung on x -> y: the two workspaces taken in turn (each launch zeroes the other)."""
+
+    def __init__(self, rung: Rung, x: torch.Tensor, y: torch.Tensor):
+        n = x.shape[-1]
+        itemsize = x.element_size()
+        check_shape(n, itemsize)
+        if rung.load and rung.work:
+            raise ValueError("TMA copies under the copy rungs only (see RUNGS)")
+        self.rung, self.x, self.y = rung, x, y
+        self.chunk = chunk_for(itemsize)
+        self.n_chunks = n // self.chunk
+        self.slots = x.numel() // self.chunk
+        self.splits = splits_for(rung, itemsize)
+        self.ws = [torch.zeros(self.slots + 1, device=x.device, dtype=torch.int64)
+                   for _ in range(2)]  # fmt: skip
+        self.turn = 0
+        self.registers = self.spills = "?"
+        rows = self.chunk // COLS // self.splits
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8 * itemsize, rank=2)
+        self.x_desc = TensorDescriptor.from_tensor(x.view(-1, COLS), [rows, COLS], layout)
+        self.y_desc = TensorDescriptor.from_tensor(y.view(-1, COLS), [rows, COLS], layout)
+
+    def __call__(self) -> None:
+        ws, next_ws = self.ws[self.turn], self.ws[1 - self.turn]
+        self.turn = 1 - self.turn
+        warps = warps_for(self.x.element_size())
+        compiled = ladder_kernel[(self.slots,)](
+            self.x, self.y, self.x_desc, self.y_desc, ws, next_ws, self.n_chunks, self.slots,
+            CHUNK=self.chunk, SPLITS=self.splits, VEC=16 // self.x.element_size(), WARPS=warps,
+            MAX_CHUNKS=max(2, 1 << (self.n_chunks - 1).bit_length()), TICKET=self.rung.ticket,
+            WORK=self.rung.work, LOAD=self.rung.load, STORE=self.rung.store, num_warps=warps,
+            **({"maxnreg": MAXNREG_8_WARPS} if warps == 8 and self.rung[1:3] == (1, 0) else {}),
+        )  # fmt: skip
+        if compiled is not None:  # None when compiled offline (experiments.resources)
+            self.registers, self.spills = compiled.n_regs, compiled.n_spills
+
+
+def expected(rung: Rung, x: torch.Tensor) -> torch.Tensor:
+    """What a rung writes: x (copy), each chunk's softmax (local) or each row's (row)."""
+    if rung.work == 0:
+        return x
+    chunk = chunk_for(x.element_size())
+    rows = x.float().view(-1, chunk) if rung.work == 1 else x.float()
+    return torch.softmax(rows, dim=-1).view_as(x).to(x.dtype)
+
+
+def check(rung: Rung, x: torch.Tensor, y: torch.Tensor) -> None:
+    if rung.work == 0:
+        torch.testing.assert_close(y, x, atol=0, rtol=0)
+    else:  # bf16 keeping exp in shared memory rounds twice: one more bf16 step of slack
+        torch.testing.assert_close(y, expected(rung, x), atol=1e-5, rtol=2e-2)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="65536,262144", help="comma list of N")
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--elems", type=int, default=2**27, help="elements a tensor")
+    parser.add_argument("--rungs", default=",".join(RUNGS), help="comma list of rung names")
+    args = parser.parse_args(argv)
+    if gluon is None or not torch.cuda.is_available():
+        print("needs a CUDA GPU and a Triton with Gluon's Hopper modules")
+        return 1
+    names = args.rungs.split(",")
+    unknown = [name for name in names if name not in RUNGS]
+    if unknown:
+        parser.error(f"unknown rungs {unknown}; known: {', '.join(RUNGS)}")
+    copy_gbs = copy_bandwidth()
+    print(f"# {torch.cuda.get_device_name()}; copy {copy_gbs:.0f} GB/s (1 GB, read + write); "
+          f"rows of {args.elems} elements; % of that copy")  # fmt: skip
+    for dtype_name in args.dtypes.split(","):
+        for n in (int(v) for v in args.only.split(",")):
+            x = torch.randn(args.elems // n, n, device="cuda", dtype=DTYPES[dtype_name])
+            y = torch.empty_like(x)
+            nbytes = 2 * x.numel() * x.element_size()
+
+            def pct(ms: float, nbytes=nbytes) -> str:
+                return f"{100 * nbytes / (ms * 1e-3) / 1e9 / copy_gbs:6.1f}"
+
+            same = bench_gpu(lambda x=x, y=y: y.copy_(x))
+            shipped = bench_gpu(functools.partial(softmax, x, -1))
+            print(f"{dtype_name} {x.shape[0]}x{n}: same-bytes copy {pct(same)}, shipped softmax() "
+                  f"{pct(shipped)}")  # fmt: skip
+            for name in names:
+                rung = RUNGS[name]
+                try:
+                    run = Ladder(rung, x, y)
+                    for _ in range(2):  # the second call runs on the workspace the first cleared
+                        y.zero_()
+                        run()
+                        check(rung, x, y)
+                    ms = bench_gpu(run)
+                    print(f"  {name:<14} {pct(ms)}  ({ms * 1e3:7.1f} us, {run.splits} splits, "
+                          f"{run.registers} registers, {run.spills} spilled)")  # fmt: skip
+                except Exception as exc:  # a rung that fails to build or check: say so, go on
+                    print(f"  {name:<14} failed: {type(exc).__name__}: {str(exc)[:300]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
