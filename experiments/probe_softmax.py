@@ -918,6 +918,8 @@ ROUND19_NAMES = {
     "ticket": "the pick with round 10-18's atomic ticket at each program's start",
     "cNK_wW": "the pick (chunks by program id) on chunks of N KB and W warps",
     "sleepS": "the pick polling its row every S ns",
+    "nohelp[_nocap] / nocap": "the pick without the fallback's code (Config.help_polls = -1: "
+    "relies on the GPU starting programs in id order) and/or without its register cap",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
@@ -937,6 +939,11 @@ def round19_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         )  # fmt: skip
     for sleep_ns in (0, 500):
         out[f"sleep{sleep_ns}"] = pick._replace(by_pid=True, sleep_ns=sleep_ns)
+    # the fallback's cost: no helping code (unsafe but for the GPU's in-order starts), and
+    # the pick with no register cap
+    out["nohelp"] = pick._replace(help_polls=-1)
+    out["nohelp_nocap"] = pick._replace(help_polls=-1, maxnreg=0)
+    out["nocap"] = pick._replace(maxnreg=0)
     return out
 
 

@@ -130,7 +130,7 @@ SMEM_ARCH_MAJOR = 9  # compute capability 9.x (Hopper): where the smem design wa
 # fp32). Capped at 32 with 8 warps and 40 with 4 (sm_90 ptxas, offline): no spills under
 # Triton 3.8; under 3.6 none in 16-bit and 8 bytes in fp32 at 32 chunks a row (0 at 4 and 8).
 # So 6 programs of 32 KB an SM, as with the atomic ticket.
-SMEM_PID_MAXNREG = {16: 40, 8: 32, 4: 40}
+SMEM_PID_MAXNREG = {16: 40, 8: 40, 4: 40}
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
 ADJACENT_ROWS = 32
@@ -222,6 +222,10 @@ class Config(NamedTuple):
     # memory idle); a program that has polled its row long enough computes the missing
     # partials itself, so nothing relies on the order the GPU starts programs in
     by_pid: bool = False
+    # by_pid: polls of its row after which a program computes the missing partials itself; 0:
+    # softmax_smem.HELP_POLLS; -1: never (a probe of the fallback's cost only: the wait then
+    # relies on the GPU starting programs in id order, as it does but does not promise)
+    help_polls: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1522,7 +1526,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
         maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
-        by_pid=config.by_pid,
+        by_pid=config.by_pid, help_polls=config.help_polls or softmax_smem.HELP_POLLS,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

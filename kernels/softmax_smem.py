@@ -123,7 +123,7 @@ def _row_slots_helping(slots, n_chunks, x_row, row_limit, MAX_CHUNKS: gl.constex
     polls = missing * 0
     while missing > 0:
         polls += 1
-        if polls == HELP_POLLS:
+        if HELP_POLLS > 0 and polls == HELP_POLLS:  # HELP_POLLS -1: never (a probe only)
             for j in range(n_chunks):
                 if gl.load(slots + j, volatile=True) == 0:
                     start = j * CHUNK
@@ -138,7 +138,7 @@ def _row_slots_helping(slots, n_chunks, x_row, row_limit, MAX_CHUNKS: gl.constex
     return packed, ok
 
 
-@gluon.jit(noinline=True)
+@gluon.jit
 def _forward_partial_global(x_chunk, limit, CHUNK: gl.constexpr, WARPS: gl.constexpr,
                             EXP2: gl.constexpr):  # fmt: skip
     """(max, sum of exp(x - max)) of the chunk at x_chunk (limit: its columns in the row),
@@ -727,11 +727,11 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         )
     if transpose and not by_pid:
         raise ValueError("transpose orders the program ids of by_pid")
-    if by_pid and (backward or programs > 0 or fold or regs or help_polls < 1):
+    if by_pid and (backward or programs > 0 or fold or regs or help_polls == 0 or help_polls < -1):
         raise ValueError(
             "by_pid is a knob of the one-shot forward without fold or regs, helping after at "
-            f"least 1 poll; got backward={backward}, programs={programs}, fold={fold}, "
-            f"regs={regs}, help_polls={help_polls}"
+            f"least 1 poll (or -1: never); got backward={backward}, programs={programs}, "
+            f"fold={fold}, regs={regs}, help_polls={help_polls}"
         )
     if not backward:
         meta["EXP2"] = exp2
