@@ -863,7 +863,7 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
     with pretend_gpu((9, 0), 132):
         # round 19: the forward's chunks by program id, its registers capped by warps
         assert pick(65536, 512, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=32
+            "smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40
         )
         assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 8192, 4, per_sm=-1
@@ -1448,7 +1448,7 @@ def test_row_loop_on_gpu(n, dtype_name):
         Config("smem", 1, 8192, 2, exp2=1, regs=4),
         Config("smem", 1, 4096, 4, regs=1),
         # round 19: chunks by program id (the backward drops the knob), capped as the pick
-        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=32),
+        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40),
         Config("smem", 1, 4096, 4, exp2=1, by_pid=True, maxnreg=40),
     ],
     ids=lambda c: (
