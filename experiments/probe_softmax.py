@@ -118,6 +118,7 @@ from kernels._common import TUNING_LOG
 from kernels.softmax import (
     MAX_SPLIT_CHUNKS,
     ONE_PASS_MAX_ELEMS,
+    SMEM_PID_MAXNREG,
     Config,
     _backward,
     _forward,
@@ -737,7 +738,7 @@ def round14_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
                     out[f"t{kbytes}K_w{warps}_ui"] = tile
         return out
     exp2 = 2 if itemsize == 2 else 1
-    pick = _ticketed(_pick_config(n, 1, False, False, device, itemsize, smem_ok=True))
+    pick = _pick_config(n, 1, False, False, device, itemsize, smem_ok=True)
     out = {"default_fold": pick._replace(fold=True)} if pick.design == "smem" else {}
     for kbytes, warps in ((64, 16), (16, 4)):
         values = kbytes * 1024 // itemsize
@@ -827,19 +828,11 @@ ROUND17_NAMES = {
 }
 
 
-def _ticketed(pick: Config) -> Config:
-    """The smem forward pick as rounds 10-18 measured it: the atomic ticket (round 19 took
-    chunks by program id, Config.by_pid, with a register cap), so their knobs keep their
-    meaning (fold, regs and the persistent kernel are knobs of the ticketed kernel)."""
-    return pick._replace(by_pid=False, maxnreg=0) if pick.by_pid else pick
-
-
 def round17_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
     """Round 17: the smem forward's poll interval past the tile."""
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
-    pick = _ticketed(_pick_config(n, 1, False, False, torch.device(DEVICE), itemsize,
-                                  smem_ok=True))  # fmt: skip
+    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
     out = {f"sleep{ns}": pick._replace(sleep_ns=ns) for ns in (0, 500, 1000, 2000, 5000)}
     if pick.design == "smem":  # the same chunk on fewer or more warps (fewer polling warps)
         for warps in (2, 4, 8, 16):
@@ -881,8 +874,8 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     """Round 18: the smem forward's chunk partly held in registers; at N = ONE_PASS_MAX_ELEMS
     the smem kernel on one chunk a row (no wait for other programs)."""
     if not backward and n == ONE_PASS_MAX_ELEMS:
-        long_pick = _ticketed(_pick_config(4 * n, 1, False, False, torch.device(DEVICE),
-                                           itemsize, smem_ok=True))  # fmt: skip
+        long_pick = _pick_config(4 * n, 1, False, False, torch.device(DEVICE), itemsize,
+                                 smem_ok=True)  # fmt: skip
         if long_pick.design != "smem":
             return {}
         # the row one chunk (or two) of the long rows' pick: its phases without the row's wait
@@ -890,8 +883,7 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
                 "smem_2chunks": long_pick._replace(block_cols=n // 2)}  # fmt: skip
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
-    pick = _ticketed(_pick_config(n, 1, False, False, torch.device(DEVICE), itemsize,
-                                  smem_ok=True))  # fmt: skip
+    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
     if pick.design != "smem":
         return {}
     out = {}
@@ -913,37 +905,38 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
 
 # What each round 19 name means (printed at the start of a --round19 run).
 ROUND19_NAMES = {
-    "default": "the shipped _pick_config choice (round 19: the smem forward's chunks by program "
-    "id, Config.by_pid)",
-    "ticket": "the pick with round 10-18's atomic ticket at each program's start",
-    "cNK_wW": "the pick (chunks by program id) on chunks of N KB and W warps",
-    "sleepS": "the pick polling its row every S ns",
-    "nohelp[_nocap] / nocap": "the pick without the fallback's code (Config.help_polls = -1: "
-    "relies on the GPU starting programs in id order) and/or without its register cap",
+    "default": "the shipped _pick_config choice (the atomic ticket at each program's start)",
+    "pid": "the pick with its chunks by program id (Config.by_pid) and the fallback (a program "
+    "that polled its row softmax_smem.HELP_POLLS times computes the missing partials), its "
+    "registers capped (kernels.softmax.SMEM_PID_MAXNREG)",
+    "pid_cNK_wW": "pid on chunks of N KB and W warps",
+    "pid_sleepS": "pid polling its row every S ns",
+    "pid_nohelp[_nocap] / pid_nocap": "pid without the fallback's code (Config.help_polls = -1: "
+    "relies on the GPU starting programs in id order) and/or without the register cap",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
 
 def round19_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
-    """Round 19: the smem forward's chunks by program id (no atomic ticket), against the
-    ticket, on other chunk sizes and poll intervals."""
+    """Round 19: the smem forward's chunks by program id (no atomic ticket), with and without
+    the fallback and the register cap, on other chunk sizes and poll intervals."""
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
     pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
     if pick.design != "smem" or pick.per_sm:
         return {}
-    out = {"ticket": pick._replace(by_pid=False)}
+    pid = pick._replace(by_pid=True, maxnreg=SMEM_PID_MAXNREG.get(pick.num_warps, 0))
+    out = {"pid": pid}
     for kbytes, warps in ((16, pick.num_warps // 2), (64, 2 * pick.num_warps)):
-        out[f"c{kbytes}K_w{warps}"] = pick._replace(
-            by_pid=True, block_cols=kbytes * 1024 // itemsize, num_warps=warps
+        out[f"pid_c{kbytes}K_w{warps}"] = pid._replace(
+            block_cols=kbytes * 1024 // itemsize, num_warps=warps,
+            maxnreg=SMEM_PID_MAXNREG.get(warps, 0),
         )  # fmt: skip
     for sleep_ns in (0, 500):
-        out[f"sleep{sleep_ns}"] = pick._replace(by_pid=True, sleep_ns=sleep_ns)
-    # the fallback's cost: no helping code (unsafe but for the GPU's in-order starts), and
-    # the pick with no register cap
-    out["nohelp"] = pick._replace(help_polls=-1)
-    out["nohelp_nocap"] = pick._replace(help_polls=-1, maxnreg=0)
-    out["nocap"] = pick._replace(maxnreg=0)
+        out[f"pid_sleep{sleep_ns}"] = pid._replace(sleep_ns=sleep_ns)
+    out["pid_nohelp"] = pid._replace(help_polls=-1)
+    out["pid_nohelp_nocap"] = pid._replace(help_polls=-1, maxnreg=0)
+    out["pid_nocap"] = pid._replace(maxnreg=0)
     return out
 
 

@@ -1185,12 +1185,11 @@ def _pick_config(
         if backward:
             warps = min(16, SMEM_WARPS * smem_chunk // base_chunk)
             return Config("smem", 1, smem_chunk, warps, per_sm=-1)
-        # Round 19 (H200): chunks by program id, not an atomic ticket (probe_softmax_ladder,
-        # the protocol without masks: bf16 84.9 / 81.1 -> 91.6 / 89.9, fp32 92.7 / 84.9 ->
-        # 95.7 / 94.3 at N = 65536 / 262144).
+        # Round 19 (H200): chunks by program id (Config.by_pid) are not shipped: with the
+        # fallback the pick lost (bf16 77.8 / 77.2 against the ticket's 84.5 / 80.6), and the
+        # fallback failed its transposed GPU test (kernels/notes/softmax.md, round 19).
         warps = min(16, SMEM_WARPS * smem_chunk // SMEM_CHUNK_ELEMS)
-        return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1, by_pid=True,
-                      maxnreg=SMEM_PID_MAXNREG.get(warps, 0))  # fmt: skip
+        return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1)
     # 16-bit backward rows one a program: chunks held as int32 pairs (where the strides let
     # them be read so; other rows take the plain kernel with the same chunk)
     pairs = backward and itemsize == 2 and min_rows == 1
