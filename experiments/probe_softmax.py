@@ -925,12 +925,13 @@ def round19_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
     if pick.design != "smem" or pick.per_sm:
         return {}
-    pid = pick._replace(by_pid=True, maxnreg=SMEM_PID_MAXNREG.get(pick.num_warps, 0))
+    pid = pick._replace(by_pid=True, maxnreg=SMEM_PID_MAXNREG)
     out = {"pid": pid}
     for kbytes, warps in ((16, pick.num_warps // 2), (64, 2 * pick.num_warps)):
+        # 2 warps fit 6 programs an SM uncapped (round 19 ran them so)
         out[f"pid_c{kbytes}K_w{warps}"] = pid._replace(
             block_cols=kbytes * 1024 // itemsize, num_warps=warps,
-            maxnreg=SMEM_PID_MAXNREG.get(warps, 0),
+            maxnreg=SMEM_PID_MAXNREG if warps >= 4 else 0,
         )  # fmt: skip
     for sleep_ns in (0, 500):
         out[f"pid_sleep{sleep_ns}"] = pid._replace(sleep_ns=sleep_ns)
@@ -966,7 +967,7 @@ def _for_smoke(cfg: Config) -> Config:
     # the interpreter runs programs one at a time: a waiting (coop) program would never return,
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
-        return cfg._replace(design="split2", evict=False, per_sm=0, fold=False, regs=0,
+        return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
                             by_pid=False)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 

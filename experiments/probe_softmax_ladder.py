@@ -40,7 +40,7 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from kernels import softmax_smem as sk
-    from kernels._coop import _pack, _unpack
+    from kernels._coop import _pack
 except ImportError:  # a Triton without Gluon's Hopper modules: main() says so
     gluon = None
 
@@ -102,7 +102,6 @@ def check_shape(n: int, itemsize: int) -> None:
 
 
 if gluon is not None:
-    LOG2E = gl.constexpr(1.4426950408889634)
     COLS_C = gl.constexpr(COLS)
 
     @gluon.jit
@@ -126,9 +125,7 @@ if gluon is not None:
         if TICKET:
             c = sk._take_ticket(ws_ptr, next_ptr, ticket_index, True)
         else:  # the program id (a row's wait then relies on programs starting in id order)
-            c = gl.program_id(0)
-            gl.store(next_ptr + c, 0)
-            gl.store(next_ptr + ticket_index, 0, mask=c == 0)
+            c = sk._pid_ticket(next_ptr, ticket_index, n_chunks, True)
         base = c.to(gl.int64) * CHUNK
         rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, COLS_C, layout=gl.SliceLayout(0, layout))
@@ -177,7 +174,7 @@ if gluon is not None:
             sum_vec = gl.zeros([R, COLS_C], gl.float32, layout)
             for s in range(SPLITS):  # not unrolled: the loads of one split at a time live
                 v = smem.index(s).load(layout).to(gl.float32)
-                e = gl.exp2(v * LOG2E - chunk_max * LOG2E)
+                e = sk._exp_shifted(v, chunk_max, 2)
                 sum_vec += e
                 if WORK == 3:  # each thread overwrites what it read: no barrier
                     smem.index(s).store(e.to(dtype))
@@ -190,19 +187,14 @@ if gluon is not None:
                 row = c // n_chunks
                 packed, ok = sk._row_slots(ws_ptr + row.to(gl.int64) * n_chunks, n_chunks,
                                            MAX_CHUNKS, SLEEP_NS, WARPS)  # fmt: skip
-                maxes, sums = _unpack(packed)
-                maxes = gl.where(ok, maxes, -float("inf"))
-                row_max = gl.max(maxes, axis=0)
-                row_sum = gl.sum(gl.where(ok, sums * gl.exp2((maxes - row_max) * LOG2E), 0.0),
-                                 axis=0)  # fmt: skip
-                inv_sum = 1.0 / row_sum
-            scale = gl.exp2((chunk_max - row_max) * LOG2E) * inv_sum
+                row_max, inv_sum = sk._row_stats(packed, ok)
+            scale = gl.exp2((chunk_max - row_max) * sk.LOG2E) * inv_sum
             for s in range(SPLITS):
                 if WORK == 3:
                     y = smem.index(s).load(layout).to(gl.float32) * scale
                 else:
                     v = smem.index(s).load(layout).to(gl.float32)
-                    y = gl.exp2(v * LOG2E - row_max * LOG2E) * inv_sum
+                    y = sk._exp_shifted(v, row_max, 2) * inv_sum
                 if STORE == 0:
                     gl.store(y_ptr + base + s * R * COLS_C + offs, y.to(dtype))
                 else:

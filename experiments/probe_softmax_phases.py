@@ -83,9 +83,7 @@ if gluon is not None:
         g_entry = _stamp(pid, GLOBALTIMER)
         c_entry = _stamp(pid, CLOCK64)
         if BY_PID:
-            ticket = pid
-            gl.store(next_ptr + ticket, 0)  # the next launch's slot, as _take_ticket clears it
-            gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
+            ticket = sk._pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR)
         else:
             ticket = sk._take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
         # each stamp stored at once: nothing held in registers across the phases

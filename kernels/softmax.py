@@ -124,13 +124,12 @@ SMEM_MAX_BYTES = 131072
 SMEM_PER_SM = 233472
 SMEM_PROGRAM_EXTRA = 2048
 SMEM_ARCH_MAJOR = 9  # compute capability 9.x (Hopper): where the smem design was measured
-# Register caps of the one-shot smem forward with chunks by program id (Config.by_pid), by
-# warps: its helping path is a call (kernels.softmax_smem._forward_partial_global), and ptxas
-# then takes 96-97 registers uncapped under Triton 3.6 (2 programs an SM in 16-bit, 5 in
-# fp32). Capped at 32 with 8 warps and 40 with 4 (sm_90 ptxas, offline): no spills under
-# Triton 3.8; under 3.6 none in 16-bit and 8 bytes in fp32 at 32 chunks a row (0 at 4 and 8).
-# So 6 programs of 32 KB an SM, as with the atomic ticket.
-SMEM_PID_MAXNREG = {16: 40, 8: 40, 4: 40}
+# Register cap of the one-shot smem forward with chunks by program id (Config.by_pid, a probe
+# knob): with its fallback (kernels.softmax_smem._forward_partial_global) inlined, ptxas takes
+# 103 registers uncapped under Triton 3.6 (2 programs an SM in 16-bit, 4 in fp32). At 40
+# (sm_90 ptxas, offline): 6 programs of 32 KB an SM as with the atomic ticket, spilling 12-16
+# bytes (3.6) or 0-12 (3.8).
+SMEM_PID_MAXNREG = 40
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
 ADJACENT_ROWS = 32

@@ -51,9 +51,9 @@ def _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR: gl.constexpr,
                 TRANSPOSE: gl.constexpr = False):  # fmt: skip
     """The program id as the ticket (Config.by_pid): no atomic at the program's start. Clears
     what _take_ticket clears. A program then waits for chunks it did not see taken, so the wait
-    is _row_slots_helping's, which never needs another program to run. TRANSPOSE (tests only):
-    program ids go down the rows' first chunks first, so that the programs the GPU starts
-    first all wait for chunks it starts last."""
+    is _row_slots' with HELP_POLLS, which never needs another program to run. TRANSPOSE (tests
+    only): program ids go down the rows' first chunks first, so that the programs the GPU
+    starts first all wait for chunks it starts last."""
     ticket = gl.program_id(0)
     if TRANSPOSE:
         rows = ticket_index // n_chunks
@@ -88,52 +88,38 @@ def _exp_shifted(x, shift, EXP2: gl.constexpr):
 
 @gluon.jit
 def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr,
-               WARPS: gl.constexpr):  # fmt: skip
-    """The row's packed partials once all are published (0 marks an unpublished slot)."""
+               WARPS: gl.constexpr, HELP_POLLS: gl.constexpr = -1, x_row=None, row_limit=0,
+               CHUNK: gl.constexpr = 0, EXP2: gl.constexpr = 0):  # fmt: skip
+    """The row's packed partials once all are published (0 marks an unpublished slot).
+
+    HELP_POLLS > 0 (chunks by program id, Config.by_pid): after HELP_POLLS polls with slots
+    still unpublished, the program computes each missing chunk's partial from global memory
+    (x_row: the row's first column, row_limit its columns) and publishes it where the slot is
+    still 0, then polls on. So a program never waits on one that has not started (the GPU
+    need not start programs in id order; this is the decoupled fallback of single-pass scans).
+    -1: never (the ticketed kernels, whose chunks are all taken before anyone waits)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     k = gl.arange(0, MAX_CHUNKS, layout=layout)
     ok = k < n_chunks
     packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
     missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
+    if HELP_POLLS > 0:
+        polls = missing * 0
     while missing > 0:
+        if HELP_POLLS > 0:
+            polls += 1
+            if polls == HELP_POLLS:
+                for j in range(n_chunks):
+                    if gl.load(slots + j, volatile=True) == 0:
+                        start = j * CHUNK
+                        partial = _forward_partial_global(x_row + start, row_limit - start,
+                                                          CHUNK, WARPS, EXP2)  # fmt: skip
+                        gl.atomic_cas(slots + j, partial * 0, partial, sem="relaxed")
         missing = _nanosleep(missing, SLEEP_NS)
         packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
         missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
     # a slot several threads hold may have read 0 in one of them a moment before the sum: every
     # slot is published now, so one more load sees them all
-    packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
-    return packed, ok
-
-
-@gluon.jit
-def _row_slots_helping(slots, n_chunks, x_row, row_limit, MAX_CHUNKS: gl.constexpr,
-                       SLEEP_NS: gl.constexpr, HELP_POLLS: gl.constexpr, CHUNK: gl.constexpr,
-                       PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
-                       EXP2: gl.constexpr):  # fmt: skip
-    """_row_slots for chunks assigned by program id: after HELP_POLLS polls with slots still
-    unpublished, the program computes each missing chunk's partial from global memory (x_row:
-    the row's first column, row_limit its columns) and publishes it where the slot is still
-    0, then polls on. So a program never waits on one that has not started (the GPU need not
-    start programs in id order; this is the decoupled fallback of single-pass scans)."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    k = gl.arange(0, MAX_CHUNKS, layout=layout)
-    ok = k < n_chunks
-    packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
-    missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
-    polls = missing * 0
-    while missing > 0:
-        polls += 1
-        if HELP_POLLS > 0 and polls == HELP_POLLS:  # HELP_POLLS -1: never (a probe only)
-            for j in range(n_chunks):
-                if gl.load(slots + j, volatile=True) == 0:
-                    start = j * CHUNK
-                    partial = _forward_partial_global(x_row + start, row_limit - start, CHUNK,
-                                                      WARPS, EXP2)
-                    gl.atomic_cas(slots + j, partial * 0, partial, sem="relaxed")
-        missing = _nanosleep(missing, SLEEP_NS)
-        packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
-        missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
-    # as _row_slots: one more load once every slot is published
     packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
     return packed, ok
 
@@ -295,6 +281,17 @@ def _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_v
 
 
 @gluon.jit
+def _row_stats(packed, slot_ok):
+    """The row's (max, 1 / sum of exp(x - max)) from its published (max, sum) partials."""
+    maxes, sums = _unpack(packed)
+    maxes = gl.where(slot_ok, maxes, -float("inf"))
+    row_max = gl.max(maxes, axis=0)
+    # an all -inf row: row_max = -inf, exp(-inf - -inf) = NaN everywhere, as torch gives
+    row_sum = gl.sum(gl.where(slot_ok, sums * gl.exp2((maxes - row_max) * LOG2E), 0.0), axis=0)
+    return row_max, 1.0 / row_sum
+
+
+@gluon.jit
 def _forward_write(y_ptr, smem, base, packed, slot_ok, outer, inner, start, y_vstride_outer,
                    y_vstride_inner, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                    VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
@@ -302,12 +299,7 @@ def _forward_write(y_ptr, smem, base, packed, slot_ok, outer, inner, start, y_vs
     """Write y from the chunk held in smem.index(base + p), given the row's published slots;
     returns the row's (max, 1 / sum)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    maxes, sums = _unpack(packed)
-    maxes = gl.where(slot_ok, maxes, -float("inf"))
-    row_max = gl.max(maxes, axis=0)
-    # an all -inf row: row_max = -inf, exp(-inf - -inf) = NaN everywhere, as torch gives
-    row_sum = gl.sum(gl.where(slot_ok, sums * gl.exp2((maxes - row_max) * LOG2E), 0.0), axis=0)
-    inv_sum = 1.0 / row_sum
+    row_max, inv_sum = _row_stats(packed, slot_ok)
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
     for p in range(PIECES):
         e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2)
@@ -448,7 +440,7 @@ def softmax_smem_forward_kernel(
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
     HELD_PAD is the 32-bit word of -inf values they are padded with past the row's end.
     BY_PID (Config.by_pid): the chunk is the program id, and a program that has polled its row
-    HELP_POLLS times publishes the missing partials itself (_row_slots_helping); TRANSPOSE: a
+    HELP_POLLS times publishes the missing partials itself (_row_slots); TRANSPOSE: a
     test of that (_pid_ticket)."""
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
@@ -474,13 +466,11 @@ def softmax_smem_forward_kernel(
     partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD)
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
         partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
-    if BY_PID:  # a helper may have published this chunk's partial already (the same bits)
+    if BY_PID:  # a helper may have published this chunk's partial already (its bits stand)
         gl.atomic_cas(ws_ptr + ticket, partial * 0, partial, sem="relaxed")
         x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
-        packed, slot_ok = _row_slots_helping(
-            slots, n_chunks, x_row0, n_vecs * VEC, MAX_CHUNKS, SLEEP_NS, HELP_POLLS, CHUNK,
-            PIECE, VEC, WARPS, EXP2,
-        )  # fmt: skip
+        packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS, HELP_POLLS,
+                                     x_row0, n_vecs * VEC, CHUNK, EXP2)  # fmt: skip
     else:
         gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
         packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
