@@ -97,6 +97,10 @@ ticket past the tile; names in ROUND19_NAMES. experiments.probe_softmax_ladder b
 protocol up from a copy through shared memory.
     python -m experiments.probe_softmax --round19 --budget 120 --elems 134217728
 
+`--round20` times the smem forward without masks (Config.even) and chunks by program id that a
+waiting program leaves to its row's last publisher; names in ROUND20_NAMES.
+    python -m experiments.probe_softmax --round20 --budget 120 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -906,12 +910,12 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
 # What each round 19 name means (printed at the start of a --round19 run).
 ROUND19_NAMES = {
     "default": "the shipped _pick_config choice (the atomic ticket at each program's start)",
-    "pid": "the pick with its chunks by program id (Config.by_pid) and the fallback (a program "
-    "that polled its row softmax_smem.HELP_POLLS times computes the missing partials), its "
-    "registers capped (kernels.softmax.SMEM_PID_MAXNREG)",
+    "pid": "the pick with its chunks by program id (Config.by_pid) and round 19's fallback (a "
+    "program that polled its row 256 times computed the missing partials; since round 20 it "
+    "leaves its chunk instead), its registers capped (kernels.softmax.SMEM_PID_MAXNREG)",
     "pid_cNK_wW": "pid on chunks of N KB and W warps",
     "pid_sleepS": "pid polling its row every S ns",
-    "pid_nohelp[_nocap] / pid_nocap": "pid without the fallback's code (Config.help_polls = -1: "
+    "pid_nohelp[_nocap] / pid_nocap": "pid without the fallback's code (Config.leave_polls = -1: "
     "relies on the GPU starting programs in id order) and/or without the register cap",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
@@ -935,9 +939,42 @@ def round19_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         )  # fmt: skip
     for sleep_ns in (0, 500):
         out[f"pid_sleep{sleep_ns}"] = pid._replace(sleep_ns=sleep_ns)
-    out["pid_nohelp"] = pid._replace(help_polls=-1)
-    out["pid_nohelp_nocap"] = pid._replace(help_polls=-1, maxnreg=0)
+    out["pid_nohelp"] = pid._replace(leave_polls=-1)
+    out["pid_nohelp_nocap"] = pid._replace(leave_polls=-1, maxnreg=0)
     out["pid_nocap"] = pid._replace(maxnreg=0)
+    return out
+
+
+# What each round 20 name means (printed at the start of a --round20 run).
+ROUND20_NAMES = {
+    "default": "the shipped _pick_config choice (the atomic ticket at each program's start)",
+    "even": "the pick without masks (Config.even: rows are whole chunks here)",
+    "pid[_even]": "chunks by program id (Config.by_pid): a program that polled its row "
+    "softmax_smem.LEAVE_POLLS times leaves its chunk to the row's last publisher (one count "
+    "atomic a program), registers capped at SMEM_PID_MAXNREG; _even without masks",
+    "pid_stay[_even]": "pid never leaving (Config.leave_polls = -1: relies on the GPU starting "
+    "programs in id order; a probe of what leaving costs)",
+    "pid_even_cNK_wW": "pid_even on chunks of N KB and W warps",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round20_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 20: the smem forward without masks, and chunks by program id with leaving."""
+    if backward or n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem" or pick.per_sm:
+        return {}
+    pid = pick._replace(by_pid=True, maxnreg=SMEM_PID_MAXNREG)
+    out = {"even": pick._replace(even=True), "pid": pid, "pid_even": pid._replace(even=True)}
+    out["pid_stay"] = pid._replace(leave_polls=-1)
+    out["pid_stay_even"] = pid._replace(leave_polls=-1, even=True)
+    kbytes, warps = 16, pick.num_warps // 2  # round 19: 16 KB on half the warps, fp32 91-94
+    out[f"pid_even_c{kbytes}K_w{warps}"] = pid._replace(
+        block_cols=kbytes * 1024 // itemsize, num_warps=warps, even=True,
+        maxnreg=SMEM_PID_MAXNREG if warps >= 4 else 0,
+    )  # fmt: skip
     return out
 
 
@@ -952,13 +989,14 @@ ROUND_CANDIDATES = {
     11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
     17: round17_candidates, 18: round18_candidates, 19: round19_candidates,
+    20: round20_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
                10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
                16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES,
-               19: ROUND19_NAMES}  # fmt: skip
+               19: ROUND19_NAMES, 20: ROUND20_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -968,7 +1006,7 @@ def _for_smoke(cfg: Config) -> Config:
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
         return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
-                            by_pid=False)
+                            by_pid=False, even=False)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -1120,12 +1158,13 @@ def main() -> int:
     parser.add_argument("--round17", action="store_true", help="the smem forward's poll interval")
     parser.add_argument("--round18", action="store_true", help="smem chunks held in registers too")
     parser.add_argument("--round19", action="store_true", help="smem chunks by program id")
+    parser.add_argument("--round20", action="store_true", help="smem: no masks, leaving")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 20) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 21) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1139,7 +1178,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, 17, 18, 19):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, 17, 18, 19, 20):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1153,7 +1192,7 @@ def main() -> int:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no == 18:  # the long rows, and N = 16384 (smem on rows of one chunk)
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
-    elif round_no in (7, 8, 9, 10, 17, 19):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17, 19, 20):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

@@ -185,7 +185,7 @@ if gluon is not None:
             else:
                 gl.atomic_xchg(ws_ptr + c, _pack(chunk_max, chunk_sum), sem="relaxed")
                 row = c // n_chunks
-                packed, ok = sk._row_slots(ws_ptr + row.to(gl.int64) * n_chunks, n_chunks,
+                packed, ok, _ = sk._row_slots(ws_ptr + row.to(gl.int64) * n_chunks, n_chunks,
                                            MAX_CHUNKS, SLEEP_NS, WARPS)  # fmt: skip
                 row_max, inv_sum = sk._row_stats(packed, ok)
             scale = gl.exp2((chunk_max - row_max) * sk.LOG2E) * inv_sum

@@ -109,7 +109,7 @@ if gluon is not None:
         gl.store(base + 5, _stamp(partial.to(gl.int32), CLOCK64))
         gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
         # the wait alone: _forward_finish then finds the slots published and returns at once
-        packed, _ = sk._row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+        packed, _, _ = sk._row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
         arrived = gl.sum(packed, axis=0).to(gl.int32)
         gl.store(base + 2, _stamp(arrived, GLOBALTIMER))
         gl.store(base + 6, _stamp(arrived, CLOCK64))
@@ -131,7 +131,7 @@ class _Stamping:
     """A launcher (kernels._common.Launcher) that runs stamped_forward_kernel in place of the
     one-shot smem forward, so the rows, strides, workspace and meta are the production path's
     (kernels.softmax._launch_rows); it adds the stamps, the ticket choice and the register cap,
-    and drops FOLD (the probe refuses configs with fold) and the pick's BY_PID and HELP_POLLS
+    and drops FOLD (the probe refuses configs with fold) and the pick's BY_PID and LEAVE_POLLS
     (the probe's --by-pid chooses the ticket; the stamped wait never helps)."""
 
     def __init__(self, stamps: torch.Tensor, by_pid: bool):
@@ -143,7 +143,7 @@ class _Stamping:
         return self
 
     def __getitem__(self, grid):
-        def call(x, y, ws, next_ws, *args, FOLD=0, BY_PID=False, HELP_POLLS=0, **meta):
+        def call(x, y, ws, next_ws, *args, FOLD=0, BY_PID=False, LEAVE_POLLS=0, **meta):
             stamped_forward_kernel[grid](
                 x, y, ws, next_ws, self.stamps, *args, BY_PID=self.by_pid,
                 **{**meta, "maxnreg": STAMPED_MAXNREG},

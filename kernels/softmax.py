@@ -203,7 +203,8 @@ class Config(NamedTuple):
     # -- round 14 --
     # tile/online forward: no column or row masks where the rows fill the tile exactly
     # (n_cols == block_cols, rows_inner a multiple of block_rows), as Inductor's kernels at
-    # N = R0_BLOCK; and 32-bit offsets where every tensor's extent fits in int32
+    # N = R0_BLOCK; and 32-bit offsets where every tensor's extent fits in int32. even, round
+    # 20: also the one-shot smem forward's, where rows are whole chunks
     even: bool = False
     int32: bool = False
     # smem forward: the sum of exp taken as the pieces land (each piece's max raising the shift
@@ -218,13 +219,14 @@ class Config(NamedTuple):
     # -- round 19 --
     # smem forward (one-shot kernel): the chunk is the program id instead of an atomic ticket
     # taken at the program's start (a 2 us L2 round trip under load, with the program's shared
-    # memory idle); a program that has polled its row long enough computes the missing
-    # partials itself, so nothing relies on the order the GPU starts programs in
+    # memory idle); a program that has polled its row long enough leaves its chunk to the row's
+    # last publisher (round 20; round 19's fallback computed the missing partials instead), so
+    # nothing relies on the order the GPU starts programs in
     by_pid: bool = False
-    # by_pid: polls of its row after which a program computes the missing partials itself; 0:
-    # softmax_smem.HELP_POLLS; -1: never (a probe of the fallback's cost only: the wait then
+    # by_pid: polls of its row after which a program leaves its chunk; 0:
+    # softmax_smem.LEAVE_POLLS; -1: never (a probe of the protocol's cost only: the wait then
     # relies on the GPU starting programs in id order, as it does but does not promise)
-    help_polls: int = 0
+    leave_polls: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1333,9 +1335,14 @@ def _launch_rows(
             raise ValueError(f"rescale is a knob of the plain coop/split2 forward, got {config}")
         hints["RESCALE"] = True
 
-    if config.even or config.int32:
+    smem_even = config.design == "smem" and not (backward or config.per_sm or config.regs
+                                                  or config.int32)  # fmt: skip
+    if config.even and smem_even:
+        pass  # the one-shot smem forward: no masks where rows are whole chunks (_launch_smem)
+    elif config.even or config.int32:
         if backward or config.design not in ("tile", "online"):
-            raise ValueError(f"even and int32 are knobs of the tile/online forward, got {config}")
+            raise ValueError(f"even and int32 are knobs of the tile/online forward (even: and "
+                             f"of the one-shot smem forward), got {config}")  # fmt: skip
         hints.update(_index_hints(config, (rows_outer, rows_inner), strides, n_cols))
     if config.fold and (backward or config.design != "smem"):
         raise ValueError(f"fold is a knob of the smem forward, got {config}")
@@ -1506,7 +1513,9 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
     if config.rescale or config.pairs or config.loop_cols or config.counter:
         raise ValueError(f"rescale, pairs, loop_cols and counter are not knobs of smem: {config}")
     rows_outer, rows_inner = rows
-    n_ws = rows_outer * rows_inner * cdiv(n_cols, config.block_cols) + 1
+    n_chunks = cdiv(n_cols, config.block_cols)
+    n_ws = softmax_smem.workspace_words(rows_outer * rows_inner * n_chunks, n_chunks,
+                                       config.by_pid)  # fmt: skip
     pair = _coop_workspace(n_ws, moved[0].device)
     if pair is None:  # under graph capture: a zeroed workspace of its own, nothing to clear
         ws, next_ws = torch.zeros(n_ws, device=moved[0].device, dtype=torch.int64), None
@@ -1524,7 +1533,8 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
         maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
-        by_pid=config.by_pid, help_polls=config.help_polls or softmax_smem.HELP_POLLS,
+        by_pid=config.by_pid, leave_polls=config.leave_polls or softmax_smem.LEAVE_POLLS,
+        even=config.even and n_cols % config.block_cols == 0,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

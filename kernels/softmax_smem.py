@@ -29,6 +29,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from kernels._coop import _nanosleep, _pack, _unpack
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+# chunks by program id: what a program that leaves its chunk adds to its row's count word (the
+# low bits count the published partials, at most MAX_SPLIT_CHUNKS)
+LEFT_UNIT: gl.constexpr = gl.constexpr(65536)
 
 
 @gluon.jit
@@ -48,12 +51,13 @@ def _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR: gl.constexpr):
 
 @gluon.jit
 def _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR: gl.constexpr,
-                TRANSPOSE: gl.constexpr = False):  # fmt: skip
+                TRANSPOSE: gl.constexpr = False, LEAVE: gl.constexpr = False):  # fmt: skip
     """The program id as the ticket (Config.by_pid): no atomic at the program's start. Clears
-    what _take_ticket clears. A program then waits for chunks it did not see taken, so the wait
-    is _row_slots' with HELP_POLLS, which never needs another program to run. TRANSPOSE (tests
-    only): program ids go down the rows' first chunks first, so that the programs the GPU
-    starts first all wait for chunks it starts last."""
+    what _take_ticket clears, and with LEAVE the leave words (_leave_words; a workspace of
+    workspace_words(..., by_pid=True)). A program then waits for
+    chunks it did not see taken, so the wait is _row_slots' with LEAVE_POLLS, which never needs
+    another program to run. TRANSPOSE (tests only): program ids go down the rows' first chunks
+    first, so that the programs the GPU starts first all wait for chunks it starts last."""
     ticket = gl.program_id(0)
     if TRANSPOSE:
         rows = ticket_index // n_chunks
@@ -61,7 +65,32 @@ def _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR: gl.constexpr,
     if CLEAR:
         gl.store(next_ptr + ticket, 0)
         gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
+    if CLEAR and LEAVE:
+        # the leave words (_leave_words): the row's count by its first chunk, the chunk's flag
+        count, left = _leave_words(next_ptr, ticket, ticket_index, n_chunks)
+        gl.store(count, 0, mask=ticket % n_chunks == 0)
+        gl.store(left, 0)
     return ticket
+
+
+@gluon.jit
+def _leave_words(ws_ptr, ticket, ticket_index, n_chunks):
+    """Chunks by program id: (the row's count word, the chunk's left flag) in the workspace
+    past the slots and the ticket counter (kernels.softmax._launch_smem sizes it). The count
+    is the row's published partials plus LEFT_UNIT for each program that left its chunk."""
+    n_rows = ticket_index // n_chunks
+    count = ws_ptr + ticket_index + 1 + ticket // n_chunks
+    return count, ws_ptr + ticket_index + 1 + n_rows + ticket
+
+
+@gluon.jit
+def _first_thread(WARPS: gl.constexpr):
+    """(zeros, the first thread's mask) over the program's threads: an atomic on one word
+    whose old value only that thread keeps (a scalar atomic's result would be broadcast at
+    once, every warp waiting the L2 round trip at the barrier that takes)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    lanes = gl.arange(0, 32 * WARPS, layout=layout)
+    return lanes * 0, lanes == 0
 
 
 @gluon.jit
@@ -88,67 +117,62 @@ def _exp_shifted(x, shift, EXP2: gl.constexpr):
 
 @gluon.jit
 def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr,
-               WARPS: gl.constexpr, HELP_POLLS: gl.constexpr = -1, x_row=None, row_limit=0,
-               CHUNK: gl.constexpr = 0, EXP2: gl.constexpr = 0):  # fmt: skip
-    """The row's packed partials once all are published (0 marks an unpublished slot).
+               WARPS: gl.constexpr, LEAVE_POLLS: gl.constexpr = -1, count=None,
+               left=None):  # fmt: skip
+    """(the row's packed partials, which are the row's, gone) once all are published (0 marks
+    an unpublished slot), or once this program has left its chunk (gone = 1).
 
-    HELP_POLLS > 0 (chunks by program id, Config.by_pid): after HELP_POLLS polls with slots
-    still unpublished, the program computes each missing chunk's partial from global memory
-    (x_row: the row's first column, row_limit its columns) and publishes it where the slot is
-    still 0, then polls on. So a program never waits on one that has not started (the GPU
-    need not start programs in id order; this is the decoupled fallback of single-pass scans).
-    -1: never (the ticketed kernels, whose chunks are all taken before anyone waits)."""
+    LEAVE_POLLS > 0 (chunks by program id, Config.by_pid): after LEAVE_POLLS polls with slots
+    still unpublished, the program sets its chunk's `left` flag and adds LEFT_UNIT to the row's
+    `count` (one atomic, after the flag). If the row's partials were not all counted before
+    that atomic, the program leaves (gone): the row's last publisher, whose count atomic comes
+    later and sees the flag, writes the chunk from global memory (softmax_smem_forward_kernel).
+    Otherwise it waits on. So a program never waits on one that has not started: the GPU need
+    not start programs in id order. -1: never (the ticketed kernels, whose chunks are all taken
+    before anyone waits)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     k = gl.arange(0, MAX_CHUNKS, layout=layout)
     ok = k < n_chunks
     packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
     missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
-    if HELP_POLLS > 0:
+    gone = missing * 0
+    if LEAVE_POLLS > 0:
         polls = missing * 0
     while missing > 0:
-        if HELP_POLLS > 0:
+        if LEAVE_POLLS > 0:
             polls += 1
-            if polls == HELP_POLLS:
-                for j in range(n_chunks):
-                    if gl.load(slots + j, volatile=True) == 0:
-                        start = j * CHUNK
-                        partial = _forward_partial_global(x_row + start, row_limit - start,
-                                                          CHUNK, WARPS, EXP2)  # fmt: skip
-                        gl.atomic_cas(slots + j, partial * 0, partial, sem="relaxed")
+            if polls == LEAVE_POLLS:
+                zero, first = _first_thread(WARPS)
+                gl.store(left + zero, zero.to(gl.int64) + 1, mask=first)
+                old = gl.atomic_add(count + zero, zero.to(gl.int64) + LEFT_UNIT, mask=first,
+                                    sem="acq_rel")  # fmt: skip
+                counted = gl.max(gl.where(first, old % LEFT_UNIT, 0), axis=0)
+                gone = gl.where(counted < n_chunks, 1, 0)
         missing = _nanosleep(missing, SLEEP_NS)
         packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
-        missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0)
+        missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0) * (1 - gone)
     # a slot several threads hold may have read 0 in one of them a moment before the sum: every
-    # slot is published now, so one more load sees them all
+    # slot is published now (unless gone), so one more load sees them all
     packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
-    return packed, ok
+    return packed, ok, gone
 
 
 @gluon.jit
-def _forward_partial_global(x_chunk, limit, CHUNK: gl.constexpr, WARPS: gl.constexpr,
-                            EXP2: gl.constexpr):  # fmt: skip
-    """(max, sum of exp(x - max)) of the chunk at x_chunk (limit: its columns in the row),
-    read from global memory one value a thread at a time: a cold path (a helping program's),
-    kept to few registers so that the hot path keeps its programs an SM. Its bits may differ
-    from the owner's _forward_partial; the slot holds whichever was published first, and
-    every program of the row reads that one."""
+def _write_from_global(x_chunk, y_chunk, limit, row_max, inv_sum, CHUNK: gl.constexpr,
+                       VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
+                       POLICY: gl.constexpr):  # fmt: skip
+    """y of a chunk another program left (_row_slots), read from global memory: a cold path,
+    a piece at a time (not unrolled: few registers), the same arithmetic as _forward_write so
+    that the bits match the owner's."""
     THREADS: gl.constexpr = 32 * WARPS
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    offs = gl.arange(0, THREADS, layout=layout)
-    max_vec = gl.full([THREADS], -float("inf"), gl.float32, layout)
-    for p in tl.range(CHUNK // THREADS, loop_unroll_factor=1):  # not unrolled: few registers
-        ok = p * THREADS + offs < limit
-        v = gl.load(x_chunk + p * THREADS + offs, mask=ok, other=-float("inf"))
-        max_vec = gl.maximum(max_vec, v.to(gl.float32))
-    run_max = gl.max(max_vec, axis=0)
-    shift = gl.where(run_max == -float("inf"), 0.0, run_max)
-    sum_vec = gl.zeros([THREADS], gl.float32, layout)
-    for p in tl.range(CHUNK // THREADS, loop_unroll_factor=1):
-        ok = p * THREADS + offs < limit
-        v = gl.load(x_chunk + p * THREADS + offs, mask=ok, other=-float("inf"))
-        sum_vec += _exp_shifted(v.to(gl.float32), shift, EXP2)
-    # as _forward_partial: never the bits 0 (a max of 0.0 has a sum of at least 1)
-    return _pack(run_max, gl.sum(sum_vec, axis=0))
+    PIECE: gl.constexpr = THREADS * VEC
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    offs = gl.arange(0, PIECE, layout=layout)
+    for p in tl.range(CHUNK // PIECE, loop_unroll_factor=1):
+        ok = p * PIECE + offs < limit
+        v = gl.load(x_chunk + p * PIECE + offs, mask=ok, other=0.0).to(gl.float32)
+        y = (_exp_shifted(v, row_max, EXP2) * inv_sum).to(y_chunk.dtype.element_ty)
+        gl.store(y_chunk + p * PIECE + offs, y, mask=ok, eviction_policy=POLICY)
 
 
 @gluon.jit
@@ -159,22 +183,28 @@ def _chunk_start(ptr, outer, inner, vstride_outer, vstride_inner, start, VEC: gl
 
 @gluon.jit
 def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, POLICY: gl.constexpr,
-             base=0):  # fmt: skip
+             base=0, EVEN: gl.constexpr = False):  # fmt: skip
     """Start copying piece p of the chunk at row_ptr into smem.index(base + p) (cp.async, 16
-    bytes a thread; columns past the row's end are filled with 0)."""
-    cp.async_copy_global_to_shared(
-        smem.index(base + p), row_ptr + p * PIECE + offs, mask=p * PIECE + offs < limit,
-        eviction_policy=POLICY,
-    )  # fmt: skip
+    bytes a thread; columns past the row's end are filled with 0). EVEN: the row is whole
+    chunks, no mask."""
+    if EVEN:
+        cp.async_copy_global_to_shared(smem.index(base + p), row_ptr + p * PIECE + offs,
+                                       eviction_policy=POLICY)  # fmt: skip
+    else:
+        cp.async_copy_global_to_shared(
+            smem.index(base + p), row_ptr + p * PIECE + offs, mask=p * PIECE + offs < limit,
+            eviction_policy=POLICY,
+        )  # fmt: skip
 
 
 # -- the forward's two halves: a chunk's partial (max, sum of exp), and its output ----------------
 @gluon.jit
 def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                      VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
-                     FOLD: gl.constexpr = 0):  # fmt: skip
+                     FOLD: gl.constexpr = 0, EVEN: gl.constexpr = False):  # fmt: skip
     """(max, sum of exp(x - max)) of the chunk whose PIECES copies into smem.index(base + p)
-    are the thread's last commit groups, packed for publishing."""
+    are the thread's last commit groups, packed for publishing. EVEN: every column is in the
+    row (no masks)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     if FOLD == 1:
         return _forward_partial_folded(smem, base, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
@@ -184,8 +214,9 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
     # reads only what its own copies wrote (one layout for both): no barrier
     for p in gl.static_range(PIECES):
         cp.wait_group(PIECES - 1 - p)
-        v = gl.where(p * PIECE + offs < limit, smem.index(base + p).load(layout).to(gl.float32),
-                     -float("inf"))  # fmt: skip
+        v = smem.index(base + p).load(layout).to(gl.float32)
+        if not EVEN:
+            v = gl.where(p * PIECE + offs < limit, v, -float("inf"))
         if p == 0:
             max_vec = v
         else:
@@ -196,7 +227,10 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
     sum_vec = gl.zeros([PIECE], gl.float32, layout)
     for p in range(PIECES):
         v = smem.index(base + p).load(layout).to(gl.float32)
-        sum_vec += gl.where(p * PIECE + offs < limit, _exp_shifted(v, shift, EXP2), 0.0)
+        if EVEN:
+            sum_vec += _exp_shifted(v, shift, EXP2)
+        else:
+            sum_vec += gl.where(p * PIECE + offs < limit, _exp_shifted(v, shift, EXP2), 0.0)
     # the max is never the bits 0 unless the sum is at least 1: a published slot is never 0
     return _pack(run_max, gl.sum(sum_vec, axis=0))
 
@@ -274,10 +308,11 @@ def _forward_finish(y_ptr, smem, base, slots, n_chunks, outer, inner, start, y_v
                     SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
                     POLICY: gl.constexpr):  # fmt: skip
     """Wait for the row's slots, then write y from the chunk held in smem.index(base + p)."""
-    packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
-    return _forward_write(y_ptr, smem, base, packed, slot_ok, outer, inner, start,
-                          y_vstride_outer, y_vstride_inner, offs, limit, PIECES, PIECE, VEC,
-                          WARPS, EXP2, POLICY)  # fmt: skip
+    packed, slot_ok, _ = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    row_max, inv_sum = _row_stats(packed, slot_ok)
+    _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_vstride_outer,
+                   y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, POLICY)
+    return row_max, inv_sum
 
 
 @gluon.jit
@@ -292,20 +327,22 @@ def _row_stats(packed, slot_ok):
 
 
 @gluon.jit
-def _forward_write(y_ptr, smem, base, packed, slot_ok, outer, inner, start, y_vstride_outer,
+def _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_vstride_outer,
                    y_vstride_inner, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                    VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
-                   POLICY: gl.constexpr):  # fmt: skip
-    """Write y from the chunk held in smem.index(base + p), given the row's published slots;
-    returns the row's (max, 1 / sum)."""
+                   POLICY: gl.constexpr, EVEN: gl.constexpr = False):  # fmt: skip
+    """Write y from the chunk held in smem.index(base + p), given the row's (max, 1 / sum)
+    (_row_stats)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    row_max, inv_sum = _row_stats(packed, slot_ok)
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
     for p in range(PIECES):
         e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2)
-        gl.store(y_row + p * PIECE + offs, (e * inv_sum).to(y_ptr.dtype.element_ty),
-                 mask=p * PIECE + offs < limit, eviction_policy=POLICY)  # fmt: skip
-    return row_max, inv_sum
+        y = (e * inv_sum).to(y_ptr.dtype.element_ty)
+        if EVEN:
+            gl.store(y_row + p * PIECE + offs, y, eviction_policy=POLICY)
+        else:
+            gl.store(y_row + p * PIECE + offs, y, mask=p * PIECE + offs < limit,
+                     eviction_policy=POLICY)  # fmt: skip
 
 
 # -- the forward's register-held pieces (Config.regs): the chunk's last REGS pieces ------------
@@ -410,7 +447,7 @@ def _backward_finish(dx_ptr, y_smem, dy_smem, base, slots, n_chunks, outer, inne
     """Wait for the row's slots, then write dx = y·(dy - Σ y·dy) from the chunk held in
     y_smem and dy_smem.index(base + p)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    packed, slot_ok, _ = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
     dots, _ = _unpack(packed)
     row_dot = gl.sum(gl.where(slot_ok, dots, 0.0), axis=0)
     dx_row = _chunk_start(dx_ptr, outer, inner, dx_vstride_outer, dx_vstride_inner, start, VEC)
@@ -434,19 +471,19 @@ def softmax_smem_forward_kernel(
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
     POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
     REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0, BY_PID: gl.constexpr = False,
-    HELP_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False,
+    LEAVE_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
     HELD_PAD is the 32-bit word of -inf values they are padded with past the row's end.
     BY_PID (Config.by_pid): the chunk is the program id, and a program that has polled its row
-    HELP_POLLS times publishes the missing partials itself (_row_slots); TRANSPOSE: a
-    test of that (_pid_ticket)."""
+    LEAVE_POLLS times leaves its chunk to the row's last publisher (_row_slots); TRANSPOSE: a
+    test of that (_pid_ticket). EVEN: rows are whole chunks (no masks; not with REGS)."""
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
     if BY_PID:
-        ticket = _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR, TRANSPOSE)
+        ticket = _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR, TRANSPOSE, True)
     else:
         ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
     outer, inner, start, limit, slots, _ = _position(
@@ -458,26 +495,43 @@ def softmax_smem_forward_kernel(
         x_ptr.dtype.element_ty, [PIECES, PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )  # fmt: skip
     for p in gl.static_range(PIECES):
-        _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY)
+        _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, 0, EVEN)
         cp.commit_group()
     if REGS > 0:  # loads in flight beside the copies; first used once the smem pieces are in
         held_ptrs, held_ok = _held_words(x_row, limit, 0, PIECES, REGS, PIECE, WARPS)
         held = gl.load(held_ptrs, mask=held_ok, other=HELD_PAD, eviction_policy=POLICY)
-    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD)
+    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD, EVEN)
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
         partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
-    if BY_PID:  # a helper may have published this chunk's partial already (its bits stand)
-        gl.atomic_cas(ws_ptr + ticket, partial * 0, partial, sem="relaxed")
-        x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
-        packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS, HELP_POLLS,
-                                     x_row0, n_vecs * VEC, CHUNK, EXP2)  # fmt: skip
+    if BY_PID:
+        # published, then counted (the atomic orders the two): the program whose count brings
+        # the row to n_chunks is its last publisher; only the first thread keeps the old count
+        count, left = _leave_words(ws_ptr, ticket, ticket_index, n_chunks)
+        zero, first = _first_thread(WARPS)
+        gl.atomic_xchg(ws_ptr + ticket + zero, partial + zero, mask=first, sem="relaxed")
+        counted = gl.atomic_add(count + zero, zero.to(gl.int64) + 1, mask=first, sem="acq_rel")
+        packed, slot_ok, gone = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS,
+                                           LEAVE_POLLS, count, left)  # fmt: skip
     else:
         gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
-        packed, slot_ok = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
-    row_max, inv_sum = _forward_write(
-        y_ptr, smem, 0, packed, slot_ok, outer, inner, start, y_vstride_outer, y_vstride_inner,
-        offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, POLICY,
-    )  # fmt: skip
+        packed, slot_ok, gone = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    row_max, inv_sum = _row_stats(packed, slot_ok)
+    if gone == 0:
+        _forward_write(y_ptr, smem, 0, row_max, inv_sum, outer, inner, start, y_vstride_outer,
+                       y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, POLICY,
+                       EVEN)  # fmt: skip
+    if BY_PID:  # the row's last publisher writes the chunks that programs left (_row_slots)
+        old = gl.max(gl.where(first, counted, 0), axis=0)
+        if (old % LEFT_UNIT == n_chunks - 1) & (old >= LEFT_UNIT):
+            row_limit = n_vecs.to(gl.int64) * VEC
+            x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
+            y_row0 = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, 0, VEC)
+            first_chunk = ticket - ticket % n_chunks
+            for j in range(n_chunks):
+                if gl.load(left - ticket + first_chunk + j, volatile=True) != 0:
+                    _write_from_global(x_row0 + j * CHUNK, y_row0 + j * CHUNK,
+                                       row_limit - j * CHUNK, row_max, inv_sum, CHUNK, VEC,
+                                       WARPS, EXP2, POLICY)  # fmt: skip
     if REGS > 0:
         y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
         _held_store(y_row, held, limit, n_vecs >> 31, row_max, inv_sum, x_ptr.dtype.element_ty,
@@ -673,14 +727,21 @@ def softmax_smem_persistent_backward_kernel(
             )  # fmt: skip
 
 
-# Polls of its row's slots after which a program with chunks by program id publishes the missing
-# partials itself: at least 256 x 200 ns, against a few polls for a row whose programs all run.
-HELP_POLLS = 256
+# Polls of its row's slots after which a program with chunks by program id leaves its chunk to
+# the row's last publisher: at least 256 x 200 ns, against a few polls for a row whose programs
+# all run.
+LEAVE_POLLS = 256
+
+
+def workspace_words(n_slots: int, n_chunks: int, by_pid: bool) -> int:
+    """Words of a launch's workspace: a slot a chunk and the ticket counter; chunks by program
+    id also a count word a row and a left flag a chunk (_leave_words)."""
+    return 2 * n_slots + n_slots // n_chunks + 1 if by_pid else n_slots + 1
 
 
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
-           regs=0, by_pid=False, help_polls=HELP_POLLS, transpose=False):  # fmt: skip
+           regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -689,8 +750,10 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     the forward's partial in one pass, 1 program-wide, 2 thread by thread
     (kernels.softmax.Config.fold). regs: the forward's last `regs` pieces a chunk held in
     registers (one-shot kernel; a power of 2, fewer than the chunk's pieces). by_pid: the
-    one-shot forward's chunks by program id (Config.by_pid), helping after help_polls polls;
-    transpose: program ids down the rows' first chunks first (a test of the helping)."""
+    one-shot forward's chunks by program id (Config.by_pid), a waiting program leaving its
+    chunk after leave_polls polls; ws then holds the leave words too (workspace_words).
+    transpose: program ids down the rows' first chunks first (a test of leaving). even:
+    the one-shot forward without masks, where rows are whole chunks (Config.even)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -700,6 +763,10 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     if chunk % piece:
         raise ValueError(f"a chunk of {chunk} columns is not a whole number of {piece}-wide pieces")
     vstrides = [s // vec for outer, inner, _ in strides for s in (outer, inner)]
+    for buffer in (ws, next_ws):
+        if buffer is not None and buffer.numel() < workspace_words(n_slots, n_chunks, by_pid):
+            raise ValueError(f"a workspace of {buffer.numel()} words is short of the "
+                             f"{workspace_words(n_slots, n_chunks, by_pid)} this launch takes")
     meta = dict(
         CHUNK=chunk, PIECE=piece, VEC=vec, WARPS=warps, MAX_CHUNKS=triton.next_power_of_2(n_chunks),
         SLEEP_NS=sleep_ns, POLICY="evict_first" if evict else "", CLEAR=next_ws is not None,
@@ -717,17 +784,22 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         )
     if transpose and not by_pid:
         raise ValueError("transpose orders the program ids of by_pid")
-    if by_pid and (backward or programs > 0 or fold or regs or help_polls == 0 or help_polls < -1):
+    if by_pid and (backward or programs > 0 or fold or regs or leave_polls == 0 or leave_polls < -1):
         raise ValueError(
-            "by_pid is a knob of the one-shot forward without fold or regs, helping after at "
+            "by_pid is a knob of the one-shot forward without fold or regs, leaving after at "
             f"least 1 poll (or -1: never); got backward={backward}, programs={programs}, "
-            f"fold={fold}, regs={regs}, help_polls={help_polls}"
+            f"fold={fold}, regs={regs}, leave_polls={leave_polls}"
         )
+    if even and (backward or programs > 0 or regs or n_cols % chunk):
+        raise ValueError(f"even is a knob of the one-shot forward without regs on rows of whole "
+                         f"chunks; got {n_cols} columns in chunks of {chunk}")  # fmt: skip
     if not backward:
         meta["EXP2"] = exp2
+        if even:
+            meta["EVEN"] = True
         meta["FOLD"] = int(fold)
         if by_pid:
-            meta.update(BY_PID=True, HELP_POLLS=help_polls, TRANSPOSE=transpose)
+            meta.update(BY_PID=True, LEAVE_POLLS=leave_polls, TRANSPOSE=transpose)
         if regs:  # the held words past the row's end: -inf values (kernel _held_words)
             itemsize = tensors[0].element_size()
             neg_inf = torch.full((4 // itemsize,), -math.inf, dtype=tensors[0].dtype)

@@ -344,7 +344,9 @@ def test_chunks_by_program_id_are_a_one_shot_smem_forward_knob(device):
     [
         (dict(by_pid=True, backward=True), "by_pid is a knob of the one-shot forward"),
         (dict(by_pid=True, programs=132), "by_pid is a knob of the one-shot forward"),
-        (dict(by_pid=True, help_polls=0), "helping after at least 1 poll"),
+        (dict(by_pid=True, leave_polls=0), "leaving after at least 1 poll"),
+        (dict(even=True, backward=True), "even is a knob of the one-shot forward"),
+        (dict(even=True, programs=132), "even is a knob of the one-shot forward"),
         (dict(transpose=True), "transpose orders the program ids of by_pid"),
     ],
 )
@@ -360,6 +362,30 @@ def test_smem_launch_refuses_chunks_by_program_id_it_cannot_run(knobs, match):
             lambda k: None, backward, tensors, x, None, (1, 2), [(0, 4096, 1)] * len(tensors),
             4096, 4, **knobs,
         )  # fmt: skip
+
+
+def test_smem_launch_refuses_a_short_workspace():
+    """Chunks by program id take a count word a row and a left flag a chunk past the slots:
+    a workspace sized for the ticket alone is refused, not written past its end."""
+    if softmax_module.softmax_smem is None:
+        pytest.skip("this Triton has no Gluon")
+    smem = softmax_module.softmax_smem
+    x = torch.empty(3, 8192)
+    assert smem.workspace_words(6, 2, False) == 7
+    assert smem.workspace_words(6, 2, True) == 16  # 6 slots, the counter, 3 counts, 6 flags
+    ws = torch.zeros(7, dtype=torch.int64)
+    launched = []
+
+    class Record:  # a launcher that records the grid instead of launching
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launched.append(grid)
+
+    smem.launch(lambda kernel: Record(), False, [x, x], ws, None, (1, 3), [(0, 8192, 1)] * 2,
+                4096, 4)  # the ticket: 7 words are enough
+    assert launched == [(6,)]
+    with pytest.raises(ValueError, match="short of the 16"):
+        smem.launch(lambda k: None, False, [x, x], ws, None, (1, 3), [(0, 8192, 1)] * 2, 4096,
+                    4, by_pid=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("regs", [3, 8, 16])
@@ -1446,9 +1472,13 @@ def test_row_loop_on_gpu(n, dtype_name):
         Config("smem", 1, 16384, 4, exp2=2, regs=2),
         Config("smem", 1, 8192, 2, exp2=1, regs=4),
         Config("smem", 1, 4096, 4, regs=1),
-        # round 19: chunks by program id (the backward drops the knob), capped as in the probe
+        # round 19: chunks by program id (the backward drops the knob), capped as in the probe;
+        # round 20: leaving a chunk to the row's last publisher, and rows without masks (even)
         Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40),
         Config("smem", 1, 4096, 4, exp2=1, by_pid=True, maxnreg=40),
+        Config("smem", 1, 16384, 8, exp2=2, even=True),
+        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True),
+        Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1463,6 +1493,7 @@ def test_row_loop_on_gpu(n, dtype_name):
         + (f"_fold{int(c.fold)}" if c.fold else "")
         + (f"_regs{c.regs}" if c.regs else "")
         + ("_pid" if c.by_pid else "")
+        + ("_even" if c.even else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
@@ -1524,21 +1555,16 @@ def test_held_pieces_on_ragged_rows_on_gpu(dtype_name, n):
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
 @pytest.mark.parametrize(
     "transpose",
-    [
-        False,
-        pytest.param(True, marks=pytest.mark.xfail(
-            reason="round 19, unresolved: the fallback gave wrong rows (1-2% relative error) "
-            "on the H200, fp32 at 70f7cda and both dtypes with it as a noinline call; "
-            "Config.by_pid is a probe knob, not shipped", strict=False)),
-    ],
-    ids=["help_at_once", "transposed"],
+    [False, True],
+    ids=["leave_at_once", "transposed"],
 )  # fmt: skip
 def test_chunks_by_program_id_help_on_gpu(dtype_name, transpose):
-    """Config.by_pid's fallback. help_at_once: every program that finds its row incomplete at
-    its first poll computes the missing partials itself (rows of 70000 columns: a last chunk of
-    4464; a 1e4 and a run of -inf). transposed: program ids go down the rows' first chunks
-    first, on 8 rows an SM, more than the SMs hold programs; the GPU's first programs then
-    wait for chunks it starts only after them, and only the fallback ends the launch."""
+    """Config.by_pid's leaving. leave_at_once: every program that finds its row incomplete at
+    its first poll leaves its chunk to the row's last publisher, which writes it from global
+    memory (rows of 70000 columns: a last chunk of 4464; a 1e4 and a run of -inf).
+    transposed: program ids go down the rows' first chunks first, on 8 rows an SM, more than
+    the SMs hold programs; the GPU's first programs then wait for chunks it starts only after
+    them, and only leaving ends the launch."""
     from kernels._common import gpu_info
 
     dtype = DTYPES[dtype_name]
@@ -1554,12 +1580,14 @@ def test_chunks_by_program_id_help_on_gpu(dtype_name, transpose):
                                          smem_ok=True)  # fmt: skip
     assert config.design == "smem"
     config = config._replace(maxnreg=softmax_module.SMEM_PID_MAXNREG)
-    ws = torch.zeros(rows * triton.cdiv(n, config.block_cols) + 1, device=device,
+    n_chunks = triton.cdiv(n, config.block_cols)
+    ws = torch.zeros(smem.workspace_words(rows * n_chunks, n_chunks, True), device=device,
                      dtype=torch.int64)  # fmt: skip
     smem.launch(
         direct, False, [x, y], ws, None, (1, rows), [(rows * n, n, 1)] * 2, config.block_cols,
         config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg, by_pid=True,
-        help_polls=smem.HELP_POLLS if transpose else 1, transpose=transpose,
+        leave_polls=smem.LEAVE_POLLS if transpose else 1, transpose=transpose,
+        even=transpose,  # 65536 columns: whole chunks, the unmasked kernel
     )  # fmt: skip
     ref = torch.softmax(x.double(), -1)
     assert relative_error(y, ref) < TOLERANCES[dtype_name]
@@ -1829,7 +1857,7 @@ def test_round19_probe_candidates_are_valid():
                 assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
                 for name, cfg in cands.items():
                     assert cfg.design == "smem" and not cfg.per_sm and cfg.by_pid, name
-                    assert (cfg.help_polls == -1) == ("nohelp" in name)
+                    assert (cfg.leave_polls == -1) == ("nohelp" in name)
                     assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
                 for round_no in (17, 18):
                     for cfg in probe.ROUND_CANDIDATES[round_no](n, itemsize, False).values():
