@@ -742,7 +742,7 @@ def round14_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
                     out[f"t{kbytes}K_w{warps}_ui"] = tile
         return out
     exp2 = 2 if itemsize == 2 else 1
-    pick = _pick_config(n, 1, False, False, device, itemsize, smem_ok=True)
+    pick = _ticket_pick(n, itemsize)
     out = {"default_fold": pick._replace(fold=True)} if pick.design == "smem" else {}
     for kbytes, warps in ((64, 16), (16, 4)):
         values = kbytes * 1024 // itemsize
@@ -832,11 +832,20 @@ ROUND17_NAMES = {
 }
 
 
+def _ticket_pick(n: int, itemsize: int) -> Config:
+    """The forward's pick as rounds 10-19 had it: past the tile the smem design with the atomic
+    ticket and masks (round 20's pick takes chunks by program id, Config.by_pid, and even)."""
+    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design == "smem" and not pick.per_sm:
+        pick = pick._replace(by_pid=False, even=False, maxnreg=0)
+    return pick
+
+
 def round17_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
     """Round 17: the smem forward's poll interval past the tile."""
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
-    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    pick = _ticket_pick(n, itemsize)
     out = {f"sleep{ns}": pick._replace(sleep_ns=ns) for ns in (0, 500, 1000, 2000, 5000)}
     if pick.design == "smem":  # the same chunk on fewer or more warps (fewer polling warps)
         for warps in (2, 4, 8, 16):
@@ -878,8 +887,7 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     """Round 18: the smem forward's chunk partly held in registers; at N = ONE_PASS_MAX_ELEMS
     the smem kernel on one chunk a row (no wait for other programs)."""
     if not backward and n == ONE_PASS_MAX_ELEMS:
-        long_pick = _pick_config(4 * n, 1, False, False, torch.device(DEVICE), itemsize,
-                                 smem_ok=True)  # fmt: skip
+        long_pick = _ticket_pick(4 * n, itemsize)
         if long_pick.design != "smem":
             return {}
         # the row one chunk (or two) of the long rows' pick: its phases without the row's wait
@@ -887,7 +895,7 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
                 "smem_2chunks": long_pick._replace(block_cols=n // 2)}  # fmt: skip
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
-    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    pick = _ticket_pick(n, itemsize)
     if pick.design != "smem":
         return {}
     out = {}
@@ -926,7 +934,7 @@ def round19_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     the fallback and the register cap, on other chunk sizes and poll intervals."""
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
-    pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
+    pick = _ticket_pick(n, itemsize)
     if pick.design != "smem" or pick.per_sm:
         return {}
     pid = pick._replace(by_pid=True, maxnreg=SMEM_PID_MAXNREG)
@@ -947,33 +955,36 @@ def round19_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
 
 # What each round 20 name means (printed at the start of a --round20 run).
 ROUND20_NAMES = {
-    "default": "the shipped _pick_config choice (the atomic ticket at each program's start)",
-    "even": "the pick without masks (Config.even: rows are whole chunks here)",
-    "pid[_even]": "chunks by program id (Config.by_pid): a program that polled its row "
-    "softmax_smem.LEAVE_POLLS times leaves its chunk to the row's last publisher (one count "
-    "atomic a program), registers capped at SMEM_PID_MAXNREG; _even without masks",
-    "pid_stay[_even]": "pid never leaving (Config.leave_polls = -1: relies on the GPU starting "
-    "programs in id order; a probe of what leaving costs)",
-    "pid_even_cNK_wW": "pid_even on chunks of N KB and W warps",
+    "default": "the shipped _pick_config choice (round 20: chunks by program id, Config.by_pid, "
+    "a program that polled its row softmax_smem.LEAVE_POLLS times leaving its chunk to the "
+    "row's last publisher; no masks where rows are whole chunks, Config.even)",
+    "ticket[_even]": "rounds 10-19's pick: the atomic ticket at each program's start, with masks "
+    "(_even: without)",
+    "masked": "the pick with masks",
+    "nocap": "the pick without its register cap (SMEM_PID_MAXNREG)",
+    "stay": "the pick never leaving (Config.leave_polls = -1: relies on the GPU starting "
+    "programs in id order; what leaving's code costs)",
+    "cNK_wW": "the pick on chunks of N KB and W warps",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
 
 def round20_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
-    """Round 20: the smem forward without masks, and chunks by program id with leaving."""
+    """Round 20: chunks by program id with leaving and no masks (the pick) against the atomic
+    ticket, with masks, uncapped, never leaving, on 16 KB chunks."""
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
     pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)
-    if pick.design != "smem" or pick.per_sm:
+    if pick.design != "smem" or pick.per_sm or not pick.by_pid:
         return {}
-    pid = pick._replace(by_pid=True, maxnreg=SMEM_PID_MAXNREG)
-    out = {"even": pick._replace(even=True), "pid": pid, "pid_even": pid._replace(even=True)}
-    out["pid_stay"] = pid._replace(leave_polls=-1)
-    out["pid_stay_even"] = pid._replace(leave_polls=-1, even=True)
+    ticket = _ticket_pick(n, itemsize)
+    out = {"ticket": ticket, "ticket_even": ticket._replace(even=True),
+           "masked": pick._replace(even=False), "nocap": pick._replace(maxnreg=0),
+           "stay": pick._replace(leave_polls=-1)}  # fmt: skip
     kbytes, warps = 16, pick.num_warps // 2  # round 19: 16 KB on half the warps, fp32 91-94
-    out[f"pid_even_c{kbytes}K_w{warps}"] = pid._replace(
-        block_cols=kbytes * 1024 // itemsize, num_warps=warps, even=True,
-        maxnreg=SMEM_PID_MAXNREG if warps >= 4 else 0,
+    out[f"c{kbytes}K_w{warps}"] = pick._replace(
+        block_cols=kbytes * 1024 // itemsize, num_warps=warps,
+        maxnreg=SMEM_PID_MAXNREG if warps >= 8 else 0,
     )  # fmt: skip
     return out
 

@@ -124,11 +124,10 @@ SMEM_MAX_BYTES = 131072
 SMEM_PER_SM = 233472
 SMEM_PROGRAM_EXTRA = 2048
 SMEM_ARCH_MAJOR = 9  # compute capability 9.x (Hopper): where the smem design was measured
-# Register cap of the one-shot smem forward with chunks by program id (Config.by_pid, a probe
-# knob): with its fallback (kernels.softmax_smem._forward_partial_global) inlined, ptxas takes
-# 103 registers uncapped under Triton 3.6 (2 programs an SM in 16-bit, 4 in fp32). At 40
-# (sm_90 ptxas, offline): 6 programs of 32 KB an SM as with the atomic ticket, spilling 12-16
-# bytes (3.6) or 0-12 (3.8).
+# Register cap of the one-shot smem forward with chunks by program id (Config.by_pid) on 8
+# warps or more: with leaving (round 20) and no masks, ptxas (sm_90, Triton 3.6, offline) takes
+# 46-48 registers uncapped, 5 programs of 8 warps an SM; at 40, 6 as with the atomic ticket,
+# spilling nothing. 4 warps take 40-44 uncapped: 6 programs, no cap.
 SMEM_PID_MAXNREG = 40
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
@@ -1186,11 +1185,14 @@ def _pick_config(
         if backward:
             warps = min(16, SMEM_WARPS * smem_chunk // base_chunk)
             return Config("smem", 1, smem_chunk, warps, per_sm=-1)
-        # Round 19 (H200): chunks by program id (Config.by_pid) are not shipped: with the
-        # fallback the pick lost (bf16 77.8 / 77.2 against the ticket's 84.5 / 80.6), and the
-        # fallback failed its transposed GPU test (kernels/notes/softmax.md, round 19).
+        # Round 20 (H200, % of copy at N = 65536 / 262144): chunks by program id that a
+        # waiting program leaves to its row's last publisher (Config.by_pid), without masks
+        # where rows are whole chunks (Config.even): bf16 88.3 / 86.8, fp32 94.9 / 93.1,
+        # against the atomic ticket's 84.1 / 80.8 and 90.3 / 83.8 (kernels/notes/softmax.md).
         warps = min(16, SMEM_WARPS * smem_chunk // SMEM_CHUNK_ELEMS)
-        return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1)
+        return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1,
+                      by_pid=True, even=True,
+                      maxnreg=SMEM_PID_MAXNREG if warps >= 8 else 0)  # fmt: skip
     # 16-bit backward rows one a program: chunks held as int32 pairs (where the strides let
     # them be read so; other rows take the plain kernel with the same chunk)
     pairs = backward and itemsize == 2 and min_rows == 1

@@ -142,12 +142,7 @@ def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr
         if LEAVE_POLLS > 0:
             polls += 1
             if polls == LEAVE_POLLS:
-                zero, first = _first_thread(WARPS)
-                gl.store(left + zero, zero.to(gl.int64) + 1, mask=first)
-                old = gl.atomic_add(count + zero, zero.to(gl.int64) + LEFT_UNIT, mask=first,
-                                    sem="acq_rel")  # fmt: skip
-                counted = gl.max(gl.where(first, old % LEFT_UNIT, 0), axis=0)
-                gone = gl.where(counted < n_chunks, 1, 0)
+                gone = _leave(count, left, n_chunks, WARPS)
         missing = _nanosleep(missing, SLEEP_NS)
         packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
         missing = gl.sum(gl.where(packed == 0, 1, 0), axis=0) * (1 - gone)
@@ -155,6 +150,37 @@ def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr
     # slot is published now (unless gone), so one more load sees them all
     packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
     return packed, ok, gone
+
+
+@gluon.jit
+def _cta_barrier(x, FENCE: gl.constexpr = False):
+    """bar.sync across the program's threads, returning x (its use orders what follows):
+    inline PTX, as Gluon's barrier is named differently in Triton 3.6 and 3.8. FENCE: each
+    thread's fence.acq_rel.gpu first (a thread's relaxed atomic before it becomes an acquire,
+    which the barrier passes on to every thread)."""
+    if FENCE:
+        return gl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tbar.sync 0;\n\tmov.b32 $0, $1;",
+                                         "=r,r", [x], dtype=gl.int32, is_pure=False,
+                                         pack=1)  # fmt: skip
+    return gl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+
+@gluon.jit
+def _leave(count, left, n_chunks, WARPS: gl.constexpr):
+    """Try to leave the chunk whose flag is `left` (_row_slots): 1 if it left, 0 if its row's
+    partials were all counted first (it stays). The first thread sets the flag, adds LEFT_UNIT
+    to the count (the atomic orders the two), and overwrites the flag with 2 if it stays; the
+    others read the flag after a barrier. Through global memory, not a cross-warp reduction:
+    none of the program's shared memory (the chunk it holds) is touched."""
+    zero, first = _first_thread(WARPS)
+    gl.store(left + zero, zero.to(gl.int64) + 1, mask=first)
+    old = gl.atomic_add(count + zero, zero.to(gl.int64) + LEFT_UNIT, mask=first, sem="acq_rel")
+    stays = old % LEFT_UNIT >= n_chunks
+    gl.store(left + zero, gl.where(stays, 2, 1).to(gl.int64), mask=first)
+    after = _cta_barrier(n_chunks)
+    flag = gl.load(left + after * 0, volatile=True)
+    return gl.where(flag == 1, 1, 0)
 
 
 @gluon.jit
@@ -504,12 +530,14 @@ def softmax_smem_forward_kernel(
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
         partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
     if BY_PID:
-        # published, then counted (the atomic orders the two): the program whose count brings
-        # the row to n_chunks is its last publisher; only the first thread keeps the old count
+        # published, then counted: the program whose count brings the row to n_chunks is its
+        # last publisher. Relaxed (no fence: an acquire would hold the first warp's next loads
+        # for the atomic's round trip): no program reads a slot through the count, every wait
+        # polls the slots themselves. Only the first thread keeps the old count (no broadcast).
         count, left = _leave_words(ws_ptr, ticket, ticket_index, n_chunks)
         zero, first = _first_thread(WARPS)
         gl.atomic_xchg(ws_ptr + ticket + zero, partial + zero, mask=first, sem="relaxed")
-        counted = gl.atomic_add(count + zero, zero.to(gl.int64) + 1, mask=first, sem="acq_rel")
+        counted = gl.atomic_add(count + zero, zero.to(gl.int64) + 1, mask=first, sem="relaxed")
         packed, slot_ok, gone = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS,
                                            LEAVE_POLLS, count, left)  # fmt: skip
     else:
@@ -523,12 +551,16 @@ def softmax_smem_forward_kernel(
     if BY_PID:  # the row's last publisher writes the chunks that programs left (_row_slots)
         old = gl.max(gl.where(first, counted, 0), axis=0)
         if (old % LEFT_UNIT == n_chunks - 1) & (old >= LEFT_UNIT):
+            # the leavers' flags, ordered before their count atomics (_leave: acq_rel): the
+            # first thread's count atomic (its value read above) and a fence make an acquire,
+            # passed on to every thread by the barrier
+            left = left + _cta_barrier(n_chunks * 0, True)
             row_limit = n_vecs.to(gl.int64) * VEC
             x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
             y_row0 = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, 0, VEC)
             first_chunk = ticket - ticket % n_chunks
             for j in range(n_chunks):
-                if gl.load(left - ticket + first_chunk + j, volatile=True) != 0:
+                if gl.load(left - ticket + first_chunk + j, volatile=True) == 1:
                     _write_from_global(x_row0 + j * CHUNK, y_row0 + j * CHUNK,
                                        row_limit - j * CHUNK, row_max, inv_sum, CHUNK, VEC,
                                        WARPS, EXP2, POLICY)  # fmt: skip
@@ -784,7 +816,8 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         )
     if transpose and not by_pid:
         raise ValueError("transpose orders the program ids of by_pid")
-    if by_pid and (backward or programs > 0 or fold or regs or leave_polls == 0 or leave_polls < -1):
+    if by_pid and (backward or programs > 0 or fold or regs or leave_polls == 0
+                   or leave_polls < -1):  # fmt: skip
         raise ValueError(
             "by_pid is a knob of the one-shot forward without fold or regs, leaving after at "
             f"least 1 poll (or -1: never); got backward={backward}, programs={programs}, "

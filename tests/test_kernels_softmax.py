@@ -882,22 +882,26 @@ def test_pick_config_chunks(monkeypatch, device):
 
 def test_pick_config_takes_smem_where_the_rows_fit_it():
     """On a GPU, rows past the tile whose starts are 16-byte aligned (smem_ok) take the smem
-    design: the forward one 32 KB chunk a program (round 10), the backward the persistent
-    kernels with two 16 KB buffers of y and of dy (round 11); rows that do not fit keep coop."""
+    design: the forward one 32 KB chunk a program (round 10) by program id without masks where
+    rows are whole chunks (round 20; 8 warps capped at SMEM_PID_MAXNREG registers), the backward
+    the persistent kernels with two 16 KB buffers of y and of dy (round 11); rows that do not
+    fit keep coop."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
+    pid = dict(by_pid=True, even=True)
+    cap = softmax_module.SMEM_PID_MAXNREG
     with pretend_gpu((9, 0), 132):
         assert pick(65536, 512, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 16384, 8, exp2=2
+            "smem", 1, 16384, 8, exp2=2, maxnreg=cap, **pid
         )
         assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 8192, 4, per_sm=-1
         )
         assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, exp2=1
+            "smem", 1, 8192, 4, exp2=1, **pid
         )
         assert pick(65536, 512, False, False, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, exp2=1
+            "smem", 1, 8192, 4, exp2=1, **pid
         )
         assert pick(262144, 128, False, True, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 4096, 4, per_sm=-1
@@ -907,7 +911,7 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
         assert pick(65536, 512, False, True, cpu, 2) == Config("coop", 1, 4096, 4, pairs=True)
         # rows past MAX_SPLIT_CHUNKS chunks: bigger chunks, warps in proportion
         assert pick(2**22, 2, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 32768, 16, exp2=2
+            "smem", 1, 32768, 16, exp2=2, maxnreg=cap, **pid
         )
         assert pick(2**21, 2, False, True, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 16384, 8, per_sm=-1
@@ -1518,7 +1522,7 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
-    backward = config._replace(rescale=False, fold=0, regs=0, by_pid=False)
+    backward = config._replace(rescale=False, fold=0, regs=0, by_pid=False, even=False)
     dx = _backward(y[keep], dy[keep], -1, direct, backward)
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
@@ -1859,6 +1863,24 @@ def test_round19_probe_candidates_are_valid():
                     assert cfg.design == "smem" and not cfg.per_sm and cfg.by_pid, name
                     assert (cfg.leave_polls == -1) == ("nohelp" in name)
                     assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
-                for round_no in (17, 18):
+                for round_no in (14, 17, 18):
                     for cfg in probe.ROUND_CANDIDATES[round_no](n, itemsize, False).values():
                         assert not cfg.by_pid
+
+
+def test_round20_probe_candidates_are_valid():
+    """Round 20: forward only, past the tile; the pick (chunks by program id, even) beside the
+    ticket, masks, no cap, never leaving and 16 KB chunks, each a config _launch_rows takes."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    with pretend_gpu((9, 0), 132):
+        for n in (16384, 65536, 262144):
+            for itemsize in (2, 4):
+                assert not probe.round20_candidates(n, itemsize, True)
+                cands = probe.round20_candidates(n, itemsize, False)
+                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                for name, cfg in cands.items():
+                    assert cfg.design == "smem" and not cfg.per_sm, name
+                    assert cfg.by_pid == (not name.startswith("ticket")), name
+                    assert cfg.even == (name not in ("ticket", "masked")), name
+                    assert (cfg.leave_polls == -1) == (name == "stay"), name
+                    assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
