@@ -129,7 +129,17 @@ def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr
     later and sees the flag, writes the chunk from global memory (softmax_smem_forward_kernel).
     Otherwise it waits on. So a program never waits on one that has not started: the GPU need
     not start programs in id order. -1: never (the ticketed kernels, whose chunks are all taken
-    before anyone waits)."""
+    before anyone waits).
+
+    With LEAVE_POLLS > 0, MAX_CHUNKS must be at least the program's threads: the slots are then
+    spread over every warp and the count of missing ones is a reduction across warps, which
+    every warp reads alike, so all take each poll, and the leave, together (_leave's barrier
+    must meet the others' own). Narrower, each warp holds every slot and reduces alone: warps
+    then disagree on the poll at which the row completes (they load at different moments),
+    which is harmless without barriers in the loop (the ticketed kernels) and was round 19's
+    and round 20's first wrong rows with them (a warp's barrier met another's elsewhere)."""
+    gl.static_assert(LEAVE_POLLS <= 0 or MAX_CHUNKS >= 32 * WARPS,
+                     "leaving needs the poll spread over every warp")  # fmt: skip
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     k = gl.arange(0, MAX_CHUNKS, layout=layout)
     ok = k < n_chunks
@@ -498,13 +508,15 @@ def softmax_smem_forward_kernel(
     POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
     REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0, BY_PID: gl.constexpr = False,
     LEAVE_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False,
+    POLL_WIDTH: gl.constexpr = 0,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
     HELD_PAD is the 32-bit word of -inf values they are padded with past the row's end.
     BY_PID (Config.by_pid): the chunk is the program id, and a program that has polled its row
     LEAVE_POLLS times leaves its chunk to the row's last publisher (_row_slots); TRANSPOSE: a
-    test of that (_pid_ticket). EVEN: rows are whole chunks (no masks; not with REGS)."""
+    test of that (_pid_ticket). EVEN: rows are whole chunks (no masks; not with REGS).
+    POLL_WIDTH (BY_PID): the poll's width, at least a value a thread (_row_slots)."""
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
@@ -538,7 +550,7 @@ def softmax_smem_forward_kernel(
         zero, first = _first_thread(WARPS)
         gl.atomic_xchg(ws_ptr + ticket + zero, partial + zero, mask=first, sem="relaxed")
         counted = gl.atomic_add(count + zero, zero.to(gl.int64) + 1, mask=first, sem="relaxed")
-        packed, slot_ok, gone = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS,
+        packed, slot_ok, gone = _row_slots(slots, n_chunks, POLL_WIDTH, SLEEP_NS, WARPS,
                                            LEAVE_POLLS, count, left)  # fmt: skip
     else:
         gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
@@ -830,6 +842,8 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         meta["EXP2"] = exp2
         if even:
             meta["EVEN"] = True
+        if by_pid:  # a slot a thread at most: the poll's count is one across warps (_row_slots)
+            meta["POLL_WIDTH"] = max(meta["MAX_CHUNKS"], 32 * warps)
         meta["FOLD"] = int(fold)
         if by_pid:
             meta.update(BY_PID=True, LEAVE_POLLS=leave_polls, TRANSPOSE=transpose)

@@ -1558,45 +1558,48 @@ def test_held_pieces_on_ragged_rows_on_gpu(dtype_name, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
 @pytest.mark.parametrize(
-    "transpose",
-    [False, True],
-    ids=["leave_at_once", "transposed"],
+    "n, rows_per_sm, leave_polls, transpose",
+    [(70000, 0, 1, False), (65536, 5, 1, False), (65536, 8, 0, True)],
+    ids=["leave_at_once", "leave_at_once_many", "transposed"],
 )  # fmt: skip
-def test_chunks_by_program_id_help_on_gpu(dtype_name, transpose):
+def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_polls, transpose):
     """Config.by_pid's leaving. leave_at_once: every program that finds its row incomplete at
     its first poll leaves its chunk to the row's last publisher, which writes it from global
-    memory (rows of 70000 columns: a last chunk of 4464; a 1e4 and a run of -inf).
-    transposed: program ids go down the rows' first chunks first, on 8 rows an SM, more than
-    the SMs hold programs; the GPU's first programs then wait for chunks it starts only after
-    them, and only leaving ends the launch."""
+    memory (6 rows of 70000 columns: a last chunk of 4464; a 1e4 and a run of -inf); _many:
+    5 rows an SM of whole chunks (the unmasked kernel), programs leaving in every wave (round
+    20's first runs lost whole rows' left chunks here while 6 rows passed). transposed:
+    program ids go down the rows' first chunks first, on 8 rows an SM, more than the SMs hold
+    programs; the GPU's first programs then wait for chunks it starts only after them, and only
+    leaving ends the launch."""
     from kernels._common import gpu_info
 
     dtype = DTYPES[dtype_name]
     smem = softmax_module.softmax_smem
     device = torch.device("cuda")
-    n = 65536 if transpose else 70000
-    rows = 8 * gpu_info(device).sms if transpose else 6
+    rows = rows_per_sm * gpu_info(device).sms if rows_per_sm else 6
     x = torch.randn(rows, n, device=device, dtype=dtype) * 3
     x[0, 5] = 1e4
     x[1, :20000] = -float("inf")
     y = torch.full_like(x, float("nan"))
     config = softmax_module._pick_config(n, rows, False, False, device, x.element_size(),
                                          smem_ok=True)  # fmt: skip
-    assert config.design == "smem"
-    config = config._replace(maxnreg=softmax_module.SMEM_PID_MAXNREG)
+    assert config.design == "smem" and config.by_pid
     n_chunks = triton.cdiv(n, config.block_cols)
     ws = torch.zeros(smem.workspace_words(rows * n_chunks, n_chunks, True), device=device,
                      dtype=torch.int64)  # fmt: skip
     smem.launch(
         direct, False, [x, y], ws, None, (1, rows), [(rows * n, n, 1)] * 2, config.block_cols,
         config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg, by_pid=True,
-        leave_polls=smem.LEAVE_POLLS if transpose else 1, transpose=transpose,
-        even=transpose,  # 65536 columns: whole chunks, the unmasked kernel
+        leave_polls=leave_polls or smem.LEAVE_POLLS, transpose=transpose,
+        even=n % config.block_cols == 0,
     )  # fmt: skip
     ref = torch.softmax(x.double(), -1)
     assert relative_error(y, ref) < TOLERANCES[dtype_name]
     ones = torch.ones(rows, device=device, dtype=torch.float64)
     torch.testing.assert_close(y.double().sum(-1), ones, rtol=0, atol=TOLERANCES[dtype_name])
+    # programs did leave (flag 1 past the slots, the counter and the rows' count words)
+    left = ws[rows * n_chunks + 1 + rows:]
+    assert (left == 1).sum().item() > 0
 
 
 # -- the first call's choice (softmax_module._tuned_config) --
