@@ -981,11 +981,13 @@ def round20_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     out = {"ticket": ticket, "ticket_even": ticket._replace(even=True),
            "masked": pick._replace(even=False), "nocap": pick._replace(maxnreg=0),
            "stay": pick._replace(leave_polls=-1)}  # fmt: skip
-    kbytes, warps = 16, pick.num_warps // 2  # round 19: 16 KB on half the warps, fp32 91-94
-    out[f"c{kbytes}K_w{warps}"] = pick._replace(
-        block_cols=kbytes * 1024 // itemsize, num_warps=warps,
-        maxnreg=SMEM_PID_MAXNREG if warps >= 8 else 0,
-    )  # fmt: skip
+    # round 19: 16 KB on half the warps (fp32 91-94); 64 KB on the pick's warps halves a row's
+    # chunks (3 programs an SM)
+    for kbytes, warps in ((16, pick.num_warps // 2), (64, pick.num_warps)):
+        out[f"c{kbytes}K_w{warps}"] = pick._replace(
+            block_cols=kbytes * 1024 // itemsize, num_warps=warps,
+            maxnreg=SMEM_PID_MAXNREG if warps >= 8 else 0,
+        )  # fmt: skip
     return out
 
 
