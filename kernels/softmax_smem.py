@@ -11,6 +11,12 @@ see one piece of the chunk at a time. Otherwise the protocol is the coop one: a 
 its chunk. The workspace comes from kernels.softmax._coop_workspace, and each program zeroes its
 words of the next launch's one.
 
+The forward's pick (round 20, Config.by_pid) takes the program id as the ticket, no atomic at
+the start. Nothing then promises that a row's other programs run while one waits, so a program
+that has polled its row LEAVE_POLLS times leaves its chunk: it sets a flag and counts itself in
+the row's count word, and the row's last publisher (the program whose count brings the row's
+partials to all) writes the left chunks from global memory (_row_slots, _leave).
+
 Gluon is Triton's lower-level language (triton.experimental.gluon): the interpreter does not run
 it, so these kernels are GPU-only, as the coop design is; the CPU path keeps split2.
 """
