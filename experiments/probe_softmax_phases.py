@@ -131,8 +131,9 @@ class _Stamping:
     """A launcher (kernels._common.Launcher) that runs stamped_forward_kernel in place of the
     one-shot smem forward, so the rows, strides, workspace and meta are the production path's
     (kernels.softmax._launch_rows); it adds the stamps, the ticket choice and the register cap,
-    and drops FOLD (the probe refuses configs with fold) and the pick's BY_PID and LEAVE_POLLS
-    (the probe's --by-pid chooses the ticket; the stamped wait never helps)."""
+    and drops FOLD (the probe refuses configs with fold) and the pick's BY_PID, LEAVE_POLLS,
+    EVEN, POLL_WIDTH and TRANSPOSE (the probe's --by-pid chooses the ticket; the stamped kernel
+    masks and never leaves)."""
 
     def __init__(self, stamps: torch.Tensor, by_pid: bool):
         self.stamps, self.by_pid = stamps, by_pid
@@ -143,7 +144,8 @@ class _Stamping:
         return self
 
     def __getitem__(self, grid):
-        def call(x, y, ws, next_ws, *args, FOLD=0, BY_PID=False, LEAVE_POLLS=0, **meta):
+        def call(x, y, ws, next_ws, *args, FOLD=0, BY_PID=False, LEAVE_POLLS=0, EVEN=False,
+                 POLL_WIDTH=0, TRANSPOSE=False, **meta):
             stamped_forward_kernel[grid](
                 x, y, ws, next_ws, self.stamps, *args, BY_PID=self.by_pid,
                 **{**meta, "maxnreg": STAMPED_MAXNREG},
