@@ -917,7 +917,8 @@ def round18_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
 
 # What each round 19 name means (printed at the start of a --round19 run).
 ROUND19_NAMES = {
-    "default": "the shipped _pick_config choice (the atomic ticket at each program's start)",
+    "default": "the shipped _pick_config choice (round 19: the atomic ticket at each program's "
+    "start; since round 20 chunks by program id)",
     "pid": "the pick with its chunks by program id (Config.by_pid) and round 19's fallback (a "
     "program that polled its row 256 times computed the missing partials; since round 20 it "
     "leaves its chunk instead), its registers capped (kernels.softmax.SMEM_PID_MAXNREG)",
@@ -971,7 +972,7 @@ ROUND20_NAMES = {
 
 def round20_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
     """Round 20: chunks by program id with leaving and no masks (the pick) against the atomic
-    ticket, with masks, uncapped, never leaving, on 16 KB chunks."""
+    ticket, with masks, uncapped, never leaving, on 16 KB and 64 KB chunks."""
     if backward or n <= ONE_PASS_MAX_ELEMS:
         return {}
     pick = _pick_config(n, 1, False, False, torch.device(DEVICE), itemsize, smem_ok=True)

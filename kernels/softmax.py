@@ -1185,10 +1185,11 @@ def _pick_config(
         if backward:
             warps = min(16, SMEM_WARPS * smem_chunk // base_chunk)
             return Config("smem", 1, smem_chunk, warps, per_sm=-1)
-        # Round 20 (H200, % of copy at N = 65536 / 262144): chunks by program id that a
-        # waiting program leaves to its row's last publisher (Config.by_pid), without masks
-        # where rows are whole chunks (Config.even): bf16 88.3 / 86.8, fp32 94.9 / 93.1,
-        # against the atomic ticket's 84.1 / 80.8 and 90.3 / 83.8 (kernels/notes/softmax.md).
+        # Round 20 (H200, % of copy at N = 65536 / 262144, softmax_probe20c_h200.txt): chunks
+        # by program id that a waiting program leaves to its row's last publisher
+        # (Config.by_pid), without masks where rows are whole chunks (Config.even): bf16 91.0
+        # / 88.4, fp32 95.8 / 95.1, against the atomic ticket's 84.4 / 80.4 and 90.3 / 82.9
+        # (kernels/notes/softmax.md).
         warps = min(16, SMEM_WARPS * smem_chunk // SMEM_CHUNK_ELEMS)
         return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1,
                       by_pid=True, even=True,
@@ -1337,11 +1338,11 @@ def _launch_rows(
             raise ValueError(f"rescale is a knob of the plain coop/split2 forward, got {config}")
         hints["RESCALE"] = True
 
-    smem_even = config.design == "smem" and not (backward or config.per_sm or config.regs
-                                                  or config.int32)  # fmt: skip
-    if config.even and smem_even:
-        pass  # the one-shot smem forward: no masks where rows are whole chunks (_launch_smem)
-    elif config.even or config.int32:
+    # the one-shot smem forward takes even itself: no masks where rows are whole chunks
+    smem_even = config.even and config.design == "smem" and not (
+        backward or config.per_sm or config.regs or config.int32
+    )  # fmt: skip
+    if (config.even or config.int32) and not smem_even:
         if backward or config.design not in ("tile", "online"):
             raise ValueError(f"even and int32 are knobs of the tile/online forward (even: and "
                              f"of the one-shot smem forward), got {config}")  # fmt: skip

@@ -187,8 +187,8 @@ def _leave(count, left, n_chunks, WARPS: gl.constexpr):
     """Try to leave the chunk whose flag is `left` (_row_slots): 1 if it left, 0 if its row's
     partials were all counted first (it stays). The first thread sets the flag, adds LEFT_UNIT
     to the count (the atomic orders the two), and overwrites the flag with 2 if it stays; the
-    others read the flag after a barrier. Through global memory, not a cross-warp reduction:
-    none of the program's shared memory (the chunk it holds) is touched."""
+    others read the flag after a barrier. Every warp must call it at the same poll (the poll's
+    count is one across warps, _row_slots), or its barrier meets another warp's elsewhere."""
     zero, first = _first_thread(WARPS)
     gl.store(left + zero, zero.to(gl.int64) + 1, mask=first)
     old = gl.atomic_add(count + zero, zero.to(gl.int64) + LEFT_UNIT, mask=first, sem="acq_rel")
@@ -846,13 +846,12 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
                          f"chunks; got {n_cols} columns in chunks of {chunk}")  # fmt: skip
     if not backward:
         meta["EXP2"] = exp2
+        meta["FOLD"] = int(fold)
         if even:
             meta["EVEN"] = True
-        if by_pid:  # a slot a thread at most: the poll's count is one across warps (_row_slots)
-            meta["POLL_WIDTH"] = max(meta["MAX_CHUNKS"], 32 * warps)
-        meta["FOLD"] = int(fold)
-        if by_pid:
-            meta.update(BY_PID=True, LEAVE_POLLS=leave_polls, TRANSPOSE=transpose)
+        if by_pid:  # POLL_WIDTH: a slot a thread at most, one count across warps (_row_slots)
+            meta.update(BY_PID=True, LEAVE_POLLS=leave_polls, TRANSPOSE=transpose,
+                        POLL_WIDTH=max(meta["MAX_CHUNKS"], 32 * warps))  # fmt: skip
         if regs:  # the held words past the row's end: -inf values (kernel _held_words)
             itemsize = tensors[0].element_size()
             neg_inf = torch.full((4 // itemsize,), -math.inf, dtype=tensors[0].dtype)
