@@ -101,6 +101,11 @@ protocol up from a copy through shared memory.
 waiting program leaves to its row's last publisher; names in ROUND20_NAMES.
     python -m experiments.probe_softmax --round20 --budget 120 --elems 134217728
 
+`--round21` times the smem backward's chunks by program id without masks (the forward's round
+20 protocol) against the persistent ticketed pick, and the 16-bit forward's exp2 partly on the
+FMA pipe (Config.poly); names in ROUND21_NAMES.
+    python -m experiments.probe_softmax --round21 --budget 150 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -992,6 +997,54 @@ def round20_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 21 name means (printed at the start of a --round21 run).
+ROUND21_NAMES = {
+    "default": "the shipped _pick_config choice (forward: round 20's; backward: round 11's "
+    "persistent kernel, two buffers of y and dy a program, the atomic ticket)",
+    "polyP": "forward, 16-bit: the pick with the exp2 of the write's odd pieces (1), and of the "
+    "sum pass's too (2), on the FMA pipe (a cubic, Config.poly), where two MUFU ex2 a value "
+    "keep the MUFU about half busy at the H200's copy rate",
+    "c64K_wW": "forward: the pick on 64 KB chunks and W warps (3 programs an SM)",
+    "sleepS": "the pick polling its row every S ns (the pick: 200)",
+    "evict": "forward: the pick with evict_first on its copies in and its stores",
+    "oneshot": "backward: round 10's one-shot kernel with the atomic ticket (the pick's chunk)",
+    "pid[_masked]": "backward: the one-shot kernel with chunks by program id and leaving, no "
+    "masks (_masked: with), the forward's round 20 protocol, on the pick's chunk and warps",
+    "pid_cNK_wW": "backward pid on chunks of N KB of each of y and dy, W warps",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round21_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 21: the backward on round 20's protocol (chunks by program id, leaving, no masks);
+    the forward's exp2 partly on the FMA pipe, bigger chunks, poll interval, evict hints."""
+    if n <= ONE_PASS_MAX_ELEMS:
+        return {}
+    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem":
+        return {}
+    out = {}
+    if backward:
+        one_shot = pick._replace(per_sm=0)
+        pid = one_shot._replace(by_pid=True, even=True)
+        out = {"oneshot": one_shot, "pid": pid, "pid_masked": pid._replace(even=False)}
+        for scale in (2, 0.5):
+            chunk, warps = int(pick.block_cols * scale), max(1, int(pick.num_warps * scale))
+            kbytes = chunk * itemsize // 1024
+            out[f"pid_c{kbytes}K_w{warps}"] = pid._replace(block_cols=chunk, num_warps=warps)
+        out["pid_sleep500"] = pid._replace(sleep_ns=500)
+        return out
+    if itemsize == 2:
+        out = {f"poly{poly}": pick._replace(poly=poly) for poly in (1, 2)}
+    warps = 2 * pick.num_warps
+    out[f"c64K_w{warps}"] = pick._replace(block_cols=65536 // itemsize, num_warps=warps,
+                                          maxnreg=SMEM_PID_MAXNREG)  # fmt: skip
+    for sleep_ns in (100, 500):
+        out[f"sleep{sleep_ns}"] = pick._replace(sleep_ns=sleep_ns)
+    out["evict"] = pick._replace(evict=True)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -1003,14 +1056,14 @@ ROUND_CANDIDATES = {
     11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
     17: round17_candidates, 18: round18_candidates, 19: round19_candidates,
-    20: round20_candidates,
+    20: round20_candidates, 21: round21_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
                10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
                16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES,
-               19: ROUND19_NAMES, 20: ROUND20_NAMES}  # fmt: skip
+               19: ROUND19_NAMES, 20: ROUND20_NAMES, 21: ROUND21_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -1020,7 +1073,7 @@ def _for_smoke(cfg: Config) -> Config:
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
         return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
-                            by_pid=False, even=False)
+                            by_pid=False, even=False, poly=0)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -1173,12 +1226,13 @@ def main() -> int:
     parser.add_argument("--round18", action="store_true", help="smem chunks held in registers too")
     parser.add_argument("--round19", action="store_true", help="smem chunks by program id")
     parser.add_argument("--round20", action="store_true", help="smem: no masks, leaving")
+    parser.add_argument("--round21", action="store_true", help="smem backward by pid, poly exp2")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 21) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 22) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1192,7 +1246,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, 17, 18, 19, 20):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, 17, 18, 19, 20, 21):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1206,7 +1260,7 @@ def main() -> int:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no == 18:  # the long rows, and N = 16384 (smem on rows of one chunk)
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
-    elif round_no in (7, 8, 9, 10, 17, 19, 20):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

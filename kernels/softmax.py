@@ -226,6 +226,11 @@ class Config(NamedTuple):
     # softmax_smem.LEAVE_POLLS; -1: never (a probe of the protocol's cost only: the wait then
     # relies on the GPU starting programs in id order, as it does but does not promise)
     leave_polls: int = 0
+    # -- round 21 --
+    # smem one-shot forward, 16-bit: the exp2 of the write's odd pieces (1), and of the sum
+    # pass's (2), on the FMA pipe (a cubic, 1e-4 relative; softmax_smem._exp2_poly), not the
+    # MUFU, which two ex2 a value keep about half busy at the H200's copy rate in bf16
+    poly: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1338,14 +1343,14 @@ def _launch_rows(
             raise ValueError(f"rescale is a knob of the plain coop/split2 forward, got {config}")
         hints["RESCALE"] = True
 
-    # the one-shot smem forward takes even itself: no masks where rows are whole chunks
+    # the one-shot smem kernels take even themselves: no masks where rows are whole chunks
     smem_even = config.even and config.design == "smem" and not (
-        backward or config.per_sm or config.regs or config.int32
+        config.per_sm or config.regs or config.int32
     )  # fmt: skip
     if (config.even or config.int32) and not smem_even:
         if backward or config.design not in ("tile", "online"):
             raise ValueError(f"even and int32 are knobs of the tile/online forward (even: and "
-                             f"of the one-shot smem forward), got {config}")  # fmt: skip
+                             f"of the one-shot smem kernels), got {config}")  # fmt: skip
         hints.update(_index_hints(config, (rows_outer, rows_inner), strides, n_cols))
     if config.fold and (backward or config.design != "smem"):
         raise ValueError(f"fold is a knob of the smem forward, got {config}")
@@ -1353,10 +1358,12 @@ def _launch_rows(
         raise ValueError(f"fold is 0, 1 (program-wide) or 2 (by thread), got {config.fold}")
     if config.regs and (backward or config.design != "smem" or config.per_sm):
         raise ValueError(f"regs is a knob of the one-shot smem forward, got {config}")
-    if config.by_pid and (backward or config.design != "smem" or config.per_sm or config.fold
+    if config.by_pid and (config.design != "smem" or config.per_sm or config.fold
                           or config.regs):  # fmt: skip
-        raise ValueError(f"by_pid is a knob of the one-shot smem forward (no fold, no regs), "
+        raise ValueError(f"by_pid is a knob of the one-shot smem kernels (no fold, no regs), "
                          f"got {config}")  # fmt: skip
+    if config.poly and (backward or config.design != "smem" or config.per_sm):
+        raise ValueError(f"poly is a knob of the one-shot smem forward, got {config}")
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1537,7 +1544,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
         maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
         by_pid=config.by_pid, leave_polls=config.leave_polls or softmax_smem.LEAVE_POLLS,
-        even=config.even and n_cols % config.block_cols == 0,
+        even=config.even and n_cols % config.block_cols == 0, poly=config.poly,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

@@ -113,12 +113,42 @@ def _position(ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK: gl.constexpr,
 
 
 @gluon.jit
-def _exp_shifted(x, shift, EXP2: gl.constexpr):
-    """exp(x - shift) as exp2: 2 folds the subtraction into one FMA (kernels.softmax.Config)."""
+def _exp_shifted(x, shift, EXP2: gl.constexpr, POLY: gl.constexpr = False):
+    """exp(x - shift) as exp2: 2 folds the subtraction into one FMA (kernels.softmax.Config).
+    POLY: the exp2 on the FMA pipe (_exp2_poly), not the MUFU's ex2."""
     if EXP2 == 2:
-        return gl.exp2(x * LOG2E - shift * LOG2E)
+        t = x * LOG2E - shift * LOG2E
     else:
-        return gl.exp2((x - shift) * LOG2E)
+        t = (x - shift) * LOG2E
+    if POLY:
+        return _exp2_poly(t)
+    else:
+        return gl.exp2(t)
+
+
+# 2^f on [-0.5, 0.5] as 1 + f·(C1 + f·(C2 + f·C3)): relative minimax (Lawson's iteration on a
+# 20001-point grid), 1.0e-4 at most in fp32 Horner; for 16-bit outputs only (their half ulp:
+# 2e-3 in bf16, 5e-4 in fp16)
+POLY_C1: gl.constexpr = gl.constexpr(0.6932829022407532)
+POLY_C2: gl.constexpr = gl.constexpr(0.24221062660217285)
+POLY_C3: gl.constexpr = gl.constexpr(0.05500869080424309)
+ROUND_MAGIC: gl.constexpr = gl.constexpr(12582912.0)  # 1.5 * 2^23
+
+
+@gluon.jit
+def _exp2_poly(t):
+    """2^t for t <= 0 (softmax's exponents) with FMAs and integer ops, none on the MUFU, which
+    the 16-bit forward's two ex2 a value keep about half busy (Config.poly): t = j + f with j
+    an integer (t + 1.5·2^23 rounds it into the low bits) and |f| <= 1/2, 2^f a cubic, 2^j
+    added to its exponent bits. 0 at t <= -126 (as ex2.approx.ftz flushes 2^-126 and below);
+    NaN stays NaN (an all -inf row, as torch gives)."""
+    t = gl.maximum(t, -126.0, propagate_nan=tl.PropagateNan.ALL)
+    r = t + ROUND_MAGIC
+    f = t - (r - ROUND_MAGIC)
+    p = (f * (f * (f * POLY_C3 + POLY_C2) + POLY_C1) + 1.0).to(gl.int32, bitcast=True)
+    # r's bits are 0x4B400000 + j: shifted by 23, only j << 23 is left
+    e = (p + (r.to(gl.int32, bitcast=True) << 23)).to(gl.float32, bitcast=True)
+    return gl.where(t <= -126.0, 0.0, e)
 
 
 @gluon.jit
@@ -166,6 +196,31 @@ def _row_slots(slots, n_chunks, MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr
     # slot is published now (unless gone), so one more load sees them all
     packed = gl.load(slots + k, mask=ok, other=1, volatile=True)
     return packed, ok, gone
+
+
+@gluon.jit
+def _publish_counted(ws_ptr, ticket, partial, ticket_index, n_chunks, WARPS: gl.constexpr):
+    """Chunks by program id: publish the chunk's partial in its slot, then count it in the
+    row's count word; (the first thread's old count, the first thread's mask, the row's count
+    word, the chunk's left flag) for _row_slots and _last_with_leavers. Published, then
+    counted: the program whose count brings the row to n_chunks is its last publisher. Relaxed
+    (no fence: an acquire would hold the first warp's next loads for the atomic's round trip):
+    no program reads a slot through the count, every wait polls the slots themselves. Only the
+    first thread keeps the old count (no broadcast)."""
+    count, left = _leave_words(ws_ptr, ticket, ticket_index, n_chunks)
+    zero, first = _first_thread(WARPS)
+    gl.atomic_xchg(ws_ptr + ticket + zero, partial + zero, mask=first, sem="relaxed")
+    counted = gl.atomic_add(count + zero, zero.to(gl.int64) + 1, mask=first, sem="relaxed")
+    return counted, first, count, left
+
+
+@gluon.jit
+def _last_with_leavers(counted, first, n_chunks):
+    """Whether this program is its row's last publisher (its count atomic, _publish_counted,
+    brought the row's partials to n_chunks) and some program left its chunk before that
+    (_row_slots): then it writes the left chunks (the kernels' leaver loops)."""
+    old = gl.max(gl.where(first, counted, 0), axis=0)
+    return (old % LEFT_UNIT == n_chunks - 1) & (old >= LEFT_UNIT)
 
 
 @gluon.jit
@@ -243,10 +298,11 @@ def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, P
 @gluon.jit
 def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                      VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
-                     FOLD: gl.constexpr = 0, EVEN: gl.constexpr = False):  # fmt: skip
+                     FOLD: gl.constexpr = 0, EVEN: gl.constexpr = False,
+                     POLY: gl.constexpr = 0):  # fmt: skip
     """(max, sum of exp(x - max)) of the chunk whose PIECES copies into smem.index(base + p)
     are the thread's last commit groups, packed for publishing. EVEN: every column is in the
-    row (no masks)."""
+    row (no masks). POLY = 2: the odd pieces' exp2 on the FMA pipe (Config.poly)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     if FOLD == 1:
         return _forward_partial_folded(smem, base, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
@@ -267,14 +323,28 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
     # an all -inf chunk shifts by 0: its sum is 0, not NaN
     shift = gl.where(run_max == -float("inf"), 0.0, run_max)
     sum_vec = gl.zeros([PIECE], gl.float32, layout)
-    for p in range(PIECES):
-        v = smem.index(base + p).load(layout).to(gl.float32)
-        if EVEN:
-            sum_vec += _exp_shifted(v, shift, EXP2)
-        else:
-            sum_vec += gl.where(p * PIECE + offs < limit, _exp_shifted(v, shift, EXP2), 0.0)
+    if POLY == 2:  # the odd pieces' exp2 on the FMA pipe (_exp2_poly)
+        for p in gl.static_range(PIECES):
+            sum_vec += _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE, layout, EXP2,
+                                          EVEN, p % 2 == 1)  # fmt: skip
+    else:
+        for p in range(PIECES):
+            sum_vec += _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE, layout, EXP2,
+                                          EVEN)  # fmt: skip
     # the max is never the bits 0 unless the sum is at least 1: a published slot is never 0
     return _pack(run_max, gl.sum(sum_vec, axis=0))
+
+
+@gluon.jit
+def _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE: gl.constexpr,
+                       layout: gl.constexpr, EXP2: gl.constexpr, EVEN: gl.constexpr,
+                       POLY: gl.constexpr = False):  # fmt: skip
+    """exp(x - shift) of piece p of _forward_partial's sum pass (0 past the row's end)."""
+    v = smem.index(base + p).load(layout).to(gl.float32)
+    if EVEN:
+        return _exp_shifted(v, shift, EXP2, POLY)
+    else:
+        return gl.where(p * PIECE + offs < limit, _exp_shifted(v, shift, EXP2, POLY), 0.0)
 
 
 @gluon.jit
@@ -372,19 +442,35 @@ def _row_stats(packed, slot_ok):
 def _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_vstride_outer,
                    y_vstride_inner, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                    VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
-                   POLICY: gl.constexpr, EVEN: gl.constexpr = False):  # fmt: skip
+                   POLICY: gl.constexpr, EVEN: gl.constexpr = False,
+                   POLY: gl.constexpr = 0):  # fmt: skip
     """Write y from the chunk held in smem.index(base + p), given the row's (max, 1 / sum)
-    (_row_stats)."""
+    (_row_stats). POLY > 0: the odd pieces' exp2 on the FMA pipe (_exp2_poly)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
-    for p in range(PIECES):
-        e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2)
-        y = (e * inv_sum).to(y_ptr.dtype.element_ty)
-        if EVEN:
-            gl.store(y_row + p * PIECE + offs, y, eviction_policy=POLICY)
-        else:
-            gl.store(y_row + p * PIECE + offs, y, mask=p * PIECE + offs < limit,
-                     eviction_policy=POLICY)  # fmt: skip
+    if POLY > 0:
+        for p in gl.static_range(PIECES):
+            _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit, PIECE,
+                                 layout, EXP2, POLICY, EVEN, p % 2 == 1)  # fmt: skip
+    else:
+        for p in range(PIECES):
+            _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit, PIECE,
+                                 layout, EXP2, POLICY, EVEN)  # fmt: skip
+
+
+@gluon.jit
+def _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit,
+                         PIECE: gl.constexpr, layout: gl.constexpr, EXP2: gl.constexpr,
+                         POLICY: gl.constexpr, EVEN: gl.constexpr,
+                         POLY: gl.constexpr = False):  # fmt: skip
+    """Piece p of _forward_write."""
+    e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2, POLY)
+    y = (e * inv_sum).to(y_row.dtype.element_ty)
+    if EVEN:
+        gl.store(y_row + p * PIECE + offs, y, eviction_policy=POLICY)
+    else:
+        gl.store(y_row + p * PIECE + offs, y, mask=p * PIECE + offs < limit,
+                 eviction_policy=POLICY)  # fmt: skip
 
 
 # -- the forward's register-held pieces (Config.regs): the chunk's last REGS pieces ------------
@@ -488,16 +574,55 @@ def _backward_finish(dx_ptr, y_smem, dy_smem, base, slots, n_chunks, outer, inne
                      POLICY: gl.constexpr):  # fmt: skip
     """Wait for the row's slots, then write dx = y·(dy - Σ y·dy) from the chunk held in
     y_smem and dy_smem.index(base + p)."""
-    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     packed, slot_ok, _ = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    _backward_write(dx_ptr, y_smem, dy_smem, base, _row_dot(packed, slot_ok), outer, inner,
+                    start, dx_vstride_outer, dx_vstride_inner, offs, limit, PIECES, PIECE, VEC,
+                    WARPS, POLICY)  # fmt: skip
+
+
+@gluon.jit
+def _row_dot(packed, slot_ok):
+    """The row's Σ y·dy from its published partials (_backward_partial)."""
     dots, _ = _unpack(packed)
-    row_dot = gl.sum(gl.where(slot_ok, dots, 0.0), axis=0)
+    return gl.sum(gl.where(slot_ok, dots, 0.0), axis=0)
+
+
+@gluon.jit
+def _backward_write(dx_ptr, y_smem, dy_smem, base, row_dot, outer, inner, start,
+                    dx_vstride_outer, dx_vstride_inner, offs, limit, PIECES: gl.constexpr,
+                    PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+                    POLICY: gl.constexpr, EVEN: gl.constexpr = False):  # fmt: skip
+    """Write dx = y·(dy - row_dot) from the chunk held in y_smem and dy_smem.index(base + p).
+    EVEN: every column is in the row (no mask)."""
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     dx_row = _chunk_start(dx_ptr, outer, inner, dx_vstride_outer, dx_vstride_inner, start, VEC)
     for p in range(PIECES):
         y = y_smem.index(base + p).load(layout).to(gl.float32)
-        dx = y * (dy_smem.index(base + p).load(layout).to(gl.float32) - row_dot)
-        gl.store(dx_row + p * PIECE + offs, dx.to(dx_ptr.dtype.element_ty),
-                 mask=p * PIECE + offs < limit, eviction_policy=POLICY)  # fmt: skip
+        dx = (y * (dy_smem.index(base + p).load(layout).to(gl.float32) - row_dot)).to(
+            dx_ptr.dtype.element_ty
+        )  # fmt: skip
+        if EVEN:
+            gl.store(dx_row + p * PIECE + offs, dx, eviction_policy=POLICY)
+        else:
+            gl.store(dx_row + p * PIECE + offs, dx, mask=p * PIECE + offs < limit,
+                     eviction_policy=POLICY)  # fmt: skip
+
+
+@gluon.jit
+def _backward_write_from_global(y_chunk, dy_chunk, dx_chunk, limit, row_dot,
+                                CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+                                POLICY: gl.constexpr):  # fmt: skip
+    """dx of a chunk another program left (_row_slots), y and dy read from global memory: a
+    cold path, a piece at a time, the arithmetic of _backward_write (the owner's bits)."""
+    PIECE: gl.constexpr = 32 * WARPS * VEC
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    offs = gl.arange(0, PIECE, layout=layout)
+    for p in tl.range(CHUNK // PIECE, loop_unroll_factor=1):
+        ok = p * PIECE + offs < limit
+        y = gl.load(y_chunk + p * PIECE + offs, mask=ok, other=0.0).to(gl.float32)
+        dy = gl.load(dy_chunk + p * PIECE + offs, mask=ok, other=0.0).to(gl.float32)
+        gl.store(dx_chunk + p * PIECE + offs, (y * (dy - row_dot)).to(dx_chunk.dtype.element_ty),
+                 mask=ok, eviction_policy=POLICY)  # fmt: skip
 
 
 # -- the kernels --------------------------------------------------------------------------------
@@ -514,7 +639,7 @@ def softmax_smem_forward_kernel(
     POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
     REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0, BY_PID: gl.constexpr = False,
     LEAVE_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False,
-    POLL_WIDTH: gl.constexpr = 0,
+    POLL_WIDTH: gl.constexpr = 0, POLY: gl.constexpr = 0,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
@@ -522,7 +647,9 @@ def softmax_smem_forward_kernel(
     BY_PID (Config.by_pid): the chunk is the program id, and a program that has polled its row
     LEAVE_POLLS times leaves its chunk to the row's last publisher (_row_slots); TRANSPOSE: a
     test of that (_pid_ticket). EVEN: rows are whole chunks (no masks; not with REGS).
-    POLL_WIDTH (BY_PID): the poll's width, at least a value a thread (_row_slots)."""
+    POLL_WIDTH (BY_PID): the poll's width, at least a value a thread (_row_slots). POLY
+    (Config.poly, 16-bit outputs): 1 the write's odd pieces' exp2 on the FMA pipe, 2 the sum
+    pass's too (_exp2_poly)."""
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
@@ -544,18 +671,13 @@ def softmax_smem_forward_kernel(
     if REGS > 0:  # loads in flight beside the copies; first used once the smem pieces are in
         held_ptrs, held_ok = _held_words(x_row, limit, 0, PIECES, REGS, PIECE, WARPS)
         held = gl.load(held_ptrs, mask=held_ok, other=HELD_PAD, eviction_policy=POLICY)
-    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD, EVEN)
+    partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD, EVEN,
+                               POLY)  # fmt: skip
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
         partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
     if BY_PID:
-        # published, then counted: the program whose count brings the row to n_chunks is its
-        # last publisher. Relaxed (no fence: an acquire would hold the first warp's next loads
-        # for the atomic's round trip): no program reads a slot through the count, every wait
-        # polls the slots themselves. Only the first thread keeps the old count (no broadcast).
-        count, left = _leave_words(ws_ptr, ticket, ticket_index, n_chunks)
-        zero, first = _first_thread(WARPS)
-        gl.atomic_xchg(ws_ptr + ticket + zero, partial + zero, mask=first, sem="relaxed")
-        counted = gl.atomic_add(count + zero, zero.to(gl.int64) + 1, mask=first, sem="relaxed")
+        counted, first, count, left = _publish_counted(ws_ptr, ticket, partial, ticket_index,
+                                                       n_chunks, WARPS)  # fmt: skip
         packed, slot_ok, gone = _row_slots(slots, n_chunks, POLL_WIDTH, SLEEP_NS, WARPS,
                                            LEAVE_POLLS, count, left)  # fmt: skip
     else:
@@ -565,10 +687,9 @@ def softmax_smem_forward_kernel(
     if gone == 0:
         _forward_write(y_ptr, smem, 0, row_max, inv_sum, outer, inner, start, y_vstride_outer,
                        y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, POLICY,
-                       EVEN)  # fmt: skip
+                       EVEN, POLY)  # fmt: skip
     if BY_PID:  # the row's last publisher writes the chunks that programs left (_row_slots)
-        old = gl.max(gl.where(first, counted, 0), axis=0)
-        if (old % LEFT_UNIT == n_chunks - 1) & (old >= LEFT_UNIT):
+        if _last_with_leavers(counted, first, n_chunks):
             # the leavers' flags, ordered before their count atomics (_leave: acq_rel): the
             # first thread's count atomic (its value read above) and a fence make an acquire,
             # passed on to every thread by the barrier
@@ -596,14 +717,19 @@ def softmax_smem_backward_kernel(
     dx_vstride_outer, dx_vstride_inner,
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, POLICY: gl.constexpr = "",
-    CLEAR: gl.constexpr = True,
+    CLEAR: gl.constexpr = True, BY_PID: gl.constexpr = False, LEAVE_POLLS: gl.constexpr = 0,
+    TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False, POLL_WIDTH: gl.constexpr = 0,
 ):  # fmt: skip
-    """dx = y·(dy - Σ y·dy) with y and dy's chunks held in shared memory, as the forward."""
+    """dx = y·(dy - Σ y·dy) with y and dy's chunks held in shared memory, as the forward;
+    BY_PID, LEAVE_POLLS, TRANSPOSE, EVEN and POLL_WIDTH as there (round 21)."""
     PIECES: gl.constexpr = CHUNK // PIECE
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     smem_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     offs = gl.arange(0, PIECE, layout=layout)
-    ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    if BY_PID:
+        ticket = _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR, TRANSPOSE, True)
+    else:
+        ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
     outer, inner, start, limit, slots, _ = _position(
         ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
     )  # fmt: skip
@@ -612,14 +738,38 @@ def softmax_smem_backward_kernel(
     y_smem = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [PIECES, PIECE], smem_layout)
     dy_smem = gl.allocate_shared_memory(dy_ptr.dtype.element_ty, [PIECES, PIECE], smem_layout)
     for p in gl.static_range(PIECES):
-        _copy_in(y_smem, y_row, offs, limit, p, PIECE, POLICY)
-        _copy_in(dy_smem, dy_row, offs, limit, p, PIECE, POLICY)
+        _copy_in(y_smem, y_row, offs, limit, p, PIECE, POLICY, 0, EVEN)
+        _copy_in(dy_smem, dy_row, offs, limit, p, PIECE, POLICY, 0, EVEN)
         cp.commit_group()
     partial = _backward_partial(y_smem, dy_smem, 0, PIECES, PIECE, VEC, WARPS)
-    gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
-    _backward_finish(dx_ptr, y_smem, dy_smem, 0, slots, n_chunks, outer, inner, start,
-                     dx_vstride_outer, dx_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS,
-                     MAX_CHUNKS, SLEEP_NS, POLICY)  # fmt: skip
+    if BY_PID:
+        counted, first, count, left = _publish_counted(ws_ptr, ticket, partial, ticket_index,
+                                                       n_chunks, WARPS)  # fmt: skip
+        packed, slot_ok, gone = _row_slots(slots, n_chunks, POLL_WIDTH, SLEEP_NS, WARPS,
+                                           LEAVE_POLLS, count, left)  # fmt: skip
+    else:
+        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+        packed, slot_ok, gone = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    row_dot = _row_dot(packed, slot_ok)
+    if gone == 0:
+        _backward_write(dx_ptr, y_smem, dy_smem, 0, row_dot, outer, inner, start,
+                        dx_vstride_outer, dx_vstride_inner, offs, limit, PIECES, PIECE, VEC,
+                        WARPS, POLICY, EVEN)  # fmt: skip
+    if BY_PID:  # the row's last publisher writes the chunks that programs left, as the forward
+        if _last_with_leavers(counted, first, n_chunks):
+            left = left + _cta_barrier(n_chunks * 0, True)
+            row_limit = n_vecs.to(gl.int64) * VEC
+            y_row0 = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, 0, VEC)
+            dy_row0 = _chunk_start(dy_ptr, outer, inner, dy_vstride_outer, dy_vstride_inner, 0,
+                                   VEC)  # fmt: skip
+            dx_row0 = _chunk_start(dx_ptr, outer, inner, dx_vstride_outer, dx_vstride_inner, 0,
+                                   VEC)  # fmt: skip
+            first_chunk = ticket - ticket % n_chunks
+            for j in range(n_chunks):
+                if gl.load(left - ticket + first_chunk + j, volatile=True) == 1:
+                    _backward_write_from_global(y_row0 + j * CHUNK, dy_row0 + j * CHUNK,
+                                                dx_row0 + j * CHUNK, row_limit - j * CHUNK,
+                                                row_dot, CHUNK, VEC, WARPS, POLICY)  # fmt: skip
 
 
 @gluon.jit
@@ -791,7 +941,8 @@ def workspace_words(n_slots: int, n_chunks: int, by_pid: bool) -> int:
 
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
-           regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False):  # fmt: skip
+           regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False,
+           poly=0):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -800,10 +951,12 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     the forward's partial in one pass, 1 program-wide, 2 thread by thread
     (kernels.softmax.Config.fold). regs: the forward's last `regs` pieces a chunk held in
     registers (one-shot kernel; a power of 2, fewer than the chunk's pieces). by_pid: the
-    one-shot forward's chunks by program id (Config.by_pid), a waiting program leaving its
-    chunk after leave_polls polls; ws then holds the leave words too (workspace_words).
-    transpose: program ids down the rows' first chunks first (a test of leaving). even:
-    the one-shot forward without masks, where rows are whole chunks (Config.even)."""
+    one-shot kernels' chunks by program id (Config.by_pid; the backward's since round 21), a
+    waiting program leaving its chunk after leave_polls polls; ws then holds the leave words
+    too (workspace_words). transpose: program ids down the rows' first chunks first (a test of
+    leaving). even: the one-shot kernels without masks, where rows are whole chunks
+    (Config.even). poly: the one-shot forward's exp2 partly on the FMA pipe, 16-bit only
+    (Config.poly)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -834,24 +987,29 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         )
     if transpose and not by_pid:
         raise ValueError("transpose orders the program ids of by_pid")
-    if by_pid and (backward or programs > 0 or fold or regs or leave_polls == 0
-                   or leave_polls < -1):  # fmt: skip
+    if by_pid and (programs > 0 or fold or regs or leave_polls == 0 or leave_polls < -1):
         raise ValueError(
-            "by_pid is a knob of the one-shot forward without fold or regs, leaving after at "
-            f"least 1 poll (or -1: never); got backward={backward}, programs={programs}, "
-            f"fold={fold}, regs={regs}, leave_polls={leave_polls}"
-        )
-    if even and (backward or programs > 0 or regs or n_cols % chunk):
-        raise ValueError(f"even is a knob of the one-shot forward without regs on rows of whole "
+            "by_pid is a knob of the one-shot kernels without fold or regs, leaving after at "
+            f"least 1 poll (or -1: never); got programs={programs}, fold={fold}, regs={regs}, "
+            f"leave_polls={leave_polls}"
+        )  # fmt: skip
+    if even and (programs > 0 or regs or n_cols % chunk):
+        raise ValueError(f"even is a knob of the one-shot kernels without regs on rows of whole "
                          f"chunks; got {n_cols} columns in chunks of {chunk}")  # fmt: skip
+    if even:
+        meta["EVEN"] = True
+    if by_pid:  # POLL_WIDTH: a slot a thread at most, one count across warps (_row_slots)
+        meta.update(BY_PID=True, LEAVE_POLLS=leave_polls, TRANSPOSE=transpose,
+                    POLL_WIDTH=max(meta["MAX_CHUNKS"], 32 * warps))  # fmt: skip
+    if poly and (backward or programs > 0 or fold or regs or poly not in (1, 2)
+                 or tensors[0].element_size() != 2):  # fmt: skip
+        raise ValueError(f"poly (1 or 2) is a knob of the one-shot 16-bit forward without fold "
+                         f"or regs; got poly={poly}")  # fmt: skip
     if not backward:
         meta["EXP2"] = exp2
         meta["FOLD"] = int(fold)
-        if even:
-            meta["EVEN"] = True
-        if by_pid:  # POLL_WIDTH: a slot a thread at most, one count across warps (_row_slots)
-            meta.update(BY_PID=True, LEAVE_POLLS=leave_polls, TRANSPOSE=transpose,
-                        POLL_WIDTH=max(meta["MAX_CHUNKS"], 32 * warps))  # fmt: skip
+        if poly:
+            meta["POLY"] = poly
         if regs:  # the held words past the row's end: -inf values (kernel _held_words)
             itemsize = tensors[0].element_size()
             neg_inf = torch.full((4 // itemsize,), -math.inf, dtype=tensors[0].dtype)

@@ -325,7 +325,7 @@ def test_held_pieces_are_a_one_shot_smem_forward_knob(device):
         _backward(x, x, -1, direct, Config("smem", 1, 64, 4, regs=1))
 
 
-def test_chunks_by_program_id_are_a_one_shot_smem_forward_knob(device):
+def test_chunks_by_program_id_are_a_one_shot_smem_knob(device):
     x = torch.randn(8, 128, device=device)
     for config in (
         Config("split2", 1, 64, 4, by_pid=True),
@@ -333,28 +333,46 @@ def test_chunks_by_program_id_are_a_one_shot_smem_forward_knob(device):
         Config("smem", 1, 64, 4, by_pid=True, fold=2),
         Config("smem", 1, 64, 4, by_pid=True, regs=1),
     ):
-        with pytest.raises(ValueError, match="by_pid is a knob of the one-shot smem forward"):
+        with pytest.raises(ValueError, match="by_pid is a knob of the one-shot smem kernels"):
             _forward(x, -1, direct, config)
-    with pytest.raises(ValueError, match="by_pid is a knob"):
-        _backward(x, x, -1, direct, Config("smem", 1, 64, 4, by_pid=True))
+    # the backward's one-shot kernel takes it since round 21; its persistent kernel does not
+    for config in (Config("smem", 1, 64, 4, by_pid=True, per_sm=-1),
+                   Config("coop", 1, 64, 4, by_pid=True)):  # fmt: skip
+        with pytest.raises(ValueError, match="by_pid is a knob of the one-shot smem kernels"):
+            _backward(x, x, -1, direct, config)
+
+
+def test_poly_exp2_is_a_one_shot_smem_forward_knob(device):
+    x = torch.randn(8, 128, device=device)
+    for config in (Config("split2", 1, 64, 4, poly=1), Config("smem", 1, 64, 4, poly=1, per_sm=1),
+                   Config("tile", 1, 128, 4, poly=2)):  # fmt: skip
+        with pytest.raises(ValueError, match="poly is a knob of the one-shot smem forward"):
+            _forward(x, -1, direct, config)
+    with pytest.raises(ValueError, match="poly is a knob of the one-shot smem forward"):
+        _backward(x, x, -1, direct, Config("smem", 1, 64, 4, poly=1))
 
 
 @pytest.mark.parametrize(
     "knobs, match",
     [
-        (dict(by_pid=True, backward=True), "by_pid is a knob of the one-shot forward"),
-        (dict(by_pid=True, programs=132), "by_pid is a knob of the one-shot forward"),
+        (dict(by_pid=True, programs=132), "by_pid is a knob of the one-shot kernels"),
+        (dict(by_pid=True, programs=132, backward=True), "by_pid is a knob of the one-shot"),
         (dict(by_pid=True, leave_polls=0), "leaving after at least 1 poll"),
-        (dict(even=True, backward=True), "even is a knob of the one-shot forward"),
-        (dict(even=True, programs=132), "even is a knob of the one-shot forward"),
+        (dict(by_pid=True, leave_polls=0, backward=True), "leaving after at least 1 poll"),
+        (dict(even=True, programs=132), "even is a knob of the one-shot kernels"),
+        (dict(even=True, programs=132, backward=True), "even is a knob of the one-shot kernels"),
         (dict(transpose=True), "transpose orders the program ids of by_pid"),
+        (dict(poly=1), "poly .1 or 2. is a knob of the one-shot 16-bit forward"),  # fp32 rows
+        (dict(poly=1, backward=True, half=True), "poly .1 or 2. is a knob"),
+        (dict(poly=3, half=True), "poly .1 or 2. is a knob"),
+        (dict(poly=1, programs=132, half=True), "poly .1 or 2. is a knob"),
     ],
 )
-def test_smem_launch_refuses_chunks_by_program_id_it_cannot_run(knobs, match):
+def test_smem_launch_refuses_knobs_it_cannot_run(knobs, match):
     """softmax_smem.launch checks before it launches (no GPU needed)."""
     if softmax_module.softmax_smem is None:
         pytest.skip("this Triton has no Gluon")
-    x = torch.empty(2, 4096)
+    x = torch.empty(2, 4096, dtype=torch.bfloat16 if knobs.pop("half", False) else torch.float32)
     backward = knobs.pop("backward", False)
     tensors = [x, x, x] if backward else [x, x]
     with pytest.raises(ValueError, match=match):
@@ -385,6 +403,9 @@ def test_smem_launch_refuses_a_short_workspace():
     assert launched == [(6,)]
     with pytest.raises(ValueError, match="short of the 16"):
         smem.launch(lambda k: None, False, [x, x], ws, None, (1, 3), [(0, 8192, 1)] * 2, 4096,
+                    4, by_pid=True)  # fmt: skip
+    with pytest.raises(ValueError, match="short of the 16"):  # the backward's too (round 21)
+        smem.launch(lambda k: None, True, [x, x, x], ws, None, (1, 3), [(0, 8192, 1)] * 3, 4096,
                     4, by_pid=True)  # fmt: skip
 
 
@@ -1483,6 +1504,10 @@ def test_row_loop_on_gpu(n, dtype_name):
         Config("smem", 1, 16384, 8, exp2=2, even=True),
         Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True),
         Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True),
+        # round 21: the exp2 of odd pieces on the FMA pipe (16-bit only), the write's and the
+        # sum pass's; the backward takes by_pid and even from each config above
+        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, poly=1),
+        Config("smem", 1, 8192, 4, exp2=2, by_pid=True, poly=2),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1498,10 +1523,13 @@ def test_row_loop_on_gpu(n, dtype_name):
         + (f"_regs{c.regs}" if c.regs else "")
         + ("_pid" if c.by_pid else "")
         + ("_even" if c.even else "")
+        + (f"_poly{c.poly}" if c.poly else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
     """Each long-row design at N = 262144 (64 chunks of 4096), with -inf entries and rows."""
+    if config.poly and dtype_name == "fp32":
+        pytest.skip("poly is a 16-bit knob (a cubic's 1e-4 is past fp32's rounding)")
     dtype = DTYPES[dtype_name]
     x = torch.randn(6, 262144, device="cuda", dtype=dtype) * 4
     x[1, :70000] = -float("inf")  # whole chunks of -inf before the first finite value
@@ -1522,7 +1550,8 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
-    backward = config._replace(rescale=False, fold=0, regs=0, by_pid=False, even=False)
+    # the backward takes by_pid and even on its one-shot kernel (round 21)
+    backward = config._replace(rescale=False, fold=0, regs=0, poly=0)
     dx = _backward(y[keep], dy[keep], -1, direct, backward)
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
@@ -1556,21 +1585,23 @@ def test_held_pieces_on_ragged_rows_on_gpu(dtype_name, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
 @pytest.mark.parametrize(
     "n, rows_per_sm, leave_polls, transpose",
     [(70000, 0, 1, False), (65536, 5, 1, False), (65536, 8, 0, True)],
     ids=["leave_at_once", "leave_at_once_many", "transposed"],
 )  # fmt: skip
-def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_polls, transpose):
-    """Config.by_pid's leaving. leave_at_once: every program that finds its row incomplete at
-    its first poll leaves its chunk to the row's last publisher, which writes it from global
-    memory (6 rows of 70000 columns: a last chunk of 4464; a 1e4 and a run of -inf); _many:
-    5 rows an SM of whole chunks (the unmasked kernel), programs leaving in every wave (round
-    20's first runs lost whole rows' left chunks here while 6 rows passed). transposed:
-    program ids go down the rows' first chunks first, on 8 rows an SM, more than the SMs hold
-    programs; the GPU's first programs then wait for chunks it starts only after them, and only
-    leaving ends the launch."""
+def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_polls, transpose,
+                                           backward):  # fmt: skip
+    """Config.by_pid's leaving, forward and (round 21) backward. leave_at_once: every program
+    that finds its row incomplete at its first poll leaves its chunk to the row's last
+    publisher, which writes it from global memory (6 rows of 70000 columns: a last chunk of
+    4464; a 1e4 and a run of -inf); _many: 5 rows an SM of whole chunks (the unmasked kernel),
+    programs leaving in every wave (round 20's first runs lost whole rows' left chunks here
+    while 6 rows passed). transposed: program ids go down the rows' first chunks first, on 8
+    rows an SM, more than the SMs hold programs; the GPU's first programs then wait for chunks
+    it starts only after them, and only leaving ends the launch."""
     from kernels._common import gpu_info
 
     dtype = DTYPES[dtype_name]
@@ -1580,27 +1611,66 @@ def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_pol
     x = torch.randn(rows, n, device=device, dtype=dtype) * 3
     x[0, 5] = 1e4
     x[1, :20000] = -float("inf")
-    y = torch.full_like(x, float("nan"))
     config = softmax_module._pick_config(n, rows, False, False, device, x.element_size(),
                                          smem_ok=True)  # fmt: skip
     assert config.design == "smem" and config.by_pid
+    if backward:  # the backward's one-shot kernel on half the forward's chunk (y and dy)
+        config = config._replace(block_cols=config.block_cols // 2, num_warps=4, maxnreg=0)
+        y = torch.softmax(x.float(), -1).to(dtype)
+        dy = torch.randn_like(y)
+        tensors = [y, dy, torch.full_like(y, float("nan"))]
+        y64, dy64 = y.double(), dy.double()
+        ref = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+    else:
+        tensors = [x, torch.full_like(x, float("nan"))]
+        ref = torch.softmax(x.double(), -1)
     n_chunks = triton.cdiv(n, config.block_cols)
     ws = torch.zeros(smem.workspace_words(rows * n_chunks, n_chunks, True), device=device,
                      dtype=torch.int64)  # fmt: skip
     smem.launch(
-        direct, False, [x, y], ws, None, (1, rows), [(rows * n, n, 1)] * 2, config.block_cols,
-        config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg, by_pid=True,
-        leave_polls=leave_polls or smem.LEAVE_POLLS, transpose=transpose,
+        direct, backward, tensors, ws, None, (1, rows), [(rows * n, n, 1)] * len(tensors),
+        config.block_cols, config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg,
+        by_pid=True, leave_polls=leave_polls or smem.LEAVE_POLLS, transpose=transpose,
         even=n % config.block_cols == 0,
     )  # fmt: skip
-    ref = torch.softmax(x.double(), -1)
-    assert relative_error(y, ref) < TOLERANCES[dtype_name]
-    ones = torch.ones(rows, device=device, dtype=torch.float64)
-    torch.testing.assert_close(y.double().sum(-1), ones, rtol=0, atol=TOLERANCES[dtype_name])
+    out = tensors[-1]
+    assert relative_error(out, ref) < TOLERANCES[dtype_name]
+    if not backward:
+        ones = torch.ones(rows, device=device, dtype=torch.float64)
+        torch.testing.assert_close(out.double().sum(-1), ones, rtol=0,
+                                   atol=TOLERANCES[dtype_name])  # fmt: skip
     if rows_per_sm:  # programs did leave (flag 1 past the slots, the counter, the counts);
         # 6 rows complete before most first polls (the H200 left none in bf16, some in fp32)
         left = ws[rows * n_chunks + 1 + rows:]
         assert (left == 1).sum().item() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+@pytest.mark.parametrize("poly", [1, 2])
+def test_poly_exp2_within_an_ulp_on_gpu(dtype_name, poly):
+    """Config.poly's cubic exp2 (softmax_smem._exp2_poly) over the exponent's whole range:
+    rows falling from 0 to about 2^-140 of their max (past where ex2.approx.ftz flushes), each
+    y within one unit in the last place of the float64 softmax rounded to the dtype, as the
+    MUFU's exp2 is; a -inf entry gives 0, an all -inf row NaN."""
+    dtype = DTYPES[dtype_name]
+    n = 65536
+    ramp = -torch.linspace(0, 97, n, device="cuda", dtype=torch.float64)  # exp(-97) = 2^-140
+    x = (ramp[None, :] + torch.rand(8, n, device="cuda", dtype=torch.float64) * 0.01).to(dtype)
+    x[:, ::3] = x[:, torch.randperm(n, device="cuda")[: x[:, ::3].shape[1]]]  # shuffled
+    x[1, 7] = -float("inf")
+    x[2] = -float("inf")
+    config = Config("smem", 1, 32768 // 2, 8, exp2=2, by_pid=True, even=True, maxnreg=40)
+    y = _forward(x, -1, direct, config._replace(poly=poly))
+    y_mufu = _forward(x, -1, direct, config)
+    assert torch.isnan(y[2]).all() and y[1, 7] == 0
+    keep = [0, 1, 3, 4, 5, 6, 7]
+    ref = torch.softmax(x[keep].double(), -1).to(dtype).double()
+    ulp = 2.0 ** -(torch.finfo(dtype).nmant)  # relative, at the value's binade at most
+    tiny = torch.finfo(dtype).smallest_normal  # below: flushed or subnormal spacing
+    for out in (y, y_mufu):
+        err = (out[keep].double() - ref).abs()
+        assert (err <= ulp * ref.abs() + tiny).all(), (err - ulp * ref.abs()).max().item()
 
 
 # -- the first call's choice (softmax_module._tuned_config) --
@@ -1870,6 +1940,30 @@ def test_round19_probe_candidates_are_valid():
                 for round_no in (14, 17, 18):
                     for cfg in probe.ROUND_CANDIDATES[round_no](n, itemsize, False).values():
                         assert not cfg.by_pid
+
+
+def test_round21_probe_candidates_are_valid():
+    """Round 21, past the tile: the backward's one-shot kernel by program id (even, masked,
+    other chunks) beside the ticket; the forward pick's poly exp2 (16-bit only), 64 KB chunks,
+    poll intervals and evict hints; each a config the launch takes."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    with pretend_gpu((9, 0), 132):
+        for n in (16384, 65536, 262144):
+            for itemsize in (2, 4):
+                for backward in (False, True):
+                    cands = probe.round21_candidates(n, itemsize, backward)
+                    assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                    for name, cfg in cands.items():
+                        assert cfg.design == "smem" and not cfg.per_sm, name
+                        assert cfg.by_pid == (name != "oneshot"), name
+                        assert bool(cfg.poly) == name.startswith("poly"), name
+                        assert not cfg.poly or itemsize == 2, name
+                        assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
+                        if backward:
+                            assert cfg.even == (name not in ("oneshot", "pid_masked")), name
+                    if cands:
+                        assert ("pid" in cands) == backward
+                        assert ("poly1" in cands) == (not backward and itemsize == 2)
 
 
 def test_round20_probe_candidates_are_valid():
