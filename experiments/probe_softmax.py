@@ -999,18 +999,26 @@ def round20_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
 
 # What each round 21 name means (printed at the start of a --round21 run).
 ROUND21_NAMES = {
-    "default": "the shipped _pick_config choice (forward: round 20's; backward: round 11's "
-    "persistent kernel, two buffers of y and dy a program, the atomic ticket)",
+    "default": "the shipped _pick_config choice (forward: round 20's; backward: this round's "
+    "one-shot kernel with chunks by program id and leaving, with masks; the first run, "
+    "softmax_probe21_h200.txt, had round 11's persistent kernel there)",
+    "persist": "backward: round 11's persistent kernel (two buffers of y and dy a program, the "
+    "atomic ticket), the pick until this round",
     "polyP": "forward, 16-bit: the pick with the exp2 of the write's odd pieces (1), and of the "
     "sum pass's too (2), on the FMA pipe (a cubic, Config.poly), where two MUFU ex2 a value "
     "keep the MUFU about half busy at the H200's copy rate",
     "c64K_wW": "forward: the pick on 64 KB chunks and W warps (3 programs an SM)",
     "sleepS": "the pick polling its row every S ns (the pick: 200)",
     "evict": "forward: the pick with evict_first on its copies in and its stores",
+    "foldF": "forward: the pick with its partial taken as the pieces land (Config.fold: 1 a "
+    "program-wide max a piece, 2 each thread over its own values), so only the last piece's "
+    "work lies between its copy landing and the publish",
     "oneshot": "backward: round 10's one-shot kernel with the atomic ticket (the pick's chunk)",
-    "pid[_masked]": "backward: the one-shot kernel with chunks by program id and leaving, no "
-    "masks (_masked: with), the forward's round 20 protocol, on the pick's chunk and warps",
-    "pid_cNK_wW": "backward pid on chunks of N KB of each of y and dy, W warps",
+    "pid[_masked] / pid_even": "backward: the one-shot kernel with chunks by program id and "
+    "leaving (the forward's round 20 protocol) on the pick's chunk and warps; the first run: "
+    "pid without masks, pid_masked with; since: the pick with masks, pid_even without",
+    "pid_cNK_wW": "backward: the pick on chunks of N KB of each of y and dy, W warps",
+    "pid_sleep500": "backward: the pick polling its row every 500 ns",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
@@ -1024,15 +1032,15 @@ def round21_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     if pick.design != "smem":
         return {}
     out = {}
-    if backward:
-        one_shot = pick._replace(per_sm=0)
-        pid = one_shot._replace(by_pid=True, even=True)
-        out = {"oneshot": one_shot, "pid": pid, "pid_masked": pid._replace(even=False)}
+    if backward:  # the pick: chunks by program id with masks (this round's first run)
+        one_shot = pick._replace(by_pid=False)
+        out = {"persist": one_shot._replace(per_sm=-1), "oneshot": one_shot,
+               "pid_even": pick._replace(even=True)}  # fmt: skip
         for scale in (2, 0.5):
             chunk, warps = int(pick.block_cols * scale), max(1, int(pick.num_warps * scale))
             kbytes = chunk * itemsize // 1024
-            out[f"pid_c{kbytes}K_w{warps}"] = pid._replace(block_cols=chunk, num_warps=warps)
-        out["pid_sleep500"] = pid._replace(sleep_ns=500)
+            out[f"pid_c{kbytes}K_w{warps}"] = pick._replace(block_cols=chunk, num_warps=warps)
+        out["pid_sleep500"] = pick._replace(sleep_ns=500)
         return out
     if itemsize == 2:
         out = {f"poly{poly}": pick._replace(poly=poly) for poly in (1, 2)}
@@ -1042,6 +1050,10 @@ def round21_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     for sleep_ns in (100, 500):
         out[f"sleep{sleep_ns}"] = pick._replace(sleep_ns=sleep_ns)
     out["evict"] = pick._replace(evict=True)
+    # the partial as the pieces land (round 13/17's folds, level then with the ticket): the
+    # sum pass off the path from the last copy to the publish, which poly2 showed is costly
+    for fold in (1, 2):
+        out[f"fold{fold}"] = pick._replace(fold=fold)
     return out
 
 

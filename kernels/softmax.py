@@ -1177,7 +1177,7 @@ def _pick_config(
     # the forward: one 32 KB chunk a program; the backward: two 16 KB buffers of y and of dy
     base_chunk = (SMEM_BUFFER_BYTES if backward else SMEM_PROGRAM_BYTES) // itemsize
     smem_chunk = max(base_chunk, next_power_of_2(cdiv(n_cols, MAX_SPLIT_CHUNKS)))
-    buffers = 2 if backward else 1
+    buffers = 2 if backward else 1  # the backward: round 11's persistent kernels' bound, kept
     if smem_ok and min_rows == 1 and buffers * n_inputs * smem_chunk * itemsize <= SMEM_MAX_BYTES:
         # Chunks in shared memory (kernels/notes/softmax.md, rows of 2^27 elements, % of copy
         # at N = 65536 / 262144, H100 then H200). Round 10, the forward, 32 KB a program: bf16
@@ -1188,8 +1188,13 @@ def _pick_config(
         # 101.0 / 97.8 and 92.2 / 87.0 against coop's 101.2 / 96.6 and 91.3 / 83.5. The
         # persistent forward was level or behind (bf16 92.9 / 92.0 and 82.4 / 81.7).
         if backward:
+            # Round 21 (H200, softmax_probe21_h200.txt): the one-shot kernel with chunks by
+            # program id (the forward's round 20 protocol), with masks: bf16 96.4 / 95.0, fp32
+            # 100.3 / 95.0 against round 11's persistent ticketed kernel's 86.0 / 85.5 and
+            # 92.4 / 86.9. Without masks (even) ptxas (CUDA 12.8) takes 40 registers in bf16
+            # and spills 16 bytes whatever the cap: 95.6 / 93.3.
             warps = min(16, SMEM_WARPS * smem_chunk // base_chunk)
-            return Config("smem", 1, smem_chunk, warps, per_sm=-1)
+            return Config("smem", 1, smem_chunk, warps, by_pid=True)
         # Round 20 (H200, % of copy at N = 65536 / 262144, softmax_probe20c_h200.txt): chunks
         # by program id that a waiting program leaves to its row's last publisher
         # (Config.by_pid), without masks where rows are whole chunks (Config.even): bf16 91.0
@@ -1358,9 +1363,8 @@ def _launch_rows(
         raise ValueError(f"fold is 0, 1 (program-wide) or 2 (by thread), got {config.fold}")
     if config.regs and (backward or config.design != "smem" or config.per_sm):
         raise ValueError(f"regs is a knob of the one-shot smem forward, got {config}")
-    if config.by_pid and (config.design != "smem" or config.per_sm or config.fold
-                          or config.regs):  # fmt: skip
-        raise ValueError(f"by_pid is a knob of the one-shot smem kernels (no fold, no regs), "
+    if config.by_pid and (config.design != "smem" or config.per_sm or config.regs):
+        raise ValueError(f"by_pid is a knob of the one-shot smem kernels (no regs), "
                          f"got {config}")  # fmt: skip
     if config.poly and (backward or config.design != "smem" or config.per_sm):
         raise ValueError(f"poly is a knob of the one-shot smem forward, got {config}")

@@ -307,7 +307,8 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
     if FOLD == 1:
         return _forward_partial_folded(smem, base, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
     if FOLD == 2:
-        return _forward_partial_by_thread(smem, base, limit, PIECES, PIECE, VEC, WARPS, EXP2)
+        return _forward_partial_by_thread(smem, base, limit, PIECES, PIECE, VEC, WARPS, EXP2,
+                                          EVEN)  # fmt: skip
     # the max, elementwise over the pieces as they land, then across threads once; each thread
     # reads only what its own copies wrote (one layout for both): no barrier
     for p in gl.static_range(PIECES):
@@ -380,12 +381,13 @@ def _forward_partial_folded(smem, base, offs, limit, PIECES: gl.constexpr, PIECE
 
 @gluon.jit
 def _forward_partial_by_thread(smem, base, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
-                               VEC: gl.constexpr, WARPS: gl.constexpr,
-                               EXP2: gl.constexpr):  # fmt: skip
+                               VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
+                               EVEN: gl.constexpr = False):  # fmt: skip
     """_forward_partial in one pass as the pieces land, each thread folding its own VEC values
     a piece into its own running (max, sum of exp): no cross-thread step until the end, one
     exp a value and one more a thread a piece (Config.fold = 2). A piece is read as (threads,
-    VEC), thread t holding row t: the addresses its own copies wrote, as the 1-D layout."""
+    VEC), thread t holding row t: the addresses its own copies wrote, as the 1-D layout.
+    EVEN: every column is in the row (no masks)."""
     THREADS: gl.constexpr = 32 * WARPS
     gl.static_assert(PIECE == THREADS * VEC, "a piece is one 16-byte copy a thread")
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [WARPS, 1], [1, 0])
@@ -396,11 +398,16 @@ def _forward_partial_by_thread(smem, base, limit, PIECES: gl.constexpr, PIECE: g
     for p in gl.static_range(PIECES):
         cp.wait_group(PIECES - 1 - p)
         v = smem.index(base + p).reshape([THREADS, VEC]).load(layout).to(gl.float32)
-        ok = p * PIECE + first < limit
-        new_max = gl.maximum(run_max, gl.where(ok, gl.max(v, axis=1), -float("inf")))
+        if EVEN:
+            new_max = gl.maximum(run_max, gl.max(v, axis=1))
+        else:
+            ok = p * PIECE + first < limit
+            new_max = gl.maximum(run_max, gl.where(ok, gl.max(v, axis=1), -float("inf")))
         # until a thread sees a finite value its shift is 0: exp(-inf - 0) = 0 keeps its sum 0
         shift = gl.where(new_max == -float("inf"), 0.0, new_max)
-        piece_sum = gl.where(ok, gl.sum(_exp_shifted(v, shift[:, None], EXP2), axis=1), 0.0)
+        piece_sum = gl.sum(_exp_shifted(v, shift[:, None], EXP2), axis=1)
+        if not EVEN:
+            piece_sum = gl.where(ok, piece_sum, 0.0)
         # the old shift is at most the new one (no overflow); a sum still 0 stays 0
         scale = gl.where(run_max == -float("inf"), 0.0, gl.exp2((run_max - shift) * LOG2E))
         run_sum = run_sum * scale + piece_sum
@@ -987,10 +994,10 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         )
     if transpose and not by_pid:
         raise ValueError("transpose orders the program ids of by_pid")
-    if by_pid and (programs > 0 or fold or regs or leave_polls == 0 or leave_polls < -1):
+    if by_pid and (programs > 0 or regs or leave_polls == 0 or leave_polls < -1):
         raise ValueError(
-            "by_pid is a knob of the one-shot kernels without fold or regs, leaving after at "
-            f"least 1 poll (or -1: never); got programs={programs}, fold={fold}, regs={regs}, "
+            "by_pid is a knob of the one-shot kernels without regs, leaving after at least 1 "
+            f"poll (or -1: never); got programs={programs}, regs={regs}, "
             f"leave_polls={leave_polls}"
         )  # fmt: skip
     if even and (programs > 0 or regs or n_cols % chunk):

@@ -330,7 +330,6 @@ def test_chunks_by_program_id_are_a_one_shot_smem_knob(device):
     for config in (
         Config("split2", 1, 64, 4, by_pid=True),
         Config("smem", 1, 64, 4, by_pid=True, per_sm=1),
-        Config("smem", 1, 64, 4, by_pid=True, fold=2),
         Config("smem", 1, 64, 4, by_pid=True, regs=1),
     ):
         with pytest.raises(ValueError, match="by_pid is a knob of the one-shot smem kernels"):
@@ -905,8 +904,8 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
     """On a GPU, rows past the tile whose starts are 16-byte aligned (smem_ok) take the smem
     design: the forward one 32 KB chunk a program (round 10) by program id without masks where
     rows are whole chunks (round 20; 8 warps capped at SMEM_PID_MAXNREG registers), the backward
-    the persistent kernels with two 16 KB buffers of y and of dy (round 11); rows that do not
-    fit keep coop."""
+    16 KB chunks of y and of dy a program by program id, with masks (round 21; round 11's
+    persistent kernels before); rows that do not fit keep coop."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     pid = dict(by_pid=True, even=True)
@@ -916,7 +915,7 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
             "smem", 1, 16384, 8, exp2=2, maxnreg=cap, **pid
         )
         assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, per_sm=-1
+            "smem", 1, 8192, 4, by_pid=True
         )
         assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 8192, 4, exp2=1, **pid
@@ -925,7 +924,7 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
             "smem", 1, 8192, 4, exp2=1, **pid
         )
         assert pick(262144, 128, False, True, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 4096, 4, per_sm=-1
+            "smem", 1, 4096, 4, by_pid=True
         )
         # not fitting: coop (pairs in the 16-bit backward)
         assert pick(65536, 512, False, False, cpu, 2).design == "coop"
@@ -935,13 +934,14 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
             "smem", 1, 32768, 16, exp2=2, maxnreg=cap, **pid
         )
         assert pick(2**21, 2, False, True, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 16384, 8, per_sm=-1
+            "smem", 1, 16384, 8, by_pid=True
         )
         assert pick(2**20, 2, False, True, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 8192, 8, per_sm=-1
+            "smem", 1, 8192, 8, by_pid=True
         )
-        # until a program's chunks would pass SMEM_MAX_BYTES of shared memory (the backward's
-        # four buffers: half the row length the forward's one chunk reaches)
+        # until a program's chunks would pass SMEM_MAX_BYTES of shared memory (the backward
+        # keeps the persistent kernels' bound, four buffers: half the row length the forward's
+        # one chunk reaches)
         assert pick(2**22, 2, False, True, cpu, 2, smem_ok=True).design != "smem"
         assert pick(2**21, 2, False, True, cpu, 4, smem_ok=True).design != "smem"
         assert pick(2**23, 2, False, False, cpu, 2, smem_ok=True).design == "smem"
@@ -1508,6 +1508,10 @@ def test_row_loop_on_gpu(n, dtype_name):
         # sum pass's; the backward takes by_pid and even from each config above
         Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, poly=1),
         Config("smem", 1, 8192, 4, exp2=2, by_pid=True, poly=2),
+        # and the folded partials by program id, with and without masks
+        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, fold=2),
+        Config("smem", 1, 8192, 4, exp2=1, by_pid=True, fold=2),
+        Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True, fold=1),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1666,7 +1670,7 @@ def test_poly_exp2_within_an_ulp_on_gpu(dtype_name, poly):
     assert torch.isnan(y[2]).all() and y[1, 7] == 0
     keep = [0, 1, 3, 4, 5, 6, 7]
     ref = torch.softmax(x[keep].double(), -1).to(dtype).double()
-    ulp = 2.0 ** -(torch.finfo(dtype).nmant)  # relative, at the value's binade at most
+    ulp = torch.finfo(dtype).eps  # an ulp relative to a value is at most eps
     tiny = torch.finfo(dtype).smallest_normal  # below: flushed or subnormal spacing
     for out in (y, y_mufu):
         err = (out[keep].double() - ref).abs()
@@ -1943,9 +1947,10 @@ def test_round19_probe_candidates_are_valid():
 
 
 def test_round21_probe_candidates_are_valid():
-    """Round 21, past the tile: the backward's one-shot kernel by program id (even, masked,
-    other chunks) beside the ticket; the forward pick's poly exp2 (16-bit only), 64 KB chunks,
-    poll intervals and evict hints; each a config the launch takes."""
+    """Round 21, past the tile: the backward's pick (one-shot, by program id, masked) beside
+    round 11's persistent kernel, the ticket, no masks and other chunks; the forward pick's
+    poly exp2 (16-bit only), 64 KB chunks, poll intervals, evict hints and folded partials;
+    each a config the launch takes."""
     probe = importlib.import_module("experiments.probe_softmax")
     with pretend_gpu((9, 0), 132):
         for n in (16384, 65536, 262144):
@@ -1954,15 +1959,17 @@ def test_round21_probe_candidates_are_valid():
                     cands = probe.round21_candidates(n, itemsize, backward)
                     assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
                     for name, cfg in cands.items():
-                        assert cfg.design == "smem" and not cfg.per_sm, name
-                        assert cfg.by_pid == (name != "oneshot"), name
+                        assert cfg.design == "smem", name
+                        assert bool(cfg.per_sm) == (name == "persist"), name
+                        assert cfg.by_pid == (name not in ("oneshot", "persist")), name
                         assert bool(cfg.poly) == name.startswith("poly"), name
                         assert not cfg.poly or itemsize == 2, name
+                        assert cfg.fold == (int(name[4:]) if name.startswith("fold") else 0)
                         assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
                         if backward:
-                            assert cfg.even == (name not in ("oneshot", "pid_masked")), name
+                            assert cfg.even == (name == "pid_even"), name
                     if cands:
-                        assert ("pid" in cands) == backward
+                        assert ("persist" in cands) == backward
                         assert ("poly1" in cands) == (not backward and itemsize == 2)
 
 
