@@ -26,7 +26,11 @@ ENV_PREFIXES = (
 
 
 def git_state() -> dict:
-    """SHA and dirty flag of the checkout; KBENCH_GIT_SHA stands in for a copy without .git."""
+    """SHA and dirty flag of the checkout. KBENCH_GIT_SHA, where set, names the commit instead
+    (dirty unknown): for a copy of a tree without .git, or with a stale one (a working tree
+    synced to a GPU host over an older clone records that clone's HEAD otherwise)."""
+    if os.environ.get("KBENCH_GIT_SHA"):
+        return {"git_sha": os.environ["KBENCH_GIT_SHA"], "git_dirty": None}
 
     def git(*args):
         return subprocess.run(

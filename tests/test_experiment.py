@@ -118,3 +118,15 @@ def test_cuda_graph_modes_run_on_cpu(tmp_path):
         check_job_dir(job_dir, "matmul", mode)
     env = json.loads((job_dirs[0] / "env.json").read_text())
     assert env["inductor_options"]["triton.cudagraphs"] is True
+
+
+def test_git_stamp_takes_kbench_git_sha_over_the_checkout(monkeypatch):
+    """A tree synced to a GPU host may carry a stale .git: KBENCH_GIT_SHA, where set, names
+    the commit (dirty unknown); unset, the checkout's own HEAD is read."""
+    from experiments.env import git_state
+
+    monkeypatch.delenv("KBENCH_GIT_SHA", raising=False)
+    own = git_state()
+    assert own["git_sha"] != "0123abc" and own["git_dirty"] in (True, False, None)
+    monkeypatch.setenv("KBENCH_GIT_SHA", "0123abc")
+    assert git_state() == {"git_sha": "0123abc", "git_dirty": None}
