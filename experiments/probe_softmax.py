@@ -1007,8 +1007,6 @@ ROUND21_NAMES = {
     "polyP": "forward, 16-bit: the pick with the exp2 of the write's odd pieces (1), and of the "
     "sum pass's too (2), on the FMA pipe (a cubic, Config.poly), where two MUFU ex2 a value "
     "keep the MUFU about half busy at the H200's copy rate",
-    "exp2_3": "forward, 16-bit: the pick with the write's 1 / sum in the exponent (Config.exp2 = "
-    "3): one multiply a value fewer",
     "c64K_wW": "forward: the pick on 64 KB chunks and W warps (3 programs an SM)",
     "sleepS": "the pick polling its row every S ns (the pick: 200)",
     "evict": "forward: the pick with evict_first on its copies in and its stores",
@@ -1046,7 +1044,6 @@ def round21_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         return out
     if itemsize == 2:
         out = {f"poly{poly}": pick._replace(poly=poly) for poly in (1, 2)}
-        out["exp2_3"] = pick._replace(exp2=3)
     warps = 2 * pick.num_warps
     out[f"c64K_w{warps}"] = pick._replace(block_cols=65536 // itemsize, num_warps=warps,
                                           maxnreg=SMEM_PID_MAXNREG)  # fmt: skip

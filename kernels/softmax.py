@@ -175,9 +175,7 @@ class Config(NamedTuple):
     evict: bool = False  # evict_first on single-use loads/stores (online: evict_last, 1st read)
     # forward exp: 0 tl.exp (sub, mul, ex2 with denormal handling); 1 exp2((x - max)·log2e),
     # ftz; 2 exp2(x·log2e - max·log2e): one FMA + ex2, but the rounding of max·log2e is an
-    # error relative to |max|, not |x - max| (4e-5 at max ~ 1000; no matter in 16-bit outputs);
-    # 3 (round 21, the one-shot smem forward): 2, and the output's 1 / sum in the exponent too,
-    # exp2(x·log2e - (max·log2e - log2(1 / sum))): no multiply a value, the same kind of error
+    # error relative to |max|, not |x - max| (4e-5 at max ~ 1000; no matter in 16-bit outputs)
     exp2: int = 0
     # coop/split2: > 0 loops over the chunk (block_cols values) in tiles of loop_cols, reading
     # it twice (softmax_split_loop_kernel); 0 holds the chunk in registers, read once
@@ -1370,8 +1368,6 @@ def _launch_rows(
                          f"got {config}")  # fmt: skip
     if config.poly and (backward or config.design != "smem" or config.per_sm):
         raise ValueError(f"poly is a knob of the one-shot smem forward, got {config}")
-    if config.exp2 == 3 and (backward or config.design != "smem" or config.per_sm):
-        raise ValueError(f"exp2 = 3 is a knob of the one-shot smem forward, got {config}")
 
     if config.design == "tile":
         if config.block_cols < n_cols:

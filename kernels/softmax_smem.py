@@ -114,9 +114,9 @@ def _position(ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK: gl.constexpr,
 
 @gluon.jit
 def _exp_shifted(x, shift, EXP2: gl.constexpr, POLY: gl.constexpr = False):
-    """exp(x - shift) as exp2: 2 (and 3) folds the subtraction into one FMA
-    (kernels.softmax.Config). POLY: the exp2 on the FMA pipe (_exp2_poly), not the MUFU's."""
-    if EXP2 >= 2:
+    """exp(x - shift) as exp2: 2 folds the subtraction into one FMA (kernels.softmax.Config).
+    POLY: the exp2 on the FMA pipe (_exp2_poly), not the MUFU's ex2."""
+    if EXP2 == 2:
         t = x * LOG2E - shift * LOG2E
     else:
         t = (x - shift) * LOG2E
@@ -124,21 +124,6 @@ def _exp_shifted(x, shift, EXP2: gl.constexpr, POLY: gl.constexpr = False):
         return _exp2_poly(t)
     else:
         return gl.exp2(t)
-
-
-@gluon.jit
-def _exp_scaled(x, row_max, inv_sum, EXP2: gl.constexpr, POLY: gl.constexpr = False):
-    """y = exp(x - row_max) * inv_sum. EXP2 = 3 (Config.exp2, 16-bit outputs): the scale goes
-    into the exponent, y = exp2(x·log2e - (row_max·log2e - log2(inv_sum))), one FMA and an ex2
-    a value, no multiply; else as _exp_shifted, times inv_sum."""
-    if EXP2 == 3:
-        t = x * LOG2E - (row_max * LOG2E - gl.log2(inv_sum))
-        if POLY:
-            return _exp2_poly(t)
-        else:
-            return gl.exp2(t)
-    else:
-        return _exp_shifted(x, row_max, EXP2, POLY) * inv_sum
 
 
 # 2^f on [-0.5, 0.5] as 1 + f·(C1 + f·(C2 + f·C3)): relative minimax (Lawson's iteration on a
@@ -283,7 +268,7 @@ def _write_from_global(x_chunk, y_chunk, limit, row_max, inv_sum, CHUNK: gl.cons
     for p in tl.range(CHUNK // PIECE, loop_unroll_factor=1):
         ok = p * PIECE + offs < limit
         v = gl.load(x_chunk + p * PIECE + offs, mask=ok, other=0.0).to(gl.float32)
-        y = _exp_scaled(v, row_max, inv_sum, EXP2).to(y_chunk.dtype.element_ty)
+        y = (_exp_shifted(v, row_max, EXP2) * inv_sum).to(y_chunk.dtype.element_ty)
         gl.store(y_chunk + p * PIECE + offs, y, mask=ok, eviction_policy=POLICY)
 
 
@@ -470,10 +455,10 @@ def _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_v
     (_row_stats). POLY > 0: the odd pieces' exp2 on the FMA pipe (_exp2_poly)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
-    if POLY > 0 or EXP2 == 3:  # unrolled (LLVM keeps EXP2 = 3's loop rolled otherwise)
+    if POLY > 0:
         for p in gl.static_range(PIECES):
             _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit, PIECE,
-                                 layout, EXP2, POLICY, EVEN, POLY > 0 and p % 2 == 1)  # fmt: skip
+                                 layout, EXP2, POLICY, EVEN, p % 2 == 1)  # fmt: skip
     else:
         for p in range(PIECES):
             _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit, PIECE,
@@ -486,8 +471,8 @@ def _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit,
                          POLICY: gl.constexpr, EVEN: gl.constexpr,
                          POLY: gl.constexpr = False):  # fmt: skip
     """Piece p of _forward_write."""
-    v = smem.index(base + p).load(layout).to(gl.float32)
-    y = _exp_scaled(v, row_max, inv_sum, EXP2, POLY).to(y_row.dtype.element_ty)
+    e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2, POLY)
+    y = (e * inv_sum).to(y_row.dtype.element_ty)
     if EVEN:
         gl.store(y_row + p * PIECE + offs, y, eviction_policy=POLICY)
     else:
@@ -561,9 +546,9 @@ def _held_store(y_row, words, limit, zero, row_max, inv_sum, dtype: gl.constexpr
     y_words, ok = _held_words(y_row, limit, zero, FIRST, REGS, PIECE, WARPS)
     lo, hi = _held_values(words, dtype)
     out_ty: gl.constexpr = y_row.dtype.element_ty
-    y_lo = _exp_scaled(lo, row_max, inv_sum, EXP2).to(out_ty)
+    y_lo = (_exp_shifted(lo, row_max, EXP2) * inv_sum).to(out_ty)
     if dtype.primitive_bitwidth == 16:
-        y_hi = _exp_scaled(hi, row_max, inv_sum, EXP2).to(out_ty)
+        y_hi = (_exp_shifted(hi, row_max, EXP2) * inv_sum).to(out_ty)
         lo_bits = y_lo.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
         out = lo_bits | (y_hi.to(gl.int16, bitcast=True).to(gl.int32) << 16)
     else:
