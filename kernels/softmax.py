@@ -1357,6 +1357,10 @@ def _launch_rows(
             raise ValueError(f"even and int32 are knobs of the tile/online forward (even: and "
                              f"of the one-shot smem kernels), got {config}")  # fmt: skip
         hints.update(_index_hints(config, (rows_outer, rows_inner), strides, n_cols))
+    elif not backward and config.design in ("tile", "online"):
+        # passed, not left to the kernels' defaults: torch.compile's wrapper of a user Triton
+        # kernel (mode triton-compiled) wants every parameter (it failed N = 4096 otherwise)
+        hints.update(EVEN=False, INT32=False)
     if config.fold and (backward or config.design != "smem"):
         raise ValueError(f"fold is a knob of the smem forward, got {config}")
     if config.fold not in (0, 1, 2):
