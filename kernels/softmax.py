@@ -216,7 +216,8 @@ class Config(NamedTuple):
     # holds more of the row than its shared memory: a power of 2 below the chunk's pieces
     regs: int = 0
     # -- round 19 --
-    # smem forward (one-shot kernel): the chunk is the program id instead of an atomic ticket
+    # smem one-shot kernels (the forward's; the backward's since round 21): the chunk is the
+    # program id instead of an atomic ticket
     # taken at the program's start (a 2 us L2 round trip under load, with the program's shared
     # memory idle); a program that has polled its row long enough leaves its chunk to the row's
     # last publisher (round 20; round 19's fallback computed the missing partials instead), so

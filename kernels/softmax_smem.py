@@ -15,7 +15,8 @@ The forward's pick (round 20, Config.by_pid) takes the program id as the ticket,
 the start. Nothing then promises that a row's other programs run while one waits, so a program
 that has polled its row LEAVE_POLLS times leaves its chunk: it sets a flag and counts itself in
 the row's count word, and the row's last publisher (the program whose count brings the row's
-partials to all) writes the left chunks from global memory (_row_slots, _leave).
+partials to all) writes the left chunks from global memory (_row_slots, _leave). The
+backward's pick (round 21) takes the same protocol on its one-shot kernel.
 
 Gluon is Triton's lower-level language (triton.experimental.gluon): the interpreter does not run
 it, so these kernels are GPU-only, as the coop design is; the CPU path keeps split2.
