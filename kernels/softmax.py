@@ -230,7 +230,8 @@ class Config(NamedTuple):
     # -- round 21 --
     # smem one-shot forward, 16-bit: the exp2 of the write's odd pieces (1), and of the sum
     # pass's (2), on the FMA pipe (a cubic, 1e-4 relative; softmax_smem._exp2_poly), not the
-    # MUFU, which two ex2 a value keep about half busy at the H200's copy rate in bf16
+    # MUFU, which two ex2 a value keep about half busy at the H200's copy rate in bf16. A probe
+    # knob: it lost on the H200 (poly 1 about -2 points, poly 2 -11; kernels/notes/softmax.md)
     poly: int = 0
 
 
