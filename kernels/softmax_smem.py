@@ -473,11 +473,19 @@ def _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit,
                          POLY: gl.constexpr = False):  # fmt: skip
     """Piece p of _forward_write."""
     e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2, POLY)
-    y = (e * inv_sum).to(y_row.dtype.element_ty)
+    _store_piece(y_row, p, (e * inv_sum).to(y_row.dtype.element_ty), offs, limit, PIECE, POLICY,
+                 EVEN)  # fmt: skip
+
+
+@gluon.jit
+def _store_piece(row, p, value, offs, limit, PIECE: gl.constexpr, POLICY: gl.constexpr,
+                 EVEN: gl.constexpr):  # fmt: skip
+    """Store piece p of a chunk's output from its first column `row` (no mask where EVEN: the
+    row is whole chunks)."""
     if EVEN:
-        gl.store(y_row + p * PIECE + offs, y, eviction_policy=POLICY)
+        gl.store(row + p * PIECE + offs, value, eviction_policy=POLICY)
     else:
-        gl.store(y_row + p * PIECE + offs, y, mask=p * PIECE + offs < limit,
+        gl.store(row + p * PIECE + offs, value, mask=p * PIECE + offs < limit,
                  eviction_policy=POLICY)  # fmt: skip
 
 
@@ -609,11 +617,7 @@ def _backward_write(dx_ptr, y_smem, dy_smem, base, row_dot, outer, inner, start,
         dx = (y * (dy_smem.index(base + p).load(layout).to(gl.float32) - row_dot)).to(
             dx_ptr.dtype.element_ty
         )  # fmt: skip
-        if EVEN:
-            gl.store(dx_row + p * PIECE + offs, dx, eviction_policy=POLICY)
-        else:
-            gl.store(dx_row + p * PIECE + offs, dx, mask=p * PIECE + offs < limit,
-                     eviction_policy=POLICY)  # fmt: skip
+        _store_piece(dx_row, p, dx, offs, limit, PIECE, POLICY, EVEN)
 
 
 @gluon.jit
