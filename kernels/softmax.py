@@ -203,7 +203,7 @@ class Config(NamedTuple):
     # tile/online forward: no column or row masks where the rows fill the tile exactly
     # (n_cols == block_cols, rows_inner a multiple of block_rows), as Inductor's kernels at
     # N = R0_BLOCK; and 32-bit offsets where every tensor's extent fits in int32. even, round
-    # 20: also the one-shot smem forward's, where rows are whole chunks
+    # 20: also the one-shot smem forward's (round 21: and backward's), where rows are whole chunks
     even: bool = False
     int32: bool = False
     # smem forward: the sum of exp taken as the pieces land (each piece's max raising the shift
@@ -1354,15 +1354,15 @@ def _launch_rows(
     smem_even = config.even and config.design == "smem" and not (
         config.per_sm or config.regs or config.int32
     )  # fmt: skip
-    if (config.even or config.int32) and not smem_even:
-        if backward or config.design not in ("tile", "online"):
-            raise ValueError(f"even and int32 are knobs of the tile/online forward (even: and "
-                             f"of the one-shot smem kernels), got {config}")  # fmt: skip
+    tile_forward = not backward and config.design in ("tile", "online")
+    if (config.even or config.int32) and not (smem_even or tile_forward):
+        raise ValueError(f"even and int32 are knobs of the tile/online forward (even: and "
+                         f"of the one-shot smem kernels), got {config}")  # fmt: skip
+    if tile_forward:
+        # always passed (False where not asked), not left to the kernels' defaults:
+        # torch.compile's wrapper of a user Triton kernel (mode triton-compiled) wants every
+        # parameter (it failed N = 4096 otherwise)
         hints.update(_index_hints(config, (rows_outer, rows_inner), strides, n_cols))
-    elif not backward and config.design in ("tile", "online"):
-        # passed, not left to the kernels' defaults: torch.compile's wrapper of a user Triton
-        # kernel (mode triton-compiled) wants every parameter (it failed N = 4096 otherwise)
-        hints.update(EVEN=False, INT32=False)
     if config.fold and (backward or config.design != "smem"):
         raise ValueError(f"fold is a knob of the smem forward, got {config}")
     if config.fold not in (0, 1, 2):

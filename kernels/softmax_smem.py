@@ -225,6 +225,38 @@ def _last_with_leavers(counted, first, n_chunks):
 
 
 @gluon.jit
+def _publish_and_wait(ws_ptr, ticket, partial, slots, ticket_index, n_chunks,
+                      MAX_CHUNKS: gl.constexpr, POLL_WIDTH: gl.constexpr,
+                      SLEEP_NS: gl.constexpr, WARPS: gl.constexpr, BY_PID: gl.constexpr,
+                      LEAVE_POLLS: gl.constexpr):  # fmt: skip
+    """Publish the chunk's partial and wait for its row's (_row_slots): (packed partials,
+    which are the row's, gone, then for BY_PID the first thread's old count, its mask and the
+    chunk's left flag for _last_with_leavers and _row_left_flags; without BY_PID those three
+    are unused zeros)."""
+    if BY_PID:
+        counted, first, count, left = _publish_counted(ws_ptr, ticket, partial, ticket_index,
+                                                       n_chunks, WARPS)  # fmt: skip
+        packed, slot_ok, gone = _row_slots(slots, n_chunks, POLL_WIDTH, SLEEP_NS, WARPS,
+                                           LEAVE_POLLS, count, left)  # fmt: skip
+        return packed, slot_ok, gone, counted, first, left
+    else:
+        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+        packed, slot_ok, gone = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+        return packed, slot_ok, gone, gone, gone, gone
+
+
+@gluon.jit
+def _row_left_flags(left, ticket, n_chunks):
+    """The row's first left flag (_leave_words), for its last publisher's leaver loop: the
+    leavers' flags are ordered before their count atomics (_leave: acq_rel), and the first
+    thread's count atomic (read by _last_with_leavers) and a fence make an acquire, passed on
+    to every thread by the barrier."""
+    left = left + _cta_barrier(n_chunks * 0, True)
+    first_chunk = ticket - ticket % n_chunks
+    return left - ticket + first_chunk
+
+
+@gluon.jit
 def _cta_barrier(x, FENCE: gl.constexpr = False):
     """bar.sync across the program's threads, returning x (its use orders what follows):
     inline PTX, as Gluon's barrier is named differently in Triton 3.6 and 3.8. FENCE: each
@@ -687,14 +719,10 @@ def softmax_smem_forward_kernel(
                                POLY)  # fmt: skip
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
         partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
-    if BY_PID:
-        counted, first, count, left = _publish_counted(ws_ptr, ticket, partial, ticket_index,
-                                                       n_chunks, WARPS)  # fmt: skip
-        packed, slot_ok, gone = _row_slots(slots, n_chunks, POLL_WIDTH, SLEEP_NS, WARPS,
-                                           LEAVE_POLLS, count, left)  # fmt: skip
-    else:
-        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
-        packed, slot_ok, gone = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    packed, slot_ok, gone, counted, first, left = _publish_and_wait(
+        ws_ptr, ticket, partial, slots, ticket_index, n_chunks, MAX_CHUNKS, POLL_WIDTH, SLEEP_NS,
+        WARPS, BY_PID, LEAVE_POLLS,
+    )  # fmt: skip
     row_max, inv_sum = _row_stats(packed, slot_ok)
     if gone == 0:
         _forward_write(y_ptr, smem, 0, row_max, inv_sum, outer, inner, start, y_vstride_outer,
@@ -702,16 +730,12 @@ def softmax_smem_forward_kernel(
                        EVEN, POLY)  # fmt: skip
     if BY_PID:  # the row's last publisher writes the chunks that programs left (_row_slots)
         if _last_with_leavers(counted, first, n_chunks):
-            # the leavers' flags, ordered before their count atomics (_leave: acq_rel): the
-            # first thread's count atomic (its value read above) and a fence make an acquire,
-            # passed on to every thread by the barrier
-            left = left + _cta_barrier(n_chunks * 0, True)
+            flags = _row_left_flags(left, ticket, n_chunks)
             row_limit = n_vecs.to(gl.int64) * VEC
             x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
             y_row0 = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, 0, VEC)
-            first_chunk = ticket - ticket % n_chunks
             for j in range(n_chunks):
-                if gl.load(left - ticket + first_chunk + j, volatile=True) == 1:
+                if gl.load(flags + j, volatile=True) == 1:
                     _write_from_global(x_row0 + j * CHUNK, y_row0 + j * CHUNK,
                                        row_limit - j * CHUNK, row_max, inv_sum, CHUNK, VEC,
                                        WARPS, EXP2, POLICY)  # fmt: skip
@@ -754,14 +778,10 @@ def softmax_smem_backward_kernel(
         _copy_in(dy_smem, dy_row, offs, limit, p, PIECE, POLICY, 0, EVEN)
         cp.commit_group()
     partial = _backward_partial(y_smem, dy_smem, 0, PIECES, PIECE, VEC, WARPS)
-    if BY_PID:
-        counted, first, count, left = _publish_counted(ws_ptr, ticket, partial, ticket_index,
-                                                       n_chunks, WARPS)  # fmt: skip
-        packed, slot_ok, gone = _row_slots(slots, n_chunks, POLL_WIDTH, SLEEP_NS, WARPS,
-                                           LEAVE_POLLS, count, left)  # fmt: skip
-    else:
-        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
-        packed, slot_ok, gone = _row_slots(slots, n_chunks, MAX_CHUNKS, SLEEP_NS, WARPS)
+    packed, slot_ok, gone, counted, first, left = _publish_and_wait(
+        ws_ptr, ticket, partial, slots, ticket_index, n_chunks, MAX_CHUNKS, POLL_WIDTH, SLEEP_NS,
+        WARPS, BY_PID, LEAVE_POLLS,
+    )  # fmt: skip
     row_dot = _row_dot(packed, slot_ok)
     if gone == 0:
         _backward_write(dx_ptr, y_smem, dy_smem, 0, row_dot, outer, inner, start,
@@ -769,16 +789,15 @@ def softmax_smem_backward_kernel(
                         WARPS, POLICY, EVEN)  # fmt: skip
     if BY_PID:  # the row's last publisher writes the chunks that programs left, as the forward
         if _last_with_leavers(counted, first, n_chunks):
-            left = left + _cta_barrier(n_chunks * 0, True)
+            flags = _row_left_flags(left, ticket, n_chunks)
             row_limit = n_vecs.to(gl.int64) * VEC
             y_row0 = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, 0, VEC)
             dy_row0 = _chunk_start(dy_ptr, outer, inner, dy_vstride_outer, dy_vstride_inner, 0,
                                    VEC)  # fmt: skip
             dx_row0 = _chunk_start(dx_ptr, outer, inner, dx_vstride_outer, dx_vstride_inner, 0,
                                    VEC)  # fmt: skip
-            first_chunk = ticket - ticket % n_chunks
             for j in range(n_chunks):
-                if gl.load(left - ticket + first_chunk + j, volatile=True) == 1:
+                if gl.load(flags + j, volatile=True) == 1:
                     _backward_write_from_global(y_row0 + j * CHUNK, dy_row0 + j * CHUNK,
                                                 dx_row0 + j * CHUNK, row_limit - j * CHUNK,
                                                 row_dot, CHUNK, VEC, WARPS, POLICY)  # fmt: skip
