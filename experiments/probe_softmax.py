@@ -106,6 +106,11 @@ waiting program leaves to its row's last publisher; names in ROUND20_NAMES.
 FMA pipe (Config.poly); names in ROUND21_NAMES.
     python -m experiments.probe_softmax --round21 --budget 150 --elems 134217728
 
+`--round22` times the persistent smem forward with chunks by program id (a program's next
+chunk loading while it waits for the last one's row, a round of whole rows at a time) against
+the one-shot pick past the tile; names in ROUND22_NAMES.
+    python -m experiments.probe_softmax --round22 --budget 150 --elems 134217728
+
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
 N = 16384 and past it; names in ROUND11_NAMES below.
@@ -1057,6 +1062,41 @@ def round21_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 22 name means (printed at the start of a --round22 run).
+ROUND22_NAMES = {
+    "default": "the shipped _pick_config choice (forward: round 20's one-shot kernel by program "
+    "id; backward: round 21's)",
+    "ppid": "forward: the persistent smem kernel with chunks by program id (round 22) on the "
+    "pick's chunk and warps, uncapped, two chunk buffers a program, as many programs an SM "
+    "as shared memory holds (per_sm -1), whole rows a round (softmax_smem.pid_programs)",
+    "ppid_sS": "ppid on S programs an SM",
+    "ppid_cNK_wW": "ppid on chunks of N KB and W warps",
+    "ppid_never": "ppid never leaving (leave_polls -1): the protocol's cost",
+    "one_copy[_masked]": "forward: the pick with its chunk copied in as one copy and one commit "
+    "group (Config.one_copy; 6 barriers before the publish in bf16 against 20), with masks "
+    "too; the first run (softmax_probe22_h200.txt) had no one_copy, and ppid_s2 and ppid_never, "
+    "which lost, are not run since",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round22_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 22, the forward past the tile: the persistent kernel by program id; the pick's
+    chunk copied in as one copy."""
+    if n <= ONE_PASS_MAX_ELEMS or backward:
+        return {}
+    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem":
+        return {}
+    ppid = pick._replace(per_sm=-1, maxnreg=0)
+    out = {"ppid": ppid}
+    half = ppid._replace(block_cols=pick.block_cols // 2, num_warps=max(1, pick.num_warps // 2))
+    out[f"ppid_c{half.block_cols * itemsize // 1024}K_w{half.num_warps}"] = half
+    out["one_copy"] = pick._replace(one_copy=True)
+    out["one_copy_masked"] = pick._replace(one_copy=True, even=False)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -1068,14 +1108,15 @@ ROUND_CANDIDATES = {
     11: round11_candidates, 12: round12_candidates, 13: round13_candidates,
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
     17: round17_candidates, 18: round18_candidates, 19: round19_candidates,
-    20: round20_candidates, 21: round21_candidates,
+    20: round20_candidates, 21: round21_candidates, 22: round22_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
                10: ROUND10_NAMES, 11: ROUND11_NAMES, 12: ROUND12_NAMES,
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
                16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES,
-               19: ROUND19_NAMES, 20: ROUND20_NAMES, 21: ROUND21_NAMES}  # fmt: skip
+               19: ROUND19_NAMES, 20: ROUND20_NAMES, 21: ROUND21_NAMES,
+               22: ROUND22_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -1085,7 +1126,7 @@ def _for_smoke(cfg: Config) -> Config:
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
         return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
-                            by_pid=False, even=False, poly=0)
+                            by_pid=False, even=False, poly=0, one_copy=False)
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -1239,12 +1280,13 @@ def main() -> int:
     parser.add_argument("--round19", action="store_true", help="smem chunks by program id")
     parser.add_argument("--round20", action="store_true", help="smem: no masks, leaving")
     parser.add_argument("--round21", action="store_true", help="smem backward by pid, poly exp2")
+    parser.add_argument("--round22", action="store_true", help="persistent smem forward by pid")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 22) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 23) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1258,7 +1300,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, 17, 18, 19, 20, 21):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, 17, 18, 19, 20, 21, 22):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1272,7 +1314,7 @@ def main() -> int:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no == 18:  # the long rows, and N = 16384 (smem on rows of one chunk)
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
-    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21, 22):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

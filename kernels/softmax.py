@@ -233,6 +233,11 @@ class Config(NamedTuple):
     # MUFU, which two ex2 a value keep about half busy at the H200's copy rate in bf16. A probe
     # knob: it lost on the H200 (poly 1 about -2 points, poly 2 -11; kernels/notes/softmax.md)
     poly: int = 0
+    # -- round 22 --
+    # smem one-shot forward: the chunk copied in as one cp.async copy and one commit group, not
+    # a copy and a group a piece, whose shared-memory hazards took a barrier a piece (20
+    # barriers before the publish in the bf16 pick, 6 with it; sm_90, offline)
+    one_copy: bool = False
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1350,9 +1355,10 @@ def _launch_rows(
             raise ValueError(f"rescale is a knob of the plain coop/split2 forward, got {config}")
         hints["RESCALE"] = True
 
-    # the one-shot smem kernels take even themselves: no masks where rows are whole chunks
+    # the one-shot smem kernels (and the persistent forward by program id) take even
+    # themselves: no masks where rows are whole chunks
     smem_even = config.even and config.design == "smem" and not (
-        config.per_sm or config.regs or config.int32
+        (config.per_sm and not config.by_pid) or config.regs or config.int32
     )  # fmt: skip
     tile_forward = not backward and config.design in ("tile", "online")
     if (config.even or config.int32) and not (smem_even or tile_forward):
@@ -1369,11 +1375,16 @@ def _launch_rows(
         raise ValueError(f"fold is 0, 1 (program-wide) or 2 (by thread), got {config.fold}")
     if config.regs and (backward or config.design != "smem" or config.per_sm):
         raise ValueError(f"regs is a knob of the one-shot smem forward, got {config}")
-    if config.by_pid and (config.design != "smem" or config.per_sm or config.regs):
-        raise ValueError(f"by_pid is a knob of the one-shot smem kernels (no regs), "
-                         f"got {config}")  # fmt: skip
+    if config.by_pid and (config.design != "smem" or (config.per_sm and backward)
+                          or config.regs):  # fmt: skip
+        raise ValueError(f"by_pid is a knob of the one-shot smem kernels and the persistent "
+                         f"smem forward (no regs), got {config}")  # fmt: skip
     if config.poly and (backward or config.design != "smem" or config.per_sm):
         raise ValueError(f"poly is a knob of the one-shot smem forward, got {config}")
+    if config.one_copy and (backward or config.design != "smem" or config.per_sm or config.fold
+                            or config.regs):  # fmt: skip
+        raise ValueError(f"one_copy is a knob of the one-shot smem forward (no fold or regs), "
+                         f"got {config}")  # fmt: skip
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1555,6 +1566,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
         by_pid=config.by_pid, leave_polls=config.leave_polls or softmax_smem.LEAVE_POLLS,
         even=config.even and n_cols % config.block_cols == 0, poly=config.poly,
+        one_copy=config.one_copy,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

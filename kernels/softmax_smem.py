@@ -70,14 +70,21 @@ def _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR: gl.constexpr,
         rows = ticket_index // n_chunks
         ticket = (ticket % rows) * n_chunks + ticket // rows
     if CLEAR:
-        gl.store(next_ptr + ticket, 0)
-        gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
-    if CLEAR and LEAVE:
-        # the leave words (_leave_words): the row's count by its first chunk, the chunk's flag
+        _clear_pid_words(next_ptr, ticket, ticket_index, n_chunks, LEAVE)
+    return ticket
+
+
+@gluon.jit
+def _clear_pid_words(next_ptr, ticket, ticket_index, n_chunks, LEAVE: gl.constexpr):
+    """Zero a ticket's words of the next launch's workspace: its slot, the ticket counter for
+    ticket 0, and with LEAVE its leave words (_leave_words: the row's count by its first
+    chunk, the chunk's flag)."""
+    gl.store(next_ptr + ticket, 0)
+    gl.store(next_ptr + ticket_index, 0, mask=ticket == 0)
+    if LEAVE:
         count, left = _leave_words(next_ptr, ticket, ticket_index, n_chunks)
         gl.store(count, 0, mask=ticket % n_chunks == 0)
         gl.store(left, 0)
-    return ticket
 
 
 @gluon.jit
@@ -306,6 +313,24 @@ def _write_from_global(x_chunk, y_chunk, limit, row_max, inv_sum, CHUNK: gl.cons
 
 
 @gluon.jit
+def _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inner,
+                        x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
+                        row_max, inv_sum, CHUNK: gl.constexpr, VEC: gl.constexpr,
+                        WARPS: gl.constexpr, EXP2: gl.constexpr,
+                        POLICY: gl.constexpr):  # fmt: skip
+    """The row's last publisher (ticket; _last_with_leavers) writes every chunk of its row
+    whose flag says its program left it (_row_slots), from global memory."""
+    flags = _row_left_flags(left, ticket, n_chunks)
+    row_limit = n_vecs.to(gl.int64) * VEC
+    x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
+    y_row0 = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, 0, VEC)
+    for j in range(n_chunks):
+        if gl.load(flags + j, volatile=True) == 1:
+            _write_from_global(x_row0 + j * CHUNK, y_row0 + j * CHUNK, row_limit - j * CHUNK,
+                               row_max, inv_sum, CHUNK, VEC, WARPS, EXP2, POLICY)  # fmt: skip
+
+
+@gluon.jit
 def _chunk_start(ptr, outer, inner, vstride_outer, vstride_inner, start, VEC: gl.constexpr):
     """Address of the chunk's first column, row strides in units of VEC elements."""
     return ptr + (outer * vstride_outer + inner * vstride_inner) * VEC + start
@@ -327,12 +352,29 @@ def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, P
         )  # fmt: skip
 
 
+@gluon.jit
+def _copy_in_whole(flat, row_ptr, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
+                   VEC: gl.constexpr, WARPS: gl.constexpr, POLICY: gl.constexpr,
+                   EVEN: gl.constexpr):  # fmt: skip
+    """Start copying the whole chunk at row_ptr into `flat` (PIECES * PIECE values) as one
+    copy: the piece layout wraps over the chunk, so each thread copies the 16 bytes of every
+    piece that _copy_in's piece p would give it (a thread still reads only what it copied),
+    without a copy a piece (Config.one_copy)."""
+    layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
+    offs = gl.arange(0, PIECES * PIECE, layout=layout)
+    if EVEN:
+        cp.async_copy_global_to_shared(flat, row_ptr + offs, eviction_policy=POLICY)
+    else:
+        cp.async_copy_global_to_shared(flat, row_ptr + offs, mask=offs < limit,
+                                       eviction_policy=POLICY)  # fmt: skip
+
+
 # -- the forward's two halves: a chunk's partial (max, sum of exp), and its output ----------------
 @gluon.jit
 def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                      VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
                      FOLD: gl.constexpr = 0, EVEN: gl.constexpr = False,
-                     POLY: gl.constexpr = 0):  # fmt: skip
+                     POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False):  # fmt: skip
     """(max, sum of exp(x - max)) of the chunk whose PIECES copies into smem.index(base + p)
     are the thread's last commit groups, packed for publishing. EVEN: every column is in the
     row (no masks). POLY = 2: the odd pieces' exp2 on the FMA pipe (Config.poly)."""
@@ -344,8 +386,11 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
                                           EVEN)  # fmt: skip
     # the max, elementwise over the pieces as they land, then across threads once; each thread
     # reads only what its own copies wrote (one layout for both): no barrier
+    if ONE_COPY:  # one commit group (_copy_in_whole)
+        cp.wait_group(0)
     for p in gl.static_range(PIECES):
-        cp.wait_group(PIECES - 1 - p)
+        if not ONE_COPY:
+            cp.wait_group(PIECES - 1 - p)
         v = smem.index(base + p).load(layout).to(gl.float32)
         if not EVEN:
             v = gl.where(p * PIECE + offs < limit, v, -float("inf"))
@@ -683,7 +728,7 @@ def softmax_smem_forward_kernel(
     POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
     REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0, BY_PID: gl.constexpr = False,
     LEAVE_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False,
-    POLL_WIDTH: gl.constexpr = 0, POLY: gl.constexpr = 0,
+    POLL_WIDTH: gl.constexpr = 0, POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
@@ -705,18 +750,28 @@ def softmax_smem_forward_kernel(
         ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
     )  # fmt: skip
     x_row = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
-    # every piece's copy in flight at once, one commit group each
-    smem = gl.allocate_shared_memory(
-        x_ptr.dtype.element_ty, [PIECES, PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
-    )  # fmt: skip
-    for p in gl.static_range(PIECES):
-        _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, 0, EVEN)
+    # every piece's copy in flight at once, one commit group each (ONE_COPY: one copy of the
+    # whole chunk, one group)
+    if ONE_COPY:  # copied into as one flat buffer, read as pieces
+        flat = gl.allocate_shared_memory(
+            x_ptr.dtype.element_ty, [PIECES * PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        )  # fmt: skip
+        smem = flat._reinterpret(x_ptr.dtype.element_ty, [PIECES, PIECE],
+                                 gl.SwizzledSharedLayout(1, 1, 1, [0]))  # fmt: skip
+        _copy_in_whole(flat, x_row, limit, PIECES, PIECE, VEC, WARPS, POLICY, EVEN)
         cp.commit_group()
+    else:
+        smem = gl.allocate_shared_memory(
+            x_ptr.dtype.element_ty, [PIECES, PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
+        )  # fmt: skip
+        for p in gl.static_range(PIECES):
+            _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, 0, EVEN)
+            cp.commit_group()
     if REGS > 0:  # loads in flight beside the copies; first used once the smem pieces are in
         held_ptrs, held_ok = _held_words(x_row, limit, 0, PIECES, REGS, PIECE, WARPS)
         held = gl.load(held_ptrs, mask=held_ok, other=HELD_PAD, eviction_policy=POLICY)
     partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD, EVEN,
-                               POLY)  # fmt: skip
+                               POLY, ONE_COPY)  # fmt: skip
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
         partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
     packed, slot_ok, gone, counted, first, left = _publish_and_wait(
@@ -730,15 +785,10 @@ def softmax_smem_forward_kernel(
                        EVEN, POLY)  # fmt: skip
     if BY_PID:  # the row's last publisher writes the chunks that programs left (_row_slots)
         if _last_with_leavers(counted, first, n_chunks):
-            flags = _row_left_flags(left, ticket, n_chunks)
-            row_limit = n_vecs.to(gl.int64) * VEC
-            x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
-            y_row0 = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, 0, VEC)
-            for j in range(n_chunks):
-                if gl.load(flags + j, volatile=True) == 1:
-                    _write_from_global(x_row0 + j * CHUNK, y_row0 + j * CHUNK,
-                                       row_limit - j * CHUNK, row_max, inv_sum, CHUNK, VEC,
-                                       WARPS, EXP2, POLICY)  # fmt: skip
+            _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inner,
+                                x_vstride_outer, x_vstride_inner, y_vstride_outer,
+                                y_vstride_inner, row_max, inv_sum, CHUNK, VEC, WARPS, EXP2,
+                                POLICY)  # fmt: skip
     if REGS > 0:
         y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
         _held_store(y_row, held, limit, n_vecs >> 31, row_max, inv_sum, x_ptr.dtype.element_ty,
@@ -854,8 +904,12 @@ def softmax_smem_persistent_forward_kernel(
     CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
     MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
     POLICY: gl.constexpr = "", CLEAR: gl.constexpr = True, FOLD: gl.constexpr = 0,
+    BY_PID: gl.constexpr = False, LEAVE_POLLS: gl.constexpr = 0, EVEN: gl.constexpr = False,
+    POLL_WIDTH: gl.constexpr = 0,
 ):  # fmt: skip
-    """softmax_smem_forward_kernel's work, a program taking (row, chunk) tickets in turn."""
+    """softmax_smem_forward_kernel's work, a program taking (row, chunk) tickets in turn.
+    BY_PID (round 22): the program's tickets are its id plus multiples of the grid, a multiple
+    of n_chunks (_persistent_pid_forward)."""
     PIECES: gl.constexpr = CHUNK // PIECE
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
@@ -863,42 +917,139 @@ def softmax_smem_persistent_forward_kernel(
     smem = gl.allocate_shared_memory(
         x_ptr.dtype.element_ty, [2 * PIECES, PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
     )  # fmt: skip
-    ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+    if BY_PID:
+        _persistent_pid_forward(
+            x_ptr, y_ptr, ws_ptr, next_ptr, smem, offs, rows_inner, n_vecs, n_chunks,
+            ticket_index, x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
+            CHUNK, PIECES, PIECE, VEC, WARPS, POLL_WIDTH, SLEEP_NS, EXP2, POLICY, CLEAR, FOLD,
+            LEAVE_POLLS, EVEN,
+        )  # fmt: skip
+    else:
+        ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+        prev = ticket * 0 - 1  # the chunk held in the other buffer (-1: none)
+        buf = ticket * 0
+        while ticket < ticket_index:
+            outer, inner, start, limit, _, row = _position(
+                ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
+            )  # fmt: skip
+            x_row = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start,
+                                 VEC)  # fmt: skip
+            for p in gl.static_range(PIECES):
+                _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, buf * PIECES)
+                cp.commit_group()
+            other_row = prev >= 0 and prev // n_chunks != row
+            if other_row:  # the previous chunk's row, while the copies are in flight
+                _forward_finish_ticket(
+                    y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
+                    n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC,
+                    WARPS, MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+                )  # fmt: skip
+            partial = _forward_partial(smem, buf * PIECES, offs, limit, PIECES, PIECE, VEC,
+                                       WARPS, EXP2, FOLD)  # fmt: skip
+            gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
+            if prev >= 0 and not other_row:  # one row: published first
+                _forward_finish_ticket(
+                    y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
+                    n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC,
+                    WARPS, MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+                )  # fmt: skip
+            prev = ticket
+            buf = 1 - buf
+            ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+        if prev >= 0:
+            _forward_finish_ticket(
+                    y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
+                    n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC,
+                    WARPS, MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+                )  # fmt: skip
+
+
+# The persistent forward with chunks by program id (round 22). Program g takes tickets g, g + G,
+# g + 2G, ... (G programs, a multiple of n_chunks, so that a row's chunks are all in one round
+# and a program's two chunks are never of one row). In each round it starts copying its chunk
+# in, then waits for its previous chunk's row and writes that chunk, then takes the new chunk's
+# partial and publishes it: the wait for a row comes a round after the row's publishes, with
+# the next chunk's copies in flight. Row R of round k waits only on publishes of round k, each
+# made after its program finished its round k - 1 chunk: by induction on rounds nothing waits
+# forever while all G programs run; where some have not started, the waiters leave their
+# chunks after LEAVE_POLLS polls (_row_slots), as in the one-shot kernel, and the row's last
+# publisher writes them when it finishes that chunk.
+@gluon.jit
+def _persistent_pid_forward(x_ptr, y_ptr, ws_ptr, next_ptr, smem, offs, rows_inner, n_vecs,
+                            n_chunks, ticket_index, x_vstride_outer, x_vstride_inner,
+                            y_vstride_outer, y_vstride_inner, CHUNK: gl.constexpr,
+                            PIECES: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr,
+                            WARPS: gl.constexpr, POLL_WIDTH: gl.constexpr,
+                            SLEEP_NS: gl.constexpr, EXP2: gl.constexpr, POLICY: gl.constexpr,
+                            CLEAR: gl.constexpr, FOLD: gl.constexpr,
+                            LEAVE_POLLS: gl.constexpr, EVEN: gl.constexpr):  # fmt: skip
+    """softmax_smem_persistent_forward_kernel's loop with chunks by program id."""
+    grid = gl.num_programs(0)
+    ticket = gl.program_id(0)
     prev = ticket * 0 - 1  # the chunk held in the other buffer (-1: none)
     buf = ticket * 0
+    zero, first = _first_thread(WARPS)
+    counted = zero.to(gl.int64)  # the previous chunk's publish count (_publish_counted)
     while ticket < ticket_index:
-        outer, inner, start, limit, _, row = _position(
+        if CLEAR:
+            _clear_pid_words(next_ptr, ticket, ticket_index, n_chunks, True)
+        outer, inner, start, limit, _, _ = _position(
             ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
         )  # fmt: skip
         x_row = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
         for p in gl.static_range(PIECES):
-            _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, buf * PIECES)
+            _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, buf * PIECES, EVEN)
             cp.commit_group()
-        other_row = prev >= 0 and prev // n_chunks != row
-        if other_row:  # the previous chunk's row, while the copies are in flight
-            _forward_finish_ticket(
-                y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
-                n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
-                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
+        if prev >= 0:  # the previous chunk's row, while the copies are in flight
+            _forward_finish_pid(
+                x_ptr, y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, counted, first, offs,
+                rows_inner, n_vecs, n_chunks, ticket_index, x_vstride_outer, x_vstride_inner,
+                y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
+                POLL_WIDTH, SLEEP_NS, EXP2, POLICY, LEAVE_POLLS, EVEN,
             )  # fmt: skip
         partial = _forward_partial(smem, buf * PIECES, offs, limit, PIECES, PIECE, VEC, WARPS,
-                                   EXP2, FOLD)  # fmt: skip
-        gl.atomic_xchg(ws_ptr + ticket, partial, sem="relaxed")
-        if prev >= 0 and not other_row:  # one row: published first
-            _forward_finish_ticket(
-                y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
-                n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
-                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
-            )  # fmt: skip
+                                   EXP2, FOLD, EVEN)  # fmt: skip
+        # the count's old value is read only at the next finish: no wait for the atomic here
+        counted, first, _, _ = _publish_counted(ws_ptr, ticket, partial, ticket_index,
+                                                n_chunks, WARPS)  # fmt: skip
         prev = ticket
         buf = 1 - buf
-        ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
+        ticket += grid
     if prev >= 0:
-        _forward_finish_ticket(
-                y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, offs, rows_inner, n_vecs,
-                n_chunks, y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS,
-                MAX_CHUNKS, SLEEP_NS, EXP2, POLICY,
-            )  # fmt: skip
+        _forward_finish_pid(
+            x_ptr, y_ptr, smem, (1 - buf) * PIECES, ws_ptr, prev, counted, first, offs,
+            rows_inner, n_vecs, n_chunks, ticket_index, x_vstride_outer, x_vstride_inner,
+            y_vstride_outer, y_vstride_inner, CHUNK, PIECES, PIECE, VEC, WARPS, POLL_WIDTH,
+            SLEEP_NS, EXP2, POLICY, LEAVE_POLLS, EVEN,
+        )  # fmt: skip
+
+
+@gluon.jit
+def _forward_finish_pid(x_ptr, y_ptr, smem, base, ws_ptr, ticket, counted, first, offs,
+                        rows_inner, n_vecs, n_chunks, ticket_index, x_vstride_outer,
+                        x_vstride_inner, y_vstride_outer, y_vstride_inner, CHUNK: gl.constexpr,
+                        PIECES: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr,
+                        WARPS: gl.constexpr, POLL_WIDTH: gl.constexpr, SLEEP_NS: gl.constexpr,
+                        EXP2: gl.constexpr, POLICY: gl.constexpr, LEAVE_POLLS: gl.constexpr,
+                        EVEN: gl.constexpr):  # fmt: skip
+    """Wait for the row of a chunk published earlier (its count's old value `counted`,
+    _publish_counted), write the chunk from smem.index(base + p) unless this program left it,
+    and, as the row's last publisher, the chunks others left."""
+    outer, inner, start, limit, slots, _ = _position(
+        ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
+    )  # fmt: skip
+    count, left = _leave_words(ws_ptr, ticket, ticket_index, n_chunks)
+    packed, slot_ok, gone = _row_slots(slots, n_chunks, POLL_WIDTH, SLEEP_NS, WARPS, LEAVE_POLLS,
+                                       count, left)  # fmt: skip
+    row_max, inv_sum = _row_stats(packed, slot_ok)
+    if gone == 0:
+        _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_vstride_outer,
+                       y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, POLICY,
+                       EVEN)  # fmt: skip
+    if _last_with_leavers(counted, first, n_chunks):
+        _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inner,
+                            x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
+                            row_max, inv_sum, CHUNK, VEC, WARPS, EXP2, POLICY)  # fmt: skip
 
 
 @gluon.jit
@@ -964,6 +1115,15 @@ def softmax_smem_persistent_backward_kernel(
 LEAVE_POLLS = 256
 
 
+def pid_programs(programs: int, n_slots: int, n_chunks: int) -> int:
+    """The persistent forward by program id's grid for about `programs` programs: a multiple
+    of n_chunks (a row's chunks in one round; at least one row, whatever `programs` says), the
+    rows spread over the fewest rounds as evenly as a whole number of rows a round allows."""
+    n_rows = n_slots // n_chunks
+    rounds = triton.cdiv(n_rows, max(1, programs // n_chunks))
+    return triton.cdiv(n_rows, rounds) * n_chunks
+
+
 def workspace_words(n_slots: int, n_chunks: int, by_pid: bool) -> int:
     """Words of a launch's workspace: a slot a chunk and the ticket counter; chunks by program
     id also a count word a row and a left flag a chunk (_leave_words)."""
@@ -973,21 +1133,23 @@ def workspace_words(n_slots: int, n_chunks: int, by_pid: bool) -> int:
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
            regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False,
-           poly=0):  # fmt: skip
+           poly=0, one_copy=False):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
     next_ws (None: nothing to zero) for the next launch. launcher: kernels._common.direct.
-    programs > 0: the persistent kernels on that many programs (at most one a chunk). fold:
-    the forward's partial in one pass, 1 program-wide, 2 thread by thread
-    (kernels.softmax.Config.fold). regs: the forward's last `regs` pieces a chunk held in
+    programs > 0: the persistent kernels on that many programs (at most one a chunk; by_pid:
+    pid_programs of them). fold: the forward's partial in one pass, 1 program-wide, 2 thread
+    by thread (kernels.softmax.Config.fold). regs: the forward's last `regs` pieces a chunk held in
     registers (one-shot kernel; a power of 2, fewer than the chunk's pieces). by_pid: the
-    one-shot kernels' chunks by program id (Config.by_pid; the backward's since round 21), a
-    waiting program leaving its chunk after leave_polls polls; ws then holds the leave words
-    too (workspace_words). transpose: program ids down the rows' first chunks first (a test of
-    leaving). even: the one-shot kernels without masks, where rows are whole chunks
-    (Config.even). poly: the one-shot forward's exp2 partly on the FMA pipe, 16-bit only
-    (Config.poly)."""
+    one-shot kernels' chunks by program id (Config.by_pid; the backward's since round 21; the
+    persistent forward's since round 22), a waiting program leaving its chunk after
+    leave_polls polls; ws then holds the leave words too (workspace_words). transpose:
+    program ids down the rows' first chunks first (a test of leaving). even: the one-shot
+    kernels (and the persistent forward by program id) without masks, where rows are whole
+    chunks (Config.even). poly: the one-shot forward's exp2 partly on the FMA pipe, 16-bit
+    only (Config.poly). one_copy: the one-shot forward's chunk copied in as one copy and one
+    commit group (Config.one_copy)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -1016,26 +1178,36 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
             f"regs = {regs}: pieces held in registers are a knob of the one-shot forward, a "
             f"power of 2 below the chunk's {chunk // piece} pieces"
         )
-    if transpose and not by_pid:
-        raise ValueError("transpose orders the program ids of by_pid")
-    if by_pid and (programs > 0 or regs or leave_polls == 0 or leave_polls < -1):
+    if transpose and (not by_pid or programs > 0):
+        raise ValueError("transpose orders the program ids of by_pid's one-shot kernels")
+    if by_pid and ((programs > 0 and backward) or regs or leave_polls == 0 or leave_polls < -1):
         raise ValueError(
-            "by_pid is a knob of the one-shot kernels without regs, leaving after at least 1 "
-            f"poll (or -1: never); got programs={programs}, regs={regs}, "
-            f"leave_polls={leave_polls}"
+            "by_pid is a knob of the one-shot kernels and the persistent forward, without regs, "
+            f"leaving after at least 1 poll (or -1: never); got programs={programs}, "
+            f"backward={backward}, regs={regs}, leave_polls={leave_polls}"
         )  # fmt: skip
-    if even and (programs > 0 or regs or n_cols % chunk):
-        raise ValueError(f"even is a knob of the one-shot kernels without regs on rows of whole "
-                         f"chunks; got {n_cols} columns in chunks of {chunk}")  # fmt: skip
+    if even and ((programs > 0 and not by_pid) or regs or n_cols % chunk):
+        raise ValueError(f"even is a knob of the one-shot kernels and of the persistent ones by "
+                         f"program id, without regs, on rows of whole chunks; got {n_cols} "
+                         f"columns in chunks of {chunk}, programs={programs}, "
+                         f"by_pid={by_pid}")  # fmt: skip
     if even:
         meta["EVEN"] = True
     if by_pid:  # POLL_WIDTH: a slot a thread at most, one count across warps (_row_slots)
-        meta.update(BY_PID=True, LEAVE_POLLS=leave_polls, TRANSPOSE=transpose,
+        meta.update(BY_PID=True, LEAVE_POLLS=leave_polls,
                     POLL_WIDTH=max(meta["MAX_CHUNKS"], 32 * warps))  # fmt: skip
+        if programs == 0:
+            meta["TRANSPOSE"] = transpose
     if poly and (backward or programs > 0 or fold or regs or poly not in (1, 2)
                  or tensors[0].element_size() != 2):  # fmt: skip
         raise ValueError(f"poly (1 or 2) is a knob of the one-shot 16-bit forward without fold "
                          f"or regs; got poly={poly}")  # fmt: skip
+    if one_copy and (backward or programs > 0 or fold or regs):
+        raise ValueError(f"one_copy is a knob of the one-shot forward without fold or regs; got "
+                         f"backward={backward}, programs={programs}, fold={fold}, "
+                         f"regs={regs}")  # fmt: skip
+    if one_copy:
+        meta["ONE_COPY"] = True
     if not backward:
         meta["EXP2"] = exp2
         meta["FOLD"] = int(fold)
@@ -1050,7 +1222,10 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         raise ValueError("fold is a knob of the forward")
     if maxnreg:  # a ptxas register cap (kernels.softmax.Config.maxnreg)
         meta["maxnreg"] = maxnreg
-    grid = min(programs, n_slots) if programs > 0 else n_slots
+    if programs > 0 and by_pid:
+        grid = pid_programs(programs, n_slots, n_chunks)
+    else:
+        grid = min(programs, n_slots) if programs > 0 else n_slots
     launcher(kernel)[(grid,)](
         *tensors, ws, next_ws, rows_inner, n_cols // vec, n_chunks, n_slots, *vstrides, **meta
     )

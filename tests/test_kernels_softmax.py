@@ -329,16 +329,30 @@ def test_chunks_by_program_id_are_a_one_shot_smem_knob(device):
     x = torch.randn(8, 128, device=device)
     for config in (
         Config("split2", 1, 64, 4, by_pid=True),
-        Config("smem", 1, 64, 4, by_pid=True, per_sm=1),
         Config("smem", 1, 64, 4, by_pid=True, regs=1),
     ):
         with pytest.raises(ValueError, match="by_pid is a knob of the one-shot smem kernels"):
             _forward(x, -1, direct, config)
-    # the backward's one-shot kernel takes it since round 21; its persistent kernel does not
+    # the persistent forward takes it since round 22 (here it needs the GPU the smem design
+    # does); the backward's one-shot kernel since round 21, its persistent kernel not
+    with pytest.raises(ValueError, match="needs a GPU"):
+        _forward(x, -1, direct, Config("smem", 1, 64, 4, by_pid=True, per_sm=1))
     for config in (Config("smem", 1, 64, 4, by_pid=True, per_sm=-1),
                    Config("coop", 1, 64, 4, by_pid=True)):  # fmt: skip
         with pytest.raises(ValueError, match="by_pid is a knob of the one-shot smem kernels"):
             _backward(x, x, -1, direct, config)
+
+
+def test_one_copy_is_a_one_shot_smem_forward_knob(device):
+    x = torch.randn(8, 128, device=device)
+    for config in (Config("split2", 1, 64, 4, one_copy=True),
+                   Config("smem", 1, 64, 4, one_copy=True, per_sm=1),
+                   Config("smem", 1, 64, 4, one_copy=True, fold=2),
+                   Config("smem", 1, 64, 4, one_copy=True, regs=1)):  # fmt: skip
+        with pytest.raises(ValueError, match="one_copy is a knob of the one-shot smem forward"):
+            _forward(x, -1, direct, config)
+    with pytest.raises(ValueError, match="one_copy is a knob of the one-shot smem forward"):
+        _backward(x, x, -1, direct, Config("smem", 1, 64, 4, one_copy=True))
 
 
 def test_poly_exp2_is_a_one_shot_smem_forward_knob(device):
@@ -354,17 +368,21 @@ def test_poly_exp2_is_a_one_shot_smem_forward_knob(device):
 @pytest.mark.parametrize(
     "knobs, match",
     [
-        (dict(by_pid=True, programs=132), "by_pid is a knob of the one-shot kernels"),
         (dict(by_pid=True, programs=132, backward=True), "by_pid is a knob of the one-shot"),
+        (dict(by_pid=True, regs=1), "by_pid is a knob of the one-shot"),
         (dict(by_pid=True, leave_polls=0), "leaving after at least 1 poll"),
         (dict(by_pid=True, leave_polls=0, backward=True), "leaving after at least 1 poll"),
         (dict(even=True, programs=132), "even is a knob of the one-shot kernels"),
         (dict(even=True, programs=132, backward=True), "even is a knob of the one-shot kernels"),
         (dict(transpose=True), "transpose orders the program ids of by_pid"),
+        (dict(transpose=True, by_pid=True, programs=132), "transpose orders the program ids"),
         (dict(poly=1), "poly .1 or 2. is a knob of the one-shot 16-bit forward"),  # fp32 rows
         (dict(poly=1, backward=True, half=True), "poly .1 or 2. is a knob"),
         (dict(poly=3, half=True), "poly .1 or 2. is a knob"),
         (dict(poly=1, programs=132, half=True), "poly .1 or 2. is a knob"),
+        (dict(one_copy=True, backward=True), "one_copy is a knob of the one-shot forward"),
+        (dict(one_copy=True, fold=2), "one_copy is a knob of the one-shot forward"),
+        (dict(one_copy=True, programs=132), "one_copy is a knob of the one-shot forward"),
     ],
 )
 def test_smem_launch_refuses_knobs_it_cannot_run(knobs, match):
@@ -379,6 +397,45 @@ def test_smem_launch_refuses_knobs_it_cannot_run(knobs, match):
             lambda k: None, backward, tensors, x, None, (1, 2), [(0, 4096, 1)] * len(tensors),
             4096, 4, **knobs,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "programs, n_slots, n_chunks, grid",
+    [
+        (396, 8192, 16, 384),  # 512 rows of 16 chunks: 24 rows a round (21.3 rounds)
+        (396, 8192, 4, 392),  # 2048 rows of 4: 99 a round fit, 21 rounds of 98 even them out
+        (264, 8192, 16, 256),  # 16 rows a round: 32 rounds exactly
+        (100, 6 * 128, 128, 128),  # fewer programs than a row's chunks: still one whole row
+        (396, 48, 16, 48),  # 3 rows: one round
+    ],
+)
+def test_persistent_by_pid_grid(programs, n_slots, n_chunks, grid):
+    """The persistent forward by program id (round 22) runs on whole rows a round: a multiple
+    of n_chunks, at most `programs` where a row fits, over as few rounds as `programs` allow,
+    as even as whole rows let them be; its launch takes that grid."""
+    if softmax_module.softmax_smem is None:
+        pytest.skip("this Triton has no Gluon")
+    smem = softmax_module.softmax_smem
+    got = smem.pid_programs(programs, n_slots, n_chunks)
+    assert got == grid
+    assert got % n_chunks == 0 and (got <= programs or got == n_chunks)
+    n_rows, per_round = n_slots // n_chunks, max(1, programs // n_chunks)
+    assert -(-n_slots // got) == -(-n_rows // per_round)  # no more rounds than needed
+    launched = []
+
+    class Record:  # a launcher that records the grid and the meta instead of launching
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launched.append((grid, meta))
+
+    chunk = 1024
+    x = torch.empty(n_slots // n_chunks, n_chunks * chunk)
+    ws = torch.zeros(smem.workspace_words(n_slots, n_chunks, True), dtype=torch.int64)
+    smem.launch(lambda kernel: Record(), False, [x, x], ws, None, (1, x.shape[0]),
+                [(0, x.shape[1], 1)] * 2, chunk, 4, programs=programs, by_pid=True,
+                even=True)  # fmt: skip
+    (launch_grid, meta), = launched
+    assert launch_grid == (grid,)
+    assert meta["BY_PID"] and meta["EVEN"] and "TRANSPOSE" not in meta
 
 
 def test_smem_launch_refuses_a_short_workspace():
@@ -1512,6 +1569,14 @@ def test_row_loop_on_gpu(n, dtype_name):
         Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, fold=2),
         Config("smem", 1, 8192, 4, exp2=1, by_pid=True, fold=2),
         Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True, fold=1),
+        # round 22: the persistent forward by program id (the backward takes the persistent
+        # ticketed kernel for these): whole rows a round, as many programs an SM as shared
+        # memory holds, without masks; one an SM with masks (128 programs, 3 rounds of 2 rows)
+        Config("smem", 1, 8192, 4, exp2=2, per_sm=-1, by_pid=True, even=True),
+        Config("smem", 1, 4096, 4, exp2=1, per_sm=1, by_pid=True),
+        # and the one-shot forward's chunk copied in as one copy and one commit group
+        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, one_copy=True),
+        Config("smem", 1, 8192, 4, exp2=1, by_pid=True, one_copy=True),
     ],
     ids=lambda c: (
         f"{c.design}{c.block_cols}"
@@ -1528,6 +1593,7 @@ def test_row_loop_on_gpu(n, dtype_name):
         + ("_pid" if c.by_pid else "")
         + ("_even" if c.even else "")
         + (f"_poly{c.poly}" if c.poly else "")
+        + ("_one" if c.one_copy else "")
     ),
 )
 def test_long_row_designs_on_gpu(config, dtype_name):
@@ -1554,8 +1620,10 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
-    # the backward takes by_pid and even on its one-shot kernel (round 21)
-    backward = config._replace(rescale=False, fold=0, regs=0, poly=0)
+    # the backward takes by_pid and even on its one-shot kernel (round 21), not its persistent
+    backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False)
+    if config.per_sm:
+        backward = backward._replace(by_pid=False, even=False)
     dx = _backward(y[keep], dy[keep], -1, direct, backward)
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
@@ -1586,6 +1654,53 @@ def test_held_pieces_on_ragged_rows_on_gpu(dtype_name, n):
         assert relative_error(y, ref) < TOLERANCES[dtype_name], config
         ones = torch.ones(5, device="cuda", dtype=torch.float64)
         torch.testing.assert_close(y.double().sum(-1), ones, rtol=0, atol=TOLERANCES[dtype_name])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+@pytest.mark.parametrize(
+    "n, rows_per_sm, leave_polls, per_sm",
+    [(65536, 5, 0, 3), (70000, 0, 0, 1), (65536, 5, 1, 3), (65536, 5, 0, 0)],
+    ids=["rounds", "ragged_rows", "leave_at_once", "oversubscribed"],
+)  # fmt: skip
+def test_persistent_forward_by_program_id_on_gpu(dtype_name, n, rows_per_sm, leave_polls,
+                                                 per_sm):  # fmt: skip
+    """The persistent forward by program id (round 22). rounds: 5 rows an SM of 4 chunks, 3
+    programs an SM, about 7 rounds, no masks; ragged_rows: 6 rows of 70000 columns (a last
+    chunk of 4464, masks), 1e4 and a run of -inf; leave_at_once: every program that finds its
+    row incomplete at its first poll leaves its chunk, which the row's last publisher writes
+    a round later; oversubscribed: a program a chunk (one round), more programs than the SMs
+    hold. (There the GPU starts a row's programs together, ids being consecutive, so none had
+    to leave on the H200: softmax_gputests_r22_h200.log.)"""
+    from kernels._common import gpu_info
+
+    dtype = DTYPES[dtype_name]
+    smem = softmax_module.softmax_smem
+    device = torch.device("cuda")
+    rows = rows_per_sm * gpu_info(device).sms if rows_per_sm else 6
+    x = torch.randn(rows, n, device=device, dtype=dtype) * 3
+    x[0, 5] = 1e4
+    x[1, :20000] = -float("inf")
+    pick = softmax_module._pick_config(n, rows, False, False, device, x.element_size(),
+                                       smem_ok=True)  # fmt: skip
+    assert pick.design == "smem" and pick.by_pid
+    n_chunks = triton.cdiv(n, pick.block_cols)
+    programs = per_sm * gpu_info(device).sms if per_sm else rows * n_chunks
+    ws = torch.zeros(smem.workspace_words(rows * n_chunks, n_chunks, True), device=device,
+                     dtype=torch.int64)  # fmt: skip
+    y = torch.full_like(x, float("nan"))
+    smem.launch(
+        direct, False, [x, y], ws, None, (1, rows), [(rows * n, n, 1)] * 2, pick.block_cols,
+        pick.num_warps, exp2=pick.exp2, programs=programs, by_pid=True,
+        leave_polls=leave_polls or smem.LEAVE_POLLS, even=n % pick.block_cols == 0,
+    )  # fmt: skip
+    ref = torch.softmax(x.double(), -1)
+    assert relative_error(y, ref) < TOLERANCES[dtype_name]
+    ones = torch.ones(rows, device=device, dtype=torch.float64)
+    torch.testing.assert_close(y.double().sum(-1), ones, rtol=0, atol=TOLERANCES[dtype_name])
+    left = ws[rows * n_chunks + 1 + rows:]  # flags past the slots, the counter, the counts
+    if leave_polls:
+        assert (left == 1).sum().item() > 0
 
 
 @pytest.mark.gpu
@@ -1944,6 +2059,33 @@ def test_round19_probe_candidates_are_valid():
                 for round_no in (14, 17, 18):
                     for cfg in probe.ROUND_CANDIDATES[round_no](n, itemsize, False).values():
                         assert not cfg.by_pid
+
+
+def test_round22_probe_candidates_are_valid():
+    """Round 22, the forward past the tile only: the persistent smem kernel by program id on the
+    pick's chunk and on half of it; the pick copied in as one copy, with and without masks."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    with pretend_gpu((9, 0), 132):
+        for n in (16384, 65536, 262144):
+            for itemsize in (2, 4):
+                assert not probe.round22_candidates(n, itemsize, True)
+                cands = probe.round22_candidates(n, itemsize, False)
+                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                for name, cfg in cands.items():
+                    assert cfg.design == "smem" and cfg.by_pid, name
+                    assert bool(cfg.per_sm) == name.startswith("ppid"), name
+                    assert cfg.one_copy == name.startswith("one_copy"), name
+                    assert cfg.even == (name != "one_copy_masked"), name
+                    assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
+                    assert 2 * cfg.block_cols * itemsize <= softmax_module.SMEM_MAX_BYTES
+                    if cfg.per_sm:
+                        assert cfg.maxnreg == 0, name
+
+
+def test_round22_probe_smoke():
+    """The probe's round 22 on the interpreter (the persistent smem variants run as split2)."""
+    out = _probe_smoke("--round22")
+    assert "one_copy_masked" in out and " 70000 " in out
 
 
 def test_round21_probe_candidates_are_valid():
