@@ -43,7 +43,9 @@ def rows_shapes() -> list[tuple[int, int]]:
 
 def implementations() -> dict:
     """Our softmax and a fresh torch.compile of torch.softmax per mode (dynamic=False, as the
-    benchmark's compile config: one compile per shape)."""
+    benchmark's compile config: one compile per shape). Dynamo's caches are reset first: its
+    recompile limit (8 a code object) would otherwise run the later shapes eagerly."""
+    torch._dynamo.reset()
     impls = {"triton": lambda x: softmax(x, -1)}
     for mode in MODES:
         impls[mode] = torch.compile(lambda x: torch.softmax(x, -1), mode=mode, dynamic=False)
