@@ -7,7 +7,8 @@ rate (N <= 16384) that ratio has missed by 0.2-0.5% at a shape that changed from
 probe asks whether such a gap is real: for each shape of the `rows` set it times our softmax and
 each compile mode ROUNDS times, every round on a fresh input (a new allocation, other pages)
 and in a rotated order, and prints per round the ratio best compile mode / ours by GPU time
-(above 1: ours is faster), with its median and range over the rounds.
+(above 1: ours is faster), with its median and range over the rounds. Where our pick is the
+online row loop, a few variants of it are timed too (`variants`).
 
     python -m experiments.probe_softmax_ab --rounds 7 --only 128,4096 --dtypes bf16,fp32
 
@@ -26,7 +27,8 @@ import torch
 
 from experiments.correctness import TOLERANCES, relative_error
 from experiments.probe_softmax import DTYPES, copy_bandwidth
-from kernels.softmax import softmax
+from kernels._common import direct
+from kernels.softmax import Config, _launch_rows, _pick_config, softmax
 
 MODES = ("default", "max-autotune-no-cudagraphs")
 SHAPES_FILE = Path(__file__).resolve().parents[1] / "conf" / "kernel" / "softmax.yaml"
@@ -52,16 +54,32 @@ def implementations() -> dict:
     return impls
 
 
-def ratios(times: dict[str, list[float]]) -> list[float]:
+def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
+    """Configs of ours to time beside softmax()'s choice, where its pick is the online row loop
+    (Inductor's looped form): the stores without evict_first (Config.store_default, as
+    Inductor's), and half or twice the warps."""
+    pick = _pick_config(n, m, False, False, torch.device("cuda"), itemsize)
+    if pick.design != "online":
+        return {}
+    out = {"triton_st": pick._replace(store_default=True)}
+    for warps in (pick.num_warps // 2, pick.num_warps * 2):
+        if 1 <= warps <= 32:
+            out[f"triton_w{warps}"] = pick._replace(num_warps=warps)
+    return out
+
+
+def ratios(times: dict[str, list[float]], ours: str = "triton") -> list[float]:
     """Per round: the best compile mode's GPU time over ours (above 1: ours is faster)."""
-    rounds = len(times["triton"])
-    return [min(times[m][r] for m in MODES) / times["triton"][r] for r in range(rounds)]
+    rounds = len(times[ours])
+    return [min(times[m][r] for m in MODES) / times[ours][r] for r in range(rounds)]
 
 
 def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: float) -> str:
     dtype = DTYPES[dtype_name]
     impls = implementations()
     x = torch.randn(m, n, device="cuda", dtype=dtype)
+    for name, config in variants(m, n, x.element_size()).items():
+        impls[name] = lambda x, config=config: _run_config(x, config)
     ref = torch.softmax(x.double(), -1)
     for name, fn in impls.items():  # correct before timed (this also compiles)
         err = relative_error(fn(x), ref)
@@ -82,7 +100,18 @@ def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: flo
     spread = f"{statistics.median(ratio):7.4f} {min(ratio):7.4f} {max(ratio):7.4f}"
     per_round = " ".join(f"{v:.4f}" for v in ratio)
     head = f"{dtype_name:5} {m:>8} {n:>7} {ours * 1e3:8.2f} {modes} {pct:6.1f}"
-    return f"{head} {spread}  {per_round}"
+    lines = [f"{head} {spread}  {per_round}"]
+    for name in names[len(MODES) + 1:]:  # the variants: their own ratio to the compile modes
+        ratio = ratios(times, name)
+        spread = f"{statistics.median(ratio):.4f} ({min(ratio):.4f} - {max(ratio):.4f})"
+        lines.append(f"  {name:<22} {statistics.median(times[name]) * 1e3:8.2f} us; ratio {spread}")
+    return "\n".join(lines)
+
+
+def _run_config(x: torch.Tensor, config: Config) -> torch.Tensor:
+    y = torch.empty_like(x)
+    _launch_rows(direct, [x, y], False, config)
+    return y
 
 
 def main(argv=None) -> int:

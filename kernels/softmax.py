@@ -238,6 +238,9 @@ class Config(NamedTuple):
     # a copy and a group a piece, whose shared-memory hazards took a barrier a piece (20
     # barriers before the publish in the bf16 pick, 6 with it; sm_90, offline)
     one_copy: bool = False
+    # online forward with evict: the stores take the default policy, not evict_first (as
+    # Inductor's looped kernel, which an interleaved A/B run found 0.2% ahead at fp32 N = 4096)
+    store_default: bool = False
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -763,6 +766,8 @@ def softmax_online_kernel(
     FIRST_POLICY: tl.constexpr = "", POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
     # as the tile kernel's; EVEN here: n_cols a multiple of BLOCK_COLS
     EVEN: tl.constexpr = False, INT32: tl.constexpr = False,
+    # the stores' policy ("same": POLICY's; Config.store_default)
+    STORE_POLICY: tl.constexpr = "same",
 ):  # fmt: skip
     outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS, INT32)
     row_ok = row_ok[:, None]
@@ -791,7 +796,8 @@ def softmax_online_kernel(
         x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, POLICY, EVEN)
         y = _exp_shifted(x.to(tl.float32), row_max, EXP2) * inv_sum[:, None]
         y = y.to(y_ptr.dtype.element_ty)
-        _store_out(y_rows + (start + cols) * y_stride_col, y, ok, POLICY, EVEN)
+        _store_out(y_rows + (start + cols) * y_stride_col, y, ok,
+                   POLICY if STORE_POLICY == "same" else STORE_POLICY, EVEN)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1381,6 +1387,8 @@ def _launch_rows(
                          f"smem forward (no regs), got {config}")  # fmt: skip
     if config.poly and (backward or config.design != "smem" or config.per_sm):
         raise ValueError(f"poly is a knob of the one-shot smem forward, got {config}")
+    if config.store_default and (backward or config.design != "online"):
+        raise ValueError(f"store_default is a knob of the online forward, got {config}")
     if config.one_copy and (backward or config.design != "smem" or config.per_sm or config.fold
                             or config.regs):  # fmt: skip
         raise ValueError(f"one_copy is a knob of the one-shot smem forward (no fold or regs), "
@@ -1461,6 +1469,8 @@ def _launch_rows(
             NUM_STAGES=config.num_stages, num_warps=config.num_warps,
             # the first read asks L2 to keep the row for the second, which then drops it
             FIRST_POLICY="evict_last" if config.evict else "", **hints,
+            # always passed, as EVEN and INT32 (torch.compile's wrapper wants every parameter)
+            STORE_POLICY="" if config.store_default else "same",
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")

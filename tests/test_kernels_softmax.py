@@ -235,6 +235,9 @@ INDEX_CONFIGS = {
     "tile_int32_persist": Config("tile", 4, 128, 4, per_sm=1, int32=True),
     "online_even_int32": Config("online", 1, 128, 4, even=True, int32=True, evict=True, exp2=1),
     "online_rows2_even": Config("online", 2, 32, 4, even=True),
+    # round 22: the stores without evict_first (Inductor's policy)
+    "online_store_default": Config("online", 1, 128, 4, even=True, int32=True, evict=True,
+                                   exp2=1, store_default=True),
 }
 
 
@@ -341,6 +344,14 @@ def test_chunks_by_program_id_are_a_one_shot_smem_knob(device):
                    Config("coop", 1, 64, 4, by_pid=True)):  # fmt: skip
         with pytest.raises(ValueError, match="by_pid is a knob of the one-shot smem kernels"):
             _backward(x, x, -1, direct, config)
+
+
+def test_store_default_is_an_online_forward_knob(device):
+    x = torch.randn(8, 128, device=device)
+    with pytest.raises(ValueError, match="store_default is a knob of the online forward"):
+        _forward(x, -1, direct, Config("tile", 1, 128, 4, store_default=True))
+    with pytest.raises(ValueError, match="store_default is a knob of the online forward"):
+        _backward(x, x, -1, direct, Config("online", 1, 128, 4, store_default=True))
 
 
 def test_one_copy_is_a_one_shot_smem_forward_knob(device):

@@ -22,3 +22,15 @@ def test_ratio_is_the_best_compile_mode_over_ours_per_round():
 def test_needs_a_gpu(capsys):
     assert ab.main(["--rounds", "1"]) == 1
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_variants_are_of_the_online_pick_only():
+    """Variants where our pick is the online row loop (fp32 N = 4096 on 132 SMs): the stores'
+    default policy and other warps; none for the tile's rows."""
+    from kernels._common import pretend_gpu
+
+    with pretend_gpu((9, 0), 132):
+        online = ab.variants(32768, 4096, 4)
+        assert online and all(c.design == "online" for c in online.values())
+        assert online["triton_st"].store_default
+        assert not ab.variants(1048576, 128, 4)
