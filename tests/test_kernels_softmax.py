@@ -1682,7 +1682,7 @@ def test_persistent_forward_by_program_id_on_gpu(dtype_name, n, rows_per_sm, lea
     row incomplete at its first poll leaves its chunk, which the row's last publisher writes
     a round later; oversubscribed: a program a chunk (one round), more programs than the SMs
     hold. (There the GPU starts a row's programs together, ids being consecutive, so none had
-    to leave on the H200: softmax_gputests_r22_h200.log.)"""
+    to leave: softmax_gputests22_h200.log, where the test asked for leavers and failed.)"""
     from kernels._common import gpu_info
 
     dtype = DTYPES[dtype_name]
