@@ -1667,6 +1667,22 @@ def test_held_pieces_on_ragged_rows_on_gpu(dtype_name, n):
         torch.testing.assert_close(y.double().sum(-1), ones, rtol=0, atol=TOLERANCES[dtype_name])
 
 
+def _by_pid_rows(dtype_name: str, n: int, rows_per_sm: int):
+    """(x, the pick) for the leave tests: rows_per_sm rows an SM (0: 6 rows) of n columns, with
+    a 1e4 and a run of -inf; the pick is the smem forward by program id."""
+    from kernels._common import gpu_info
+
+    device = torch.device("cuda")
+    rows = rows_per_sm * gpu_info(device).sms if rows_per_sm else 6
+    x = torch.randn(rows, n, device=device, dtype=DTYPES[dtype_name]) * 3
+    x[0, 5] = 1e4
+    x[1, :20000] = -float("inf")
+    pick = softmax_module._pick_config(n, rows, False, False, device, x.element_size(),
+                                       smem_ok=True)  # fmt: skip
+    assert pick.design == "smem" and pick.by_pid
+    return x, pick
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
 @pytest.mark.parametrize(
@@ -1685,16 +1701,9 @@ def test_persistent_forward_by_program_id_on_gpu(dtype_name, n, rows_per_sm, lea
     to leave: softmax_gputests22_h200.log, where the test asked for leavers and failed.)"""
     from kernels._common import gpu_info
 
-    dtype = DTYPES[dtype_name]
     smem = softmax_module.softmax_smem
-    device = torch.device("cuda")
-    rows = rows_per_sm * gpu_info(device).sms if rows_per_sm else 6
-    x = torch.randn(rows, n, device=device, dtype=dtype) * 3
-    x[0, 5] = 1e4
-    x[1, :20000] = -float("inf")
-    pick = softmax_module._pick_config(n, rows, False, False, device, x.element_size(),
-                                       smem_ok=True)  # fmt: skip
-    assert pick.design == "smem" and pick.by_pid
+    x, pick = _by_pid_rows(dtype_name, n, rows_per_sm)
+    rows, device = x.shape[0], x.device
     n_chunks = triton.cdiv(n, pick.block_cols)
     programs = per_sm * gpu_info(device).sms if per_sm else rows * n_chunks
     ws = torch.zeros(smem.workspace_words(rows * n_chunks, n_chunks, True), device=device,
@@ -1732,18 +1741,9 @@ def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_pol
     while 6 rows passed). transposed: program ids go down the rows' first chunks first, on 8
     rows an SM, more than the SMs hold programs; the GPU's first programs then wait for chunks
     it starts only after them, and only leaving ends the launch."""
-    from kernels._common import gpu_info
-
-    dtype = DTYPES[dtype_name]
     smem = softmax_module.softmax_smem
-    device = torch.device("cuda")
-    rows = rows_per_sm * gpu_info(device).sms if rows_per_sm else 6
-    x = torch.randn(rows, n, device=device, dtype=dtype) * 3
-    x[0, 5] = 1e4
-    x[1, :20000] = -float("inf")
-    config = softmax_module._pick_config(n, rows, False, False, device, x.element_size(),
-                                         smem_ok=True)  # fmt: skip
-    assert config.design == "smem" and config.by_pid
+    x, config = _by_pid_rows(dtype_name, n, rows_per_sm)
+    rows, device, dtype = x.shape[0], x.device, x.dtype
     if backward:  # the backward's one-shot kernel on half the forward's chunk (y and dy)
         config = config._replace(block_cols=config.block_cols // 2, num_warps=4, maxnreg=0)
         y = torch.softmax(x.float(), -1).to(dtype)
