@@ -1469,8 +1469,9 @@ def _launch_rows(
             NUM_STAGES=config.num_stages, num_warps=config.num_warps,
             # the first read asks L2 to keep the row for the second, which then drops it
             FIRST_POLICY="evict_last" if config.evict else "", **hints,
-            # always passed, as EVEN and INT32 (torch.compile's wrapper wants every parameter)
-            STORE_POLICY="" if config.store_default else "same",
+            # the forward's: always passed, as EVEN and INT32 (torch.compile's wrapper wants
+            # every parameter); the backward kernel has none (the interpreter let it through)
+            **({} if backward else {"STORE_POLICY": "" if config.store_default else "same"}),
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")
