@@ -766,8 +766,8 @@ def softmax_online_kernel(
     FIRST_POLICY: tl.constexpr = "", POLICY: tl.constexpr = "", EXP2: tl.constexpr = False,
     # as the tile kernel's; EVEN here: n_cols a multiple of BLOCK_COLS
     EVEN: tl.constexpr = False, INT32: tl.constexpr = False,
-    # the stores' policy ("same": POLICY's; Config.store_default)
-    STORE_POLICY: tl.constexpr = "same",
+    # the stores' policy (the host passes POLICY's unless Config.store_default)
+    STORE_POLICY: tl.constexpr = "",
 ):  # fmt: skip
     outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS, INT32)
     row_ok = row_ok[:, None]
@@ -796,8 +796,7 @@ def softmax_online_kernel(
         x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, POLICY, EVEN)
         y = _exp_shifted(x.to(tl.float32), row_max, EXP2) * inv_sum[:, None]
         y = y.to(y_ptr.dtype.element_ty)
-        _store_out(y_rows + (start + cols) * y_stride_col, y, ok,
-                   POLICY if STORE_POLICY == "same" else STORE_POLICY, EVEN)  # fmt: skip
+        _store_out(y_rows + (start + cols) * y_stride_col, y, ok, STORE_POLICY, EVEN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1471,7 +1470,8 @@ def _launch_rows(
             FIRST_POLICY="evict_last" if config.evict else "", **hints,
             # the forward's: always passed, as EVEN and INT32 (torch.compile's wrapper wants
             # every parameter); the backward kernel has none (the interpreter let it through)
-            **({} if backward else {"STORE_POLICY": "" if config.store_default else "same"}),
+            **({} if backward else {"STORE_POLICY": "" if config.store_default
+                                    else hints["POLICY"]}),
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")
