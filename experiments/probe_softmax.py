@@ -110,6 +110,9 @@ FMA pipe (Config.poly); names in ROUND21_NAMES.
 chunk loading while it waits for the last one's row, a round of whole rows at a time) against
 the one-shot pick past the tile; names in ROUND22_NAMES.
     python -m experiments.probe_softmax --round22 --budget 150 --elems 134217728
+`--round23` times the one-shot smem forward's pick leaving its chunk after fewer polls (the waits
+of a row's first programs cut short); names in ROUND23_NAMES.
+    python -m experiments.probe_softmax --round23 --budget 150 --elems 134217728
 
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
@@ -1097,6 +1100,33 @@ def round22_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 23 name means (printed at the start of a --round23 run).
+ROUND23_NAMES = {
+    "default": ROUND22_NAMES["default"],
+    "lpP": "forward: the pick leaving its chunk after P polls of its row (Config.leave_polls; "
+    "the pick's LEAVE_POLLS is 256, which a program in the round 18 phase stamps never reached: "
+    "its median wait was 4.7 us): the row's waits cut short, the left chunks written by the "
+    "row's last publisher from global memory (L2 where the chunk is still there)",
+    "lpP_gG": "lpP with the left chunks written G pieces a step, all loaded before any is "
+    "stored (Config.left_group; the pick's left writer loads one piece, 16 bytes a thread, a "
+    "step)",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round23_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 23, the forward past the tile: the one-shot pick leaving its chunk early."""
+    if n <= ONE_PASS_MAX_ELEMS or backward:
+        return {}
+    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem" or not pick.by_pid:
+        return {}
+    out = {f"lp{polls}": pick._replace(leave_polls=polls) for polls in (4, 8, 16, 32)}
+    for polls, group in ((8, 4), (16, 4), (8, 8)):
+        out[f"lp{polls}_g{group}"] = pick._replace(leave_polls=polls, left_group=group)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -1109,6 +1139,7 @@ ROUND_CANDIDATES = {
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
     17: round17_candidates, 18: round18_candidates, 19: round19_candidates,
     20: round20_candidates, 21: round21_candidates, 22: round22_candidates,
+    23: round23_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
@@ -1116,7 +1147,7 @@ ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAME
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
                16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES,
                19: ROUND19_NAMES, 20: ROUND20_NAMES, 21: ROUND21_NAMES,
-               22: ROUND22_NAMES}  # fmt: skip
+               22: ROUND22_NAMES, 23: ROUND23_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -1126,7 +1157,8 @@ def _for_smoke(cfg: Config) -> Config:
     # and it does not run Gluon (smem)
     if cfg.design == "smem":
         return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
-                            by_pid=False, even=False, poly=0, one_copy=False)
+                            by_pid=False, even=False, poly=0, one_copy=False, leave_polls=0,
+                            left_group=1)  # fmt: skip
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -1281,12 +1313,13 @@ def main() -> int:
     parser.add_argument("--round20", action="store_true", help="smem: no masks, leaving")
     parser.add_argument("--round21", action="store_true", help="smem backward by pid, poly exp2")
     parser.add_argument("--round22", action="store_true", help="persistent smem forward by pid")
+    parser.add_argument("--round23", action="store_true", help="smem forward leaving early")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 23) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in range(3, 24) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1300,7 +1333,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, 17, 18, 19, 20, 21, 22):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, *range(17, 24)):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1314,7 +1347,7 @@ def main() -> int:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no == 18:  # the long rows, and N = 16384 (smem on rows of one chunk)
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
-    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21, 22):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21, 22, 23):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

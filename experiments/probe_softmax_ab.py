@@ -7,10 +7,13 @@ rate (N <= 16384) that ratio has missed by 0.2-0.5% at a shape that changed from
 probe asks whether such a gap is real: for each shape of the `rows` set it times our softmax and
 each compile mode ROUNDS times, every round on a fresh input (a new allocation, other pages)
 and in a rotated order, and prints per round the ratio best compile mode / ours by GPU time
-(above 1: ours is faster), with its median and range over the rounds. Where our pick is the
-online row loop, a few variants of it are timed too (`variants`).
+(above 1: ours is faster), with its median and range over the rounds. Configs of ours beside
+the pick are timed too (`variants`: the online loop's other warps and store policy; the tile's
+first-call candidates), and, with --inductor, our tile or loop in the block sizes and warps of
+Inductor's kernels, whose chosen launch configs are printed (`inductor_configs`).
 
     python -m experiments.probe_softmax_ab --rounds 7 --only 128,4096 --dtypes bf16,fp32
+    python -m experiments.probe_softmax_ab --rounds 7 --only 128,512 --dtypes fp32 --inductor
 
 Each implementation is checked against float64 before it is timed; the timer is the
 benchmark's (GpuTimer: median GPU time, L2 flushed, the CPU path off the clock).
@@ -19,6 +22,7 @@ benchmark's (GpuTimer: median GPU time, L2 flushed, the CPU path off the clock).
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +32,14 @@ import torch
 from experiments.correctness import TOLERANCES, relative_error
 from experiments.probe_softmax import DTYPES, copy_bandwidth
 from kernels._common import direct
-from kernels.softmax import Config, _launch_rows, _pick_config, softmax
+from kernels.softmax import (
+    SMALL_TILE_MAX_COLS,
+    Config,
+    _launch_rows,
+    _pick_config,
+    _tile_candidates,
+    softmax,
+)
 
 MODES = ("default", "max-autotune-no-cudagraphs")
 SHAPES_FILE = Path(__file__).resolve().parents[1] / "conf" / "kernel" / "softmax.yaml"
@@ -55,16 +66,71 @@ def implementations() -> dict:
 
 
 def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
-    """Configs of ours to time beside softmax()'s choice, where its pick is the online row loop
+    """Configs of ours to time beside softmax()'s pick. Where the pick is the online row loop
     (Inductor's looped form): the stores without evict_first (Config.store_default, as
-    Inductor's), and half or twice the warps."""
-    pick = _pick_config(n, m, False, False, torch.device("cuda"), itemsize)
-    if pick.design != "online":
-        return {}
-    out = {"triton_st": pick._replace(store_default=True)}
-    for warps in (pick.num_warps // 2, pick.num_warps * 2):
-        if 1 <= warps <= 32:
-            out[f"triton_w{warps}"] = pick._replace(num_warps=warps)
+    Inductor's), and half or twice the warps. Where it is a tile that the first call may tune
+    (rows of up to SMALL_TILE_MAX_COLS): the tuner's other candidates (_tile_candidates)."""
+    device = torch.device("cuda")
+    pick = _pick_config(n, m, False, False, device, itemsize)
+    out = {}
+    if pick.design == "online":
+        out["triton_st"] = pick._replace(store_default=True)
+        for warps in (pick.num_warps // 2, pick.num_warps * 2):
+            if 1 <= warps <= 32:
+                out[f"triton_w{warps}"] = pick._replace(num_warps=warps)
+    elif pick.design == "tile" and n <= SMALL_TILE_MAX_COLS.get(itemsize, 0):
+        for config in _tile_candidates(pick, m, 1, itemsize, device)[1:]:
+            out[f"triton_{config.block_rows}r_w{config.num_warps}"] = config
+    return out
+
+
+def inductor_configs(m: int, n: int, dtype_name: str) -> list[dict]:
+    """The launch configs Inductor chose for softmax kernels of rows (m, n) of dtype_name in
+    this process: each live CachingAutotuner (one a compiled kernel) whose size hints are these
+    rows and whose input is of this dtype, with one launcher left (autotuned, or one config to
+    begin with). A probe's look inside Inductor: the attribute names are torch 2.11's."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    want_x = 1 << max(0, (m - 1).bit_length())
+    out = []
+    for obj in gc.get_objects():
+        if not isinstance(obj, CachingAutotuner):
+            continue
+        hints = getattr(obj, "size_hints", None) or {}
+        rnumel = hints.get("r0_", hints.get("r"))
+        launchers = getattr(obj, "launchers", [])
+        signature = getattr(obj, "triton_meta", {}).get("signature", {})
+        if hints.get("x") != want_x or rnumel is None or rnumel < n or len(launchers) != 1:
+            continue
+        if signature.get("in_ptr0") != f"*{dtype_name}":
+            continue
+        config = launchers[0].config
+        out.append({
+            "kernel": getattr(obj.fn, "__name__", "?"),
+            "max_autotune": bool(obj.inductor_meta.get("max_autotune")),
+            "kwargs": dict(config.kwargs), "num_warps": config.num_warps,
+            "num_stages": config.num_stages,
+        })  # fmt: skip
+    return out
+
+
+def inductor_shaped(found: list[dict], n: int, pick: Config) -> dict[str, Config]:
+    """Our kernel in the block sizes and warps of Inductor's (found: inductor_configs): the tile
+    with XBLOCK rows where the pick is a tile and Inductor's kernel is persistent (no
+    R0_BLOCK), the online loop with a loop tile of R0_BLOCK where both loop."""
+    out = {}
+    for found_config in found:
+        kwargs, warps = found_config["kwargs"], found_config["num_warps"]
+        rows = int(kwargs.get("XBLOCK", 1))
+        rblock = kwargs.get("R0_BLOCK", kwargs.get("RBLOCK"))
+        if pick.design == "tile" and rblock is None:
+            config = Config("tile", rows, pick.block_cols, warps, even=True, int32=True)
+        elif pick.design == "online" and rblock is not None and rows == 1:
+            config = pick._replace(block_cols=min(int(rblock), pick.block_cols), num_warps=warps)
+        else:
+            continue
+        if config != pick:
+            out[f"ind_{config.block_rows}r_{config.block_cols}c_w{warps}"] = config
     return out
 
 
@@ -74,15 +140,29 @@ def ratios(times: dict[str, list[float]], ours: str = "triton") -> list[float]:
     return [min(times[m][r] for m in MODES) / times[ours][r] for r in range(rounds)]
 
 
-def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: float) -> str:
+def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: float,
+              inductor: bool = False) -> str:
     dtype = DTYPES[dtype_name]
     impls = implementations()
     x = torch.randn(m, n, device="cuda", dtype=dtype)
-    for name, config in variants(m, n, x.element_size()).items():
+    configs = variants(m, n, x.element_size())
+    for name, config in configs.items():
         impls[name] = lambda x, config=config: _run_config(x, config)
     ref = torch.softmax(x.double(), -1)
-    for name, fn in impls.items():  # correct before timed (this also compiles)
+    found = []
+    for name, fn in list(impls.items()):  # correct before timed (this also compiles)
         err = relative_error(fn(x), ref)
+        if not err < TOLERANCES[dtype_name]:
+            return f"{dtype_name:5} {m:>8} {n:>7}  {name} FAILED: relative error {err:.1e}"
+        if inductor and name == MODES[-1]:  # both modes compiled and run: their choices
+            found = inductor_configs(m, n, dtype_name)
+            pick = _pick_config(n, m, False, False, torch.device("cuda"), x.element_size())
+            for shaped, config in inductor_shaped(found, n, pick).items():
+                if config not in configs.values():
+                    configs[shaped] = config
+                    impls[shaped] = lambda x, config=config: _run_config(x, config)
+    for name in list(impls)[len(MODES) + 1:]:  # Inductor-shaped ones added above: check them
+        err = relative_error(impls[name](x), ref)
         if not err < TOLERANCES[dtype_name]:
             return f"{dtype_name:5} {m:>8} {n:>7}  {name} FAILED: relative error {err:.1e}"
     del ref
@@ -101,6 +181,10 @@ def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: flo
     per_round = " ".join(f"{v:.4f}" for v in ratio)
     head = f"{dtype_name:5} {m:>8} {n:>7} {ours * 1e3:8.2f} {modes} {pct:6.1f}"
     lines = [f"{head} {spread}  {per_round}"]
+    for found_config in found:
+        mode = "max-autotune" if found_config["max_autotune"] else "default"
+        lines.append(f"  inductor {mode:<13} {found_config['kernel']}: {found_config['kwargs']} "
+                     f"warps {found_config['num_warps']} stages {found_config['num_stages']}")
     for name in names[len(MODES) + 1:]:  # the variants: their own ratio to the compile modes
         ratio = ratios(times, name)
         spread = f"{statistics.median(ratio):.4f} ({min(ratio):.4f} - {max(ratio):.4f})"
@@ -119,6 +203,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="fresh inputs a shape")
     parser.add_argument("--only", default="", help="row lengths N, comma-separated (default: all)")
     parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--inductor", action="store_true",
+                        help="print Inductor's chosen configs; time ours in their shapes too")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this probe times on a GPU")
@@ -137,7 +223,7 @@ def main(argv=None) -> int:
     failed = False
     for dtype_name in args.dtypes.split(","):
         for m, n in shapes:
-            line = run_shape(m, n, dtype_name, args.rounds, timer, copy_gbs)
+            line = run_shape(m, n, dtype_name, args.rounds, timer, copy_gbs, args.inductor)
             failed |= "FAILED" in line
             print(line, flush=True)
     return 1 if failed else 0

@@ -241,6 +241,11 @@ class Config(NamedTuple):
     # online forward with evict: the stores take the default policy, not evict_first (as
     # Inductor's looped kernel, which an interleaved A/B run found 0.2% ahead at fp32 N = 4096)
     store_default: bool = False
+    # -- round 23 --
+    # one-shot smem forward by program id: the row's last publisher writes the chunks others
+    # left (leave_polls) left_group pieces (16 bytes a thread each) a step, all loaded before any
+    # is stored, not one at a time
+    left_group: int = 1
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1392,6 +1397,10 @@ def _launch_rows(
                             or config.regs):  # fmt: skip
         raise ValueError(f"one_copy is a knob of the one-shot smem forward (no fold or regs), "
                          f"got {config}")  # fmt: skip
+    if config.left_group != 1 and (backward or config.design != "smem" or not config.by_pid
+                                   or config.per_sm):  # fmt: skip
+        raise ValueError(f"left_group is a knob of the one-shot smem forward by program id, "
+                         f"got {config}")  # fmt: skip
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1577,7 +1586,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
         by_pid=config.by_pid, leave_polls=config.leave_polls or softmax_smem.LEAVE_POLLS,
         even=config.even and n_cols % config.block_cols == 0, poly=config.poly,
-        one_copy=config.one_copy,
+        one_copy=config.one_copy, left_group=config.left_group,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

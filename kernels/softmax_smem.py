@@ -297,19 +297,20 @@ def _leave(count, left, n_chunks, WARPS: gl.constexpr):
 @gluon.jit
 def _write_from_global(x_chunk, y_chunk, limit, row_max, inv_sum, CHUNK: gl.constexpr,
                        VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
-                       POLICY: gl.constexpr):  # fmt: skip
+                       POLICY: gl.constexpr, GROUP: gl.constexpr = 1):  # fmt: skip
     """y of a chunk another program left (_row_slots), read from global memory: a cold path,
-    a piece at a time (not unrolled: few registers), the same arithmetic as _forward_write so
-    that the bits match the owner's."""
+    a step at a time (not unrolled: few registers), the same arithmetic as _forward_write so
+    that the bits match the owner's. A step is GROUP pieces (a piece: 16 bytes a thread), all
+    loaded before any is stored (Config.left_group: more of the chunk's loads in flight)."""
     THREADS: gl.constexpr = 32 * WARPS
-    PIECE: gl.constexpr = THREADS * VEC
+    STEP: gl.constexpr = THREADS * VEC * GROUP
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
-    offs = gl.arange(0, PIECE, layout=layout)
-    for p in tl.range(CHUNK // PIECE, loop_unroll_factor=1):
-        ok = p * PIECE + offs < limit
-        v = gl.load(x_chunk + p * PIECE + offs, mask=ok, other=0.0).to(gl.float32)
+    offs = gl.arange(0, STEP, layout=layout)
+    for p in tl.range(CHUNK // STEP, loop_unroll_factor=1):
+        ok = p * STEP + offs < limit
+        v = gl.load(x_chunk + p * STEP + offs, mask=ok, other=0.0).to(gl.float32)
         y = (_exp_shifted(v, row_max, EXP2) * inv_sum).to(y_chunk.dtype.element_ty)
-        gl.store(y_chunk + p * PIECE + offs, y, mask=ok, eviction_policy=POLICY)
+        gl.store(y_chunk + p * STEP + offs, y, mask=ok, eviction_policy=POLICY)
 
 
 @gluon.jit
@@ -317,9 +318,10 @@ def _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inn
                         x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
                         row_max, inv_sum, CHUNK: gl.constexpr, VEC: gl.constexpr,
                         WARPS: gl.constexpr, EXP2: gl.constexpr,
-                        POLICY: gl.constexpr):  # fmt: skip
+                        POLICY: gl.constexpr, GROUP: gl.constexpr = 1):  # fmt: skip
     """The row's last publisher (ticket; _last_with_leavers) writes every chunk of its row
-    whose flag says its program left it (_row_slots), from global memory."""
+    whose flag says its program left it (_row_slots), from global memory, GROUP pieces a step
+    (_write_from_global)."""
     flags = _row_left_flags(left, ticket, n_chunks)
     row_limit = n_vecs.to(gl.int64) * VEC
     x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
@@ -327,7 +329,8 @@ def _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inn
     for j in range(n_chunks):
         if gl.load(flags + j, volatile=True) == 1:
             _write_from_global(x_row0 + j * CHUNK, y_row0 + j * CHUNK, row_limit - j * CHUNK,
-                               row_max, inv_sum, CHUNK, VEC, WARPS, EXP2, POLICY)  # fmt: skip
+                               row_max, inv_sum, CHUNK, VEC, WARPS, EXP2, POLICY,
+                               GROUP)  # fmt: skip
 
 
 @gluon.jit
@@ -729,6 +732,7 @@ def softmax_smem_forward_kernel(
     REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0, BY_PID: gl.constexpr = False,
     LEAVE_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False,
     POLL_WIDTH: gl.constexpr = 0, POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False,
+    LEFT_GROUP: gl.constexpr = 1,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
@@ -738,7 +742,8 @@ def softmax_smem_forward_kernel(
     test of that (_pid_ticket). EVEN: rows are whole chunks (no masks; not with REGS).
     POLL_WIDTH (BY_PID): the poll's width, at least a value a thread (_row_slots). POLY
     (Config.poly, 16-bit outputs): 1 the write's odd pieces' exp2 on the FMA pipe, 2 the sum
-    pass's too (_exp2_poly)."""
+    pass's too (_exp2_poly). LEFT_GROUP: the pieces a step of the left chunks' write loads
+    (_write_from_global; Config.left_group)."""
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
@@ -788,7 +793,7 @@ def softmax_smem_forward_kernel(
             _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inner,
                                 x_vstride_outer, x_vstride_inner, y_vstride_outer,
                                 y_vstride_inner, row_max, inv_sum, CHUNK, VEC, WARPS, EXP2,
-                                POLICY)  # fmt: skip
+                                POLICY, LEFT_GROUP)  # fmt: skip
     if REGS > 0:
         y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
         _held_store(y_row, held, limit, n_vecs >> 31, row_max, inv_sum, x_ptr.dtype.element_ty,
@@ -1133,7 +1138,7 @@ def workspace_words(n_slots: int, n_chunks: int, by_pid: bool) -> int:
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
            regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False,
-           poly=0, one_copy=False):  # fmt: skip
+           poly=0, one_copy=False, left_group=1):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -1149,7 +1154,8 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     kernels (and the persistent forward by program id) without masks, where rows are whole
     chunks (Config.even). poly: the one-shot forward's exp2 partly on the FMA pipe, 16-bit
     only (Config.poly). one_copy: the one-shot forward's chunk copied in as one copy and one
-    commit group (Config.one_copy)."""
+    commit group (Config.one_copy). left_group: the one-shot forward's left chunks written
+    that many pieces a step (Config.left_group)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -1208,6 +1214,15 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
                          f"regs={regs}")  # fmt: skip
     if one_copy:
         meta["ONE_COPY"] = True
+    if left_group != 1:
+        power_of_2 = left_group >= 1 and not left_group & (left_group - 1)
+        whole = (chunk // piece) % left_group == 0
+        if backward or programs > 0 or not by_pid or not power_of_2 or not whole:
+            raise ValueError(f"left_group is a knob of the one-shot forward by program id, a "
+                             f"power of 2 dividing the chunk's {chunk // piece} pieces; got "
+                             f"left_group={left_group}, backward={backward}, "
+                             f"programs={programs}, by_pid={by_pid}")  # fmt: skip
+        meta["LEFT_GROUP"] = left_group
     if not backward:
         meta["EXP2"] = exp2
         meta["FOLD"] = int(fold)

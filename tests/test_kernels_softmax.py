@@ -366,6 +366,17 @@ def test_one_copy_is_a_one_shot_smem_forward_knob(device):
         _backward(x, x, -1, direct, Config("smem", 1, 64, 4, one_copy=True))
 
 
+def test_left_group_is_a_one_shot_smem_forward_by_pid_knob(device):
+    x = torch.randn(8, 128, device=device)
+    for config in (Config("split2", 1, 64, 4, left_group=4),
+                   Config("smem", 1, 64, 4, left_group=4),
+                   Config("smem", 1, 64, 4, left_group=4, by_pid=True, per_sm=1)):  # fmt: skip
+        with pytest.raises(ValueError, match="left_group is a knob of the one-shot smem forward"):
+            _forward(x, -1, direct, config)
+    with pytest.raises(ValueError, match="left_group is a knob of the one-shot smem forward"):
+        _backward(x, x, -1, direct, Config("smem", 1, 64, 4, left_group=4, by_pid=True))
+
+
 def test_poly_exp2_is_a_one_shot_smem_forward_knob(device):
     x = torch.randn(8, 128, device=device)
     for config in (Config("split2", 1, 64, 4, poly=1), Config("smem", 1, 64, 4, poly=1, per_sm=1),
@@ -394,6 +405,11 @@ def test_poly_exp2_is_a_one_shot_smem_forward_knob(device):
         (dict(one_copy=True, backward=True), "one_copy is a knob of the one-shot forward"),
         (dict(one_copy=True, fold=2), "one_copy is a knob of the one-shot forward"),
         (dict(one_copy=True, programs=132), "one_copy is a knob of the one-shot forward"),
+        (dict(left_group=4), "left_group is a knob of the one-shot forward by program id"),
+        (dict(left_group=4, by_pid=True, backward=True), "left_group is a knob"),
+        (dict(left_group=4, by_pid=True, programs=132), "left_group is a knob"),
+        (dict(left_group=3, by_pid=True), "left_group is a knob"),
+        (dict(left_group=16, by_pid=True), "left_group is a knob"),  # 8 pieces a chunk
     ],
 )
 def test_smem_launch_refuses_knobs_it_cannot_run(knobs, match):
@@ -1727,12 +1743,14 @@ def test_persistent_forward_by_program_id_on_gpu(dtype_name, n, rows_per_sm, lea
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
 @pytest.mark.parametrize(
-    "n, rows_per_sm, leave_polls, transpose",
-    [(70000, 0, 1, False), (65536, 5, 1, False), (65536, 8, 0, True)],
-    ids=["leave_at_once", "leave_at_once_many", "transposed"],
+    "n, rows_per_sm, leave_polls, transpose, left_group",
+    [(70000, 0, 1, False, 1), (65536, 5, 1, False, 1), (65536, 8, 0, True, 1),
+     (70000, 0, 1, False, 4), (65536, 5, 1, False, 8)],
+    ids=["leave_at_once", "leave_at_once_many", "transposed", "leave_at_once_g4",
+         "leave_at_once_many_g8"],
 )  # fmt: skip
 def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_polls, transpose,
-                                           backward):  # fmt: skip
+                                           left_group, backward):  # fmt: skip
     """Config.by_pid's leaving, forward and (round 21) backward. leave_at_once: every program
     that finds its row incomplete at its first poll leaves its chunk to the row's last
     publisher, which writes it from global memory (6 rows of 70000 columns: a last chunk of
@@ -1740,7 +1758,11 @@ def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_pol
     programs leaving in every wave (round 20's first runs lost whole rows' left chunks here
     while 6 rows passed). transposed: program ids go down the rows' first chunks first, on 8
     rows an SM, more than the SMs hold programs; the GPU's first programs then wait for chunks
-    it starts only after them, and only leaving ends the launch."""
+    it starts only after them, and only leaving ends the launch. _gG: the forward's left
+    chunks written G pieces a step (Config.left_group, round 23; the ragged last chunk of
+    70000 columns masked within a step)."""
+    if backward and left_group > 1:
+        pytest.skip("left_group is a knob of the forward")
     smem = softmax_module.softmax_smem
     x, config = _by_pid_rows(dtype_name, n, rows_per_sm)
     rows, device, dtype = x.shape[0], x.device, x.dtype
@@ -1761,7 +1783,7 @@ def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_pol
         direct, backward, tensors, ws, None, (1, rows), [(rows * n, n, 1)] * len(tensors),
         config.block_cols, config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg,
         by_pid=True, leave_polls=leave_polls or smem.LEAVE_POLLS, transpose=transpose,
-        even=n % config.block_cols == 0,
+        even=n % config.block_cols == 0, left_group=left_group,
     )  # fmt: skip
     out = tensors[-1]
     assert relative_error(out, ref) < TOLERANCES[dtype_name]
@@ -2091,6 +2113,32 @@ def test_round22_probe_candidates_are_valid():
                     assert 2 * cfg.block_cols * itemsize <= softmax_module.SMEM_MAX_BYTES
                     if cfg.per_sm:
                         assert cfg.maxnreg == 0, name
+
+
+def test_round23_probe_candidates_are_valid():
+    """Round 23, the forward past the tile only: the one-shot pick leaving after fewer polls,
+    some with the left chunks written several pieces a step."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    with pretend_gpu((9, 0), 132):
+        for n in (16384, 65536, 262144):
+            for itemsize in (2, 4):
+                assert not probe.round23_candidates(n, itemsize, True)
+                cands = probe.round23_candidates(n, itemsize, False)
+                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+                pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
+                                                   itemsize, smem_ok=True)  # fmt: skip
+                for name, cfg in cands.items():
+                    polls, _, group = name.removeprefix("lp").partition("_g")
+                    assert cfg == pick._replace(leave_polls=int(polls),
+                                                left_group=int(group or 1)), name
+                    pieces = cfg.block_cols * itemsize // (16 * 32 * cfg.num_warps)
+                    assert pieces % cfg.left_group == 0, name
+
+
+def test_round23_probe_smoke():
+    """The probe's round 23 on the interpreter (the smem variants run as split2)."""
+    out = _probe_smoke("--round23")
+    assert "lp8_g4" in out and " 70000 " in out
 
 
 def test_round22_probe_smoke():

@@ -24,13 +24,45 @@ def test_needs_a_gpu(capsys):
     assert "no CUDA device" in capsys.readouterr().out
 
 
-def test_variants_are_of_the_online_pick_only():
+def test_variants_of_the_online_pick_and_of_a_tuned_tile():
     """Variants where our pick is the online row loop (fp32 N = 4096 on 132 SMs): the stores'
-    default policy and other warps; none for the tile's rows."""
+    default policy and other warps. Where it is a tile the first call tunes (N = 128): the
+    tuner's other candidates, all one 16-byte access a thread. None for a tile it does not
+    tune (bf16 N = 2048)."""
     from kernels._common import pretend_gpu
+    from kernels.softmax import _pick_config
 
     with pretend_gpu((9, 0), 132):
         online = ab.variants(32768, 4096, 4)
         assert online and all(c.design == "online" for c in online.values())
         assert online["triton_st"].store_default
-        assert not ab.variants(1048576, 128, 4)
+        tiles = ab.variants(1048576, 128, 4)
+        pick = _pick_config(128, 1048576, False, False, torch.device("cuda"), 4)
+        assert tiles and pick not in tiles.values()
+        for config in tiles.values():
+            assert config.design == "tile" and config.block_cols == 128
+            assert config.block_rows * 128 * 4 == 16 * 32 * config.num_warps
+        assert not ab.variants(65536, 2048, 2)
+
+
+def test_inductor_shaped_configs():
+    """Our tile in a persistent reduction's XBLOCK and warps; our loop in a looped kernel's
+    R0_BLOCK and warps (one row a program only); the pick itself and mismatches left out."""
+    from kernels.softmax import Config
+
+    tile = Config("tile", 8, 128, 4, even=True, int32=True)
+    found = [
+        {"kwargs": {"XBLOCK": 32}, "num_warps": 8},
+        {"kwargs": {"XBLOCK": 8}, "num_warps": 4},  # the pick's own shape
+        {"kwargs": {"XBLOCK": 1, "R0_BLOCK": 128}, "num_warps": 2},  # looped: not a tile's
+    ]
+    shaped = ab.inductor_shaped(found, 128, tile)
+    assert list(shaped.values()) == [Config("tile", 32, 128, 8, even=True, int32=True)]
+    loop = Config("online", 1, 4096, 16, evict=True, exp2=1)
+    found = [
+        {"kwargs": {"XBLOCK": 1, "R0_BLOCK": 2048}, "num_warps": 8},
+        {"kwargs": {"XBLOCK": 2, "R0_BLOCK": 2048}, "num_warps": 8},  # two rows: not our loop's
+        {"kwargs": {"XBLOCK": 32}, "num_warps": 8},  # persistent: not a loop's
+    ]
+    shaped = ab.inductor_shaped(found, 4096, loop)
+    assert list(shaped.values()) == [loop._replace(block_cols=2048, num_warps=8)]
