@@ -66,14 +66,17 @@ def implementations() -> dict:
 
 
 def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
-    """Configs of ours to time beside softmax()'s pick. Where the pick is the online row loop
+    """Configs of ours to time beside softmax()'s pick: the pick as round 22 shipped it
+    (triton_r22: without Config.lean's index and loop code). Where the pick is the online row loop
     (Inductor's looped form): the stores without evict_first (Config.store_default, as
     Inductor's), and half or twice the warps. Where it is a tile that the first call may tune
     (rows of up to SMALL_TILE_MAX_COLS): the tuner's other candidates (_tile_candidates)."""
     device = torch.device("cuda")
     pick = _pick_config(n, m, False, False, device, itemsize)
-    out = {}
+    # the pick as round 22 shipped it: no Config.lean (and the online loop with masks, int64)
+    out = {"triton_r22": pick._replace(lean=False)}
     if pick.design == "online":
+        out["triton_r22"] = out["triton_r22"]._replace(even=False, int32=False)
         out["triton_st"] = pick._replace(store_default=True)
         for warps in (pick.num_warps // 2, pick.num_warps * 2):
             if 1 <= warps <= 32:

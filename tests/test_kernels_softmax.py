@@ -284,11 +284,12 @@ def test_index_hints():
     forms (padded rows and columns included) is below 2^31; neither unless the config asks."""
     hints = softmax_module._index_hints
     tile = Config("tile", 8, 128, 4, even=True, int32=True)
-    assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 128) == dict(EVEN=True, INT32=True)
+    assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 128) == dict(EVEN=True, INT32=True,
+                                                                ONE_OUTER=True)  # fmt: skip
     assert hints(tile, (1, 60), [(0, 128, 1)] * 2, 128)["EVEN"] is False  # ragged rows
     assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 100)["EVEN"] is False  # ragged columns
     assert hints(tile._replace(even=False, int32=False), (1, 64), [(0, 128, 1)] * 2, 128) == dict(
-        EVEN=False, INT32=False
+        EVEN=False, INT32=False, ONE_OUTER=True
     )
     # 2^24 rows of 128: the last offset is 2^31 - 1, just inside; one more row is not
     assert hints(tile, (1, 2**24), [(0, 128, 1)] * 2, 128)["INT32"] is True
@@ -302,6 +303,60 @@ def test_index_hints():
     online = Config("online", 1, 4096, 4, even=True)
     assert hints(online, (1, 5), [(0, 8192, 1)] * 2, 8192)["EVEN"] is True  # two whole steps
     assert hints(online, (1, 5), [(0, 8192, 1)] * 2, 8000)["EVEN"] is False
+
+
+def test_lean_index_hints():
+    """Config.lean (round 23): ONE_OUTER where the rows have one outer index; the online loop's
+    ONE_STEP where a row is one step (any column count up to the step, masks or not); neither
+    without lean; ONE_STEP is the online kernel's only."""
+    hints = softmax_module._index_hints
+    tile = Config("tile", 8, 128, 4, even=True, int32=True)
+    assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 128)["ONE_OUTER"] is True
+    assert hints(tile, (3, 64), [(8192, 128, 1)] * 2, 128)["ONE_OUTER"] is False
+    assert "ONE_STEP" not in hints(tile, (1, 64), [(0, 128, 1)] * 2, 128)
+    online = Config("online", 1, 4096, 16, even=True, int32=True)
+    assert hints(online, (1, 5), [(0, 4096, 1)] * 2, 4096)["ONE_STEP"] is True
+    assert hints(online, (1, 5), [(0, 4096, 1)] * 2, 4000)["ONE_STEP"] is False
+    assert hints(online._replace(block_cols=2048), (1, 5), [(0, 4096, 1)] * 2, 4096)[
+        "ONE_STEP"] is False  # fmt: skip
+    old = hints(online._replace(lean=False), (1, 5), [(0, 4096, 1)] * 2, 4096)
+    assert old["ONE_OUTER"] is False and old["ONE_STEP"] is False
+
+
+@pytest.mark.parametrize(
+    "shape, split, config",
+    [
+        ((37, 128), False, Config("tile", 8, 128, 4, even=True, int32=True)),  # ragged last tile
+        ((3, 40, 128), False, Config("tile", 16, 128, 4)),
+        ((4, 6, 100), True, Config("tile", 4, 128, 4)),
+        ((9, 4096), False, Config("online", 1, 4096, 16, evict=True, exp2=1, even=True,
+                                  int32=True)),  # fmt: skip
+        ((9, 3001), False, Config("online", 1, 4096, 4, evict=True, exp2=1, even=True,
+                                  int32=True)),  # fmt: skip
+        ((5, 7, 1024), True, Config("online", 1, 1024, 4, even=True, int32=True)),
+    ],
+    ids=["tile_even", "tile", "tile_two_row_dims", "online_one_step", "online_masked",
+         "online_two_row_dims"],
+)  # fmt: skip
+def test_lean_is_the_same_softmax(shape, split, config, device):
+    """Config.lean's index and loop code (round 23) against the code before it: the same bits,
+    and the float64 softmax, on rows with -inf entries, an all -inf row and +-1e4. split: the
+    two leading dims laid out so that they do not merge (rows_outer > 1, no ONE_OUTER)."""
+    x = torch.randn(shape, device=device) * 4
+    rows = x.view(-1, shape[-1])
+    rows[1, : shape[-1] // 3] = -float("inf")
+    rows[2] = -float("inf")
+    rows[3, 5], rows[3, 6] = 1e4, -1e4
+    if split:  # the same values, dim 1 outermost in memory
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+        assert softmax_module._row_dims([x, torch.empty_like(x)])[0][0] == shape[0]
+    y = _forward(x, -1, direct, config)
+    y_old = _forward(x, -1, direct, config._replace(lean=False))
+    torch.testing.assert_close(y, y_old, rtol=0, atol=0, equal_nan=True)
+    ref = torch.softmax(x.double(), -1)
+    finite = ~torch.isnan(ref)
+    assert torch.isnan(y[~finite]).all()
+    assert relative_error(y[finite], ref[finite]) < TOLERANCES["fp32"]
 
 
 def test_round14_knobs_are_forward_knobs(device):
@@ -1091,11 +1146,13 @@ def test_smem_design_needs_a_gpu(device):
 def test_pick_config_row_loop():
     """Forward rows of one a program, from 1024 columns in fp32 and 4096 in 16-bit up to the
     tile's limit, take the looped form with the whole padded row a step and the evict hints
-    (probe round 13); shorter rows, the backward and adjacent rows keep the tile, longer rows
-    the long-row designs."""
+    (probe round 13), without masks and with 32-bit offsets where the rows allow (round 23);
+    shorter rows, the backward and adjacent rows keep the tile, longer rows the long-row
+    designs."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
-    loop = lambda cols, warps: Config("online", 1, cols, warps, evict=True, exp2=1)  # noqa: E731
+    loop = lambda cols, warps: Config("online", 1, cols, warps, evict=True, exp2=1,  # noqa: E731
+                                      even=True, int32=True)  # fmt: skip
     with pretend_gpu((9, 0), 132):
         assert pick(1024, 131072, False, False, cpu, 4) == loop(1024, 4)
         assert pick(1000, 7, False, False, cpu, 4) == loop(1024, 4)  # few rows too

@@ -25,24 +25,31 @@ def test_needs_a_gpu(capsys):
 
 
 def test_variants_of_the_online_pick_and_of_a_tuned_tile():
-    """Variants where our pick is the online row loop (fp32 N = 4096 on 132 SMs): the stores'
-    default policy and other warps. Where it is a tile the first call tunes (N = 128): the
-    tuner's other candidates, all one 16-byte access a thread. None for a tile it does not
-    tune (bf16 N = 2048)."""
+    """Every pick beside its round 22 form (no Config.lean; the online loop also with masks and
+    int64 offsets). Where the pick is the online row loop (fp32 N = 4096 on 132 SMs): the
+    stores' default policy and other warps. Where it is a tile the first call tunes (N = 128):
+    the tuner's other candidates, all one 16-byte access a thread. Nothing else for a tile it
+    does not tune (bf16 N = 2048)."""
     from kernels._common import pretend_gpu
     from kernels.softmax import _pick_config
 
+    def pick(m, n, itemsize):
+        return _pick_config(n, m, False, False, torch.device("cuda"), itemsize)
+
     with pretend_gpu((9, 0), 132):
         online = ab.variants(32768, 4096, 4)
-        assert online and all(c.design == "online" for c in online.values())
+        assert all(c.design == "online" for c in online.values())
+        assert online.pop("triton_r22") == pick(32768, 4096, 4)._replace(
+            lean=False, even=False, int32=False
+        )  # fmt: skip
         assert online["triton_st"].store_default
         tiles = ab.variants(1048576, 128, 4)
-        pick = _pick_config(128, 1048576, False, False, torch.device("cuda"), 4)
-        assert tiles and pick not in tiles.values()
+        assert tiles.pop("triton_r22") == pick(1048576, 128, 4)._replace(lean=False)
+        assert tiles and pick(1048576, 128, 4) not in tiles.values()
         for config in tiles.values():
-            assert config.design == "tile" and config.block_cols == 128
+            assert config.design == "tile" and config.block_cols == 128 and config.lean
             assert config.block_rows * 128 * 4 == 16 * 32 * config.num_warps
-        assert not ab.variants(65536, 2048, 2)
+        assert list(ab.variants(65536, 2048, 2)) == ["triton_r22"]
 
 
 def test_inductor_shaped_configs():
