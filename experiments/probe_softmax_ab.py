@@ -67,10 +67,12 @@ def implementations() -> dict:
 
 def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
     """Configs of ours to time beside softmax()'s pick: the pick as round 22 shipped it
-    (triton_r22: without Config.lean's index and loop code). Where the pick is the online row loop
-    (Inductor's looped form): the stores without evict_first (Config.store_default, as
-    Inductor's), and half or twice the warps. Where it is a tile that the first call may tune
-    (rows of up to SMALL_TILE_MAX_COLS): the tuner's other candidates (_tile_candidates)."""
+    (triton_r22: without Config.lean's index and loop code). Where the pick is the online row
+    loop (Inductor's looped form): the stores without evict_first (Config.store_default, as
+    Inductor's), half or twice the warps, two rows a program, and the one-pass tile on the
+    same row and warps (with evict_first loads and stores too). Where it is a tile that the
+    first call may tune (rows of up to SMALL_TILE_MAX_COLS): the tuner's other candidates
+    (_tile_candidates)."""
     device = torch.device("cuda")
     pick = _pick_config(n, m, False, False, device, itemsize)
     # the pick as round 22 shipped it: no Config.lean (and the online loop with masks, int64)
@@ -81,6 +83,12 @@ def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
         for warps in (pick.num_warps // 2, pick.num_warps * 2):
             if 1 <= warps <= 32:
                 out[f"triton_w{warps}"] = pick._replace(num_warps=warps)
+        # two rows a program (Inductor's max-autotune choice at fp32 4096 on the H200), and
+        # the one-pass tile on the pick's row and warps (the row held in registers, read once)
+        out["triton_2r"] = pick._replace(block_rows=2)
+        tile = Config("tile", 1, pick.block_cols, pick.num_warps, even=True, int32=True)
+        out["triton_tile"] = tile
+        out["triton_tile_ef"] = tile._replace(evict=True)
     elif pick.design == "tile" and n <= SMALL_TILE_MAX_COLS.get(itemsize, 0):
         for config in _tile_candidates(pick, m, 1, itemsize, device)[1:]:
             out[f"triton_{config.block_rows}r_w{config.num_warps}"] = config

@@ -248,9 +248,10 @@ class Config(NamedTuple):
     left_group: int = 1
     # tile/online forward, round 23's leaner index and loop code: where the rows have one outer
     # index (rows_outer == 1) the tile's rows come from its index with no integer division
-    # (_tile_rows' ONE_OUTER), and where a row is one step of the online loop (n_cols ==
-    # block_cols) its two loops are straight code (ONE_STEP). False: the code before round 23
-    # (a probe of what it cost)
+    # (_tile_rows' ONE_OUTER), where a row is one step of the online loop (n_cols ==
+    # block_cols) its two loops are straight code (ONE_STEP), and where rows are block_cols
+    # apart the row stride is a constant (DENSE). False: the code before round 23 (a probe of
+    # what it cost)
     lean: bool = True
 
 
@@ -558,9 +559,14 @@ def softmax_tile_kernel(
     # softmax runs over an outer dim)
     EVEN: tl.constexpr = False, INT32: tl.constexpr = False,
     # ONE_OUTER: rows_outer == 1 (_tile_rows); PERSISTENT: fewer programs than tiles, each
-    # walking the tiles (otherwise a program is its tile, no loop: round 23)
+    # walking the tiles (otherwise a program is its tile, no loop: round 23); DENSE: x's and
+    # y's rows are BLOCK_COLS apart, so the row stride is a constant (round 23)
     ONE_OUTER: tl.constexpr = False, PERSISTENT: tl.constexpr = True,
+    DENSE: tl.constexpr = False,
 ):  # fmt: skip
+    if DENSE:
+        x_stride_inner = BLOCK_COLS
+        y_stride_inner = BLOCK_COLS
     cols = _columns(BLOCK_COLS, INT32)
     col_ok = cols < n_cols
     if PERSISTENT:  # the grid walks the tiles
@@ -811,10 +817,14 @@ def softmax_online_kernel(
     EVEN: tl.constexpr = False, INT32: tl.constexpr = False,
     # the stores' policy (the host passes POLICY's unless Config.store_default)
     STORE_POLICY: tl.constexpr = "",
-    # ONE_OUTER: as the tile kernel's; ONE_STEP: n_cols == BLOCK_COLS, so each loop is one
-    # step of known bounds, straight code (round 23)
+    # ONE_OUTER and DENSE: as the tile kernel's; ONE_STEP: n_cols == BLOCK_COLS, so each loop
+    # is one step of known bounds, straight code (round 23)
     ONE_OUTER: tl.constexpr = False, ONE_STEP: tl.constexpr = False,
+    DENSE: tl.constexpr = False,
 ):  # fmt: skip
+    if DENSE:
+        x_stride_inner = BLOCK_COLS
+        y_stride_inner = BLOCK_COLS
     outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS, INT32, ONE_OUTER)
     row_ok = row_ok[:, None]
     x_rows = x_ptr + (outer * x_stride_outer + inner * x_stride_inner)[:, None]
@@ -1538,8 +1548,9 @@ def _index_hints(config: Config, rows: tuple[int, int], strides: list, n_cols: i
     """The tile/online forward's EVEN and INT32 where Config.even / Config.int32 ask for them
     and these rows allow them: EVEN where the rows fill the kernel's blocks exactly (no masks),
     INT32 where the largest offset the kernel forms, padding included, fits in 32 bits; and
-    with Config.lean, ONE_OUTER where there is one outer row index and (the online kernel's)
-    ONE_STEP where a row is one step of its loops."""
+    with Config.lean, ONE_OUTER where there is one outer row index, DENSE where every
+    tensor's rows are block_cols (= n_cols) apart with unit column strides, and (the online
+    kernel's) ONE_STEP where a row is one step of its loops."""
     rows_outer, rows_inner = rows
     padded_rows = cdiv(rows_inner, config.block_rows) * config.block_rows
     padded_cols = cdiv(n_cols, config.block_cols) * config.block_cols
@@ -1549,8 +1560,9 @@ def _index_hints(config: Config, rows: tuple[int, int], strides: list, n_cols: i
         + (padded_cols - 1) * abs(col)
         for outer, inner, col in strides
     )  # fmt: skip
+    dense = all(inner == n_cols == config.block_cols and col == 1 for _, inner, col in strides)
     hints = dict(EVEN=config.even and even, INT32=config.int32 and largest < 2**31,
-                 ONE_OUTER=config.lean and rows_outer == 1)  # fmt: skip
+                 ONE_OUTER=config.lean and rows_outer == 1, DENSE=config.lean and dense)
     if config.design == "online":
         hints["ONE_STEP"] = config.lean and n_cols == config.block_cols
     return hints

@@ -284,12 +284,13 @@ def test_index_hints():
     forms (padded rows and columns included) is below 2^31; neither unless the config asks."""
     hints = softmax_module._index_hints
     tile = Config("tile", 8, 128, 4, even=True, int32=True)
-    assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 128) == dict(EVEN=True, INT32=True,
-                                                                ONE_OUTER=True)  # fmt: skip
+    assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 128) == dict(
+        EVEN=True, INT32=True, ONE_OUTER=True, DENSE=True
+    )
     assert hints(tile, (1, 60), [(0, 128, 1)] * 2, 128)["EVEN"] is False  # ragged rows
     assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 100)["EVEN"] is False  # ragged columns
     assert hints(tile._replace(even=False, int32=False), (1, 64), [(0, 128, 1)] * 2, 128) == dict(
-        EVEN=False, INT32=False, ONE_OUTER=True
+        EVEN=False, INT32=False, ONE_OUTER=True, DENSE=True
     )
     # 2^24 rows of 128: the last offset is 2^31 - 1, just inside; one more row is not
     assert hints(tile, (1, 2**24), [(0, 128, 1)] * 2, 128)["INT32"] is True
@@ -306,13 +307,18 @@ def test_index_hints():
 
 
 def test_lean_index_hints():
-    """Config.lean (round 23): ONE_OUTER where the rows have one outer index; the online loop's
-    ONE_STEP where a row is one step (any column count up to the step, masks or not); neither
+    """Config.lean (round 23): ONE_OUTER where the rows have one outer index; DENSE where every
+    tensor's rows are the block's columns apart, with unit column strides; the online loop's
+    ONE_STEP where a row is one step (any column count up to the step, masks or not); none
     without lean; ONE_STEP is the online kernel's only."""
     hints = softmax_module._index_hints
     tile = Config("tile", 8, 128, 4, even=True, int32=True)
     assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 128)["ONE_OUTER"] is True
     assert hints(tile, (3, 64), [(8192, 128, 1)] * 2, 128)["ONE_OUTER"] is False
+    assert hints(tile, (3, 64), [(8192, 128, 1)] * 2, 128)["DENSE"] is True
+    assert hints(tile, (1, 64), [(0, 128, 1), (0, 256, 1)], 128)["DENSE"] is False  # y's rows
+    assert hints(tile, (1, 64), [(0, 128, 1)] * 2, 100)["DENSE"] is False  # padded columns
+    assert hints(tile, (1, 64), [(0, 128, 2)] * 2, 128)["DENSE"] is False
     assert "ONE_STEP" not in hints(tile, (1, 64), [(0, 128, 1)] * 2, 128)
     online = Config("online", 1, 4096, 16, even=True, int32=True)
     assert hints(online, (1, 5), [(0, 4096, 1)] * 2, 4096)["ONE_STEP"] is True
@@ -320,7 +326,7 @@ def test_lean_index_hints():
     assert hints(online._replace(block_cols=2048), (1, 5), [(0, 4096, 1)] * 2, 4096)[
         "ONE_STEP"] is False  # fmt: skip
     old = hints(online._replace(lean=False), (1, 5), [(0, 4096, 1)] * 2, 4096)
-    assert old["ONE_OUTER"] is False and old["ONE_STEP"] is False
+    assert not (old["ONE_OUTER"] or old["ONE_STEP"] or old["DENSE"])
 
 
 @pytest.mark.parametrize(

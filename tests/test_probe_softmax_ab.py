@@ -27,9 +27,9 @@ def test_needs_a_gpu(capsys):
 def test_variants_of_the_online_pick_and_of_a_tuned_tile():
     """Every pick beside its round 22 form (no Config.lean; the online loop also with masks and
     int64 offsets). Where the pick is the online row loop (fp32 N = 4096 on 132 SMs): the
-    stores' default policy and other warps. Where it is a tile the first call tunes (N = 128):
-    the tuner's other candidates, all one 16-byte access a thread. Nothing else for a tile it
-    does not tune (bf16 N = 2048)."""
+    stores' default policy, other warps, two rows a program, the one-pass tile. Where it is a
+    tile the first call tunes (N = 128): the tuner's other candidates, all one 16-byte access
+    a thread. Nothing else for a tile it does not tune (bf16 N = 2048)."""
     from kernels._common import pretend_gpu
     from kernels.softmax import _pick_config
 
@@ -38,6 +38,8 @@ def test_variants_of_the_online_pick_and_of_a_tuned_tile():
 
     with pretend_gpu((9, 0), 132):
         online = ab.variants(32768, 4096, 4)
+        assert {online.pop(name).design for name in ("triton_tile", "triton_tile_ef")} == {"tile"}
+        assert online["triton_2r"].block_rows == 2
         assert all(c.design == "online" for c in online.values())
         assert online.pop("triton_r22") == pick(32768, 4096, 4)._replace(
             lean=False, even=False, int32=False
