@@ -10,7 +10,8 @@ and in a rotated order, and prints per round the ratio best compile mode / ours 
 (above 1: ours is faster), with its median and range over the rounds. Configs of ours beside
 the pick are timed too (`variants`: the online loop's other warps and store policy; the tile's
 first-call candidates), and, with --inductor, our tile or loop in the block sizes and warps of
-Inductor's kernels, whose chosen launch configs are printed (`inductor_configs`).
+Inductor's kernels, whose chosen launch configs are printed (`inductor_configs`), and
+Inductor's kernels themselves launched through Triton's launcher as ours are (ind_src_*).
 
     python -m experiments.probe_softmax_ab --rounds 7 --only 128,4096 --dtypes bf16,fp32
     python -m experiments.probe_softmax_ab --rounds 7 --only 128,512 --dtypes fp32 --inductor
@@ -22,12 +23,14 @@ benchmark's (GpuTimer: median GPU time, L2 flushed, the CPU path off the clock).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import sys
 from pathlib import Path
 
 import torch
+import triton
 
 from experiments.correctness import TOLERANCES, relative_error
 from experiments.probe_softmax import DTYPES, copy_bandwidth
@@ -69,8 +72,9 @@ def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
     """Configs of ours to time beside softmax()'s pick: the pick as round 22 shipped it
     (triton_r22: without Config.lean's index and loop code). Where the pick is the online row
     loop (Inductor's looped form): the stores without evict_first (Config.store_default, as
-    Inductor's), half or twice the warps, two rows a program, and the one-pass tile on the
-    same row and warps (with evict_first loads and stores too). Where it is a tile that the
+    Inductor's), half or twice the warps, two rows a program, no evict hints, tl.exp, half the
+    step, and the one-pass tile on the same row and warps (with evict_first loads and stores
+    too). Where it is a tile that the
     first call may tune (rows of up to SMALL_TILE_MAX_COLS): the tuner's other candidates
     (_tile_candidates)."""
     device = torch.device("cuda")
@@ -86,6 +90,11 @@ def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
         # two rows a program (Inductor's max-autotune choice at fp32 4096 on the H200), and
         # the one-pass tile on the pick's row and warps (the row held in registers, read once)
         out["triton_2r"] = pick._replace(block_rows=2)
+        # no evict hints (the second read then relies on L2 keeping the row by itself), tl.exp
+        # in place of the exp2 form, and the row in two steps (the loops kept)
+        out["triton_noevict"] = pick._replace(evict=False)
+        out["triton_exp"] = pick._replace(exp2=0)
+        out["triton_c2"] = pick._replace(block_cols=pick.block_cols // 2)
         tile = Config("tile", 1, pick.block_cols, pick.num_warps, even=True, int32=True)
         out["triton_tile"] = tile
         out["triton_tile_ef"] = tile._replace(evict=True)
@@ -117,7 +126,7 @@ def inductor_configs(m: int, n: int, dtype_name: str) -> list[dict]:
             continue
         config = launchers[0].config
         out.append({
-            "kernel": getattr(obj.fn, "__name__", "?"),
+            "kernel": getattr(obj.fn, "__name__", "?"), "fn": obj.fn,
             "max_autotune": bool(obj.inductor_meta.get("max_autotune")),
             "kwargs": dict(config.kwargs), "num_warps": config.num_warps,
             "num_stages": config.num_stages,
@@ -172,6 +181,9 @@ def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: flo
                 if config not in configs.values():
                     configs[shaped] = config
                     impls[shaped] = lambda x, config=config: _run_config(x, config)
+            for found_config in found:  # Inductor's own kernel, launched as ours are
+                mode = "mac" if found_config["max_autotune"] else "default"
+                impls[f"ind_src_{mode}"] = functools.partial(_run_inductor_kernel, found_config)
     for name in list(impls)[len(MODES) + 1:]:  # Inductor-shaped ones added above: check them
         err = relative_error(impls[name](x), ref)
         if not err < TOLERANCES[dtype_name]:
@@ -201,6 +213,48 @@ def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: flo
         spread = f"{statistics.median(ratio):.4f} ({min(ratio):.4f} - {max(ratio):.4f})"
         lines.append(f"  {name:<22} {statistics.median(times[name]) * 1e3:8.2f} us; ratio {spread}")
     return "\n".join(lines)
+
+
+INDUCTOR_IMPORTS = """import triton
+import triton.language as tl
+from torch._inductor.runtime import triton_helpers
+from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
+
+@triton.jit
+"""
+
+
+def _inductor_kernel_copy(found_config: dict):
+    """A fresh triton.jit of an Inductor kernel's source (Inductor's own JITFunction is kept
+    in a form that cannot compile again), from a file of its own (triton.jit reads it back)."""
+    if "copy" not in found_config:
+        import importlib.util
+        import tempfile
+
+        source = found_config["fn"].src
+        source = source[source.index("def "):]
+        path = Path(tempfile.mkdtemp()) / "inductor_kernel.py"
+        path.write_text(INDUCTOR_IMPORTS + source)
+        spec = importlib.util.spec_from_file_location(f"inductor_kernel_{id(found_config)}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        found_config["copy"] = getattr(module, found_config["kernel"])
+    return found_config["copy"]
+
+
+def _run_inductor_kernel(found_config: dict, x: torch.Tensor) -> torch.Tensor:
+    """Inductor's kernel (inductor_configs) in its chosen config, launched through Triton's
+    launcher as our kernels are: whether a gap is the kernel's or its launch path's. Its
+    signature is (in_ptr0, out_ptr, xnumel, r0_numel, XBLOCK[, R0_BLOCK]), grid 1-D."""
+    y = torch.empty_like(x)
+    m, n = x.shape
+    kwargs = found_config["kwargs"]
+    grid = (triton.cdiv(m, int(kwargs.get("XBLOCK", 1))),)
+    _inductor_kernel_copy(found_config)[grid](
+        x, y, m, n, **kwargs, num_warps=found_config["num_warps"],
+        num_stages=found_config["num_stages"],
+    )  # fmt: skip
+    return y
 
 
 def _run_config(x: torch.Tensor, config: Config) -> torch.Tensor:
