@@ -1,9 +1,11 @@
 """kernels.softmax against torch.softmax in float64: shapes, dims, strides, dtypes, gradients."""
 
 import importlib
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -1607,68 +1609,73 @@ def test_row_loop_on_gpu(n, dtype_name):
     )  # fmt: skip
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
-@pytest.mark.parametrize(
-    "config",
-    [
-        Config("coop", 1, 4096, 4),
-        Config("split2r", 1, 8192, 8),
-        Config("online", 1, 4096, 8),
-        # round 3: counter, no sleep, exp2; the coop-loop (4 chunks of 65536 read twice)
-        Config("coop", 1, 4096, 4, sleep_ns=0, counter=True, evict=True, exp2=2),
-        Config("coop", 1, 65536, 8, counter=True, evict=True, exp2=1, loop_cols=4096),
-        Config("online", 1, 4096, 8, evict=True, exp2=2),
-        # round 4: bands of 2 rows (bf16; 1 row in fp32 and in the backward)
-        Config("band", 1, 4096, 4, evict=True, band_bytes=2**20),
-        # round 9: bf16 chunks held as int32 pairs (fp32 takes the plain kernel), capped
-        Config("coop", 1, 4096, 4, pairs=True),
-        Config("coop", 1, 8192, 8, pairs=True, maxnreg=40),
-        Config("coop", 1, 4096, 4, rescale=True),  # the backward drops the knob
-        # round 10: chunks held in shared memory (Gluon); 2 warps, pieces of 256-512 values
-        Config("smem", 1, 8192, 4, exp2=2),
-        Config("smem", 1, 4096, 2, exp2=1, evict=True, sleep_ns=0),
-        # round 11: persistent, two buffers; one program an SM takes about 3 chunks in turn,
-        # often two of one row (the published-first order)
-        Config("smem", 1, 4096, 2, exp2=1, per_sm=1),
-        Config("smem", 1, 8192, 4, exp2=2, per_sm=-1),
-        # round 14: the partial folded into the pass over the landing pieces, one-shot and
-        # persistent (16 pieces a chunk; a whole chunk of -inf before the first finite value)
-        Config("smem", 1, 16384, 8, exp2=2, fold=True),
-        Config("smem", 1, 4096, 2, exp2=1, per_sm=1, fold=True),
-        Config("smem", 1, 16384, 8, exp2=2, fold=2),
-        Config("smem", 1, 8192, 4, exp2=1, fold=2),
-        Config("smem", 1, 4096, 2, exp2=1, per_sm=1, fold=2),
-        # round 18: the chunk's last pieces held in registers (bf16 as pairs): 2 of 16 (fp32:
-        # of 32), 4 of 16 (32) on 2 warps, 1 of 4 (8) with tl.exp's form
-        Config("smem", 1, 16384, 4, exp2=2, regs=2),
-        Config("smem", 1, 8192, 2, exp2=1, regs=4),
-        Config("smem", 1, 4096, 4, regs=1),
-        # round 19: chunks by program id (the backward drops the knob), capped as in the probe;
-        # round 20: leaving a chunk to the row's last publisher, and rows without masks (even)
-        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40),
-        Config("smem", 1, 4096, 4, exp2=1, by_pid=True, maxnreg=40),
-        Config("smem", 1, 16384, 8, exp2=2, even=True),
-        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True),
-        Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True),
-        # round 21: the exp2 of odd pieces on the FMA pipe (16-bit only), the write's and the
-        # sum pass's; the backward takes by_pid and even from each config above
-        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, poly=1),
-        Config("smem", 1, 8192, 4, exp2=2, by_pid=True, poly=2),
-        # and the folded partials by program id, with and without masks
-        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, fold=2),
-        Config("smem", 1, 8192, 4, exp2=1, by_pid=True, fold=2),
-        Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True, fold=1),
-        # round 22: the persistent forward by program id (the backward takes the persistent
-        # ticketed kernel for these): whole rows a round, as many programs an SM as shared
-        # memory holds, without masks; one an SM with masks (128 programs, 3 rounds of 2 rows)
-        Config("smem", 1, 8192, 4, exp2=2, per_sm=-1, by_pid=True, even=True),
-        Config("smem", 1, 4096, 4, exp2=1, per_sm=1, by_pid=True),
-        # and the one-shot forward's chunk copied in as one copy and one commit group
-        Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, one_copy=True),
-        Config("smem", 1, 8192, 4, exp2=1, by_pid=True, one_copy=True),
-    ],
-    ids=lambda c: (
+# Every long-row design and knob a probe round shipped: run on the GPU
+# (test_long_row_designs_on_gpu) and compiled for sm_90 on the CPU
+# (test_long_row_designs_compile_for_sm90), forward and backward (_backward_design).
+LONG_ROW_DESIGNS = [
+    Config("coop", 1, 4096, 4),
+    Config("split2r", 1, 8192, 8),
+    Config("online", 1, 4096, 8),
+    # round 3: counter, no sleep, exp2; the coop-loop (4 chunks of 65536 read twice)
+    Config("coop", 1, 4096, 4, sleep_ns=0, counter=True, evict=True, exp2=2),
+    Config("coop", 1, 65536, 8, counter=True, evict=True, exp2=1, loop_cols=4096),
+    Config("online", 1, 4096, 8, evict=True, exp2=2),
+    # round 4: bands of 2 rows (bf16; 1 row in fp32 and in the backward)
+    Config("band", 1, 4096, 4, evict=True, band_bytes=2**20),
+    # round 9: bf16 chunks held as int32 pairs (fp32 takes the plain kernel), capped
+    Config("coop", 1, 4096, 4, pairs=True),
+    Config("coop", 1, 8192, 8, pairs=True, maxnreg=40),
+    Config("coop", 1, 4096, 4, rescale=True),  # the backward drops the knob
+    # round 10: chunks held in shared memory (Gluon); 2 warps, pieces of 256-512 values
+    Config("smem", 1, 8192, 4, exp2=2),
+    Config("smem", 1, 4096, 2, exp2=1, evict=True, sleep_ns=0),
+    # round 11: persistent, two buffers; one program an SM takes about 3 chunks in turn,
+    # often two of one row (the published-first order)
+    Config("smem", 1, 4096, 2, exp2=1, per_sm=1),
+    Config("smem", 1, 8192, 4, exp2=2, per_sm=-1),
+    # round 14: the partial folded into the pass over the landing pieces, one-shot and
+    # persistent (16 pieces a chunk; a whole chunk of -inf before the first finite value)
+    Config("smem", 1, 16384, 8, exp2=2, fold=True),
+    Config("smem", 1, 4096, 2, exp2=1, per_sm=1, fold=True),
+    Config("smem", 1, 16384, 8, exp2=2, fold=2),
+    Config("smem", 1, 8192, 4, exp2=1, fold=2),
+    Config("smem", 1, 4096, 2, exp2=1, per_sm=1, fold=2),
+    # round 18: the chunk's last pieces held in registers (bf16 as pairs): 2 of 16 (fp32:
+    # of 32), 4 of 16 (32) on 2 warps, 1 of 4 (8) with tl.exp's form
+    Config("smem", 1, 16384, 4, exp2=2, regs=2),
+    Config("smem", 1, 8192, 2, exp2=1, regs=4),
+    Config("smem", 1, 4096, 4, regs=1),
+    # round 19: chunks by program id (the backward drops the knob), capped as in the probe;
+    # round 20: leaving a chunk to the row's last publisher, and rows without masks (even)
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40),
+    Config("smem", 1, 4096, 4, exp2=1, by_pid=True, maxnreg=40),
+    Config("smem", 1, 16384, 8, exp2=2, even=True),
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True),
+    Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True),
+    # round 21: the exp2 of odd pieces on the FMA pipe (16-bit only), the write's and the
+    # sum pass's; the backward takes by_pid and even from each config above
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, poly=1),
+    Config("smem", 1, 8192, 4, exp2=2, by_pid=True, poly=2),
+    # and the folded partials by program id, with and without masks
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, fold=2),
+    Config("smem", 1, 8192, 4, exp2=1, by_pid=True, fold=2),
+    Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True, fold=1),
+    # round 22: the persistent forward by program id (the backward takes the persistent
+    # ticketed kernel for these): whole rows a round, as many programs an SM as shared
+    # memory holds, without masks; one an SM with masks (128 programs, 3 rounds of 2 rows)
+    Config("smem", 1, 8192, 4, exp2=2, per_sm=-1, by_pid=True, even=True),
+    Config("smem", 1, 4096, 4, exp2=1, per_sm=1, by_pid=True),
+    # and the one-shot forward's chunk copied in as one copy and one commit group
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, one_copy=True),
+    Config("smem", 1, 8192, 4, exp2=1, by_pid=True, one_copy=True),
+    # round 23: leaving after 8 polls, the left chunks written 4 pieces a step
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, leave_polls=8,
+           left_group=4),
+]
+
+
+def _design_id(c: Config) -> str:
+    return (
         f"{c.design}{c.block_cols}"
         + (f"_loop{c.loop_cols}" if c.loop_cols else "")
         + ("_ctr" if c.counter else "")
@@ -1684,8 +1691,66 @@ def test_row_loop_on_gpu(n, dtype_name):
         + ("_even" if c.even else "")
         + (f"_poly{c.poly}" if c.poly else "")
         + ("_one" if c.one_copy else "")
-    ),
-)
+        + (f"_lp{c.leave_polls}_g{c.left_group}" if c.left_group > 1 else "")
+    )
+
+
+def _backward_design(config: Config) -> Config:
+    """What the backward takes of a forward design: not its forward-only knobs; by_pid and even
+    on its one-shot kernel (round 21), not on its persistent one."""
+    backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False,
+                               left_group=1)  # fmt: skip
+    if config.per_sm:
+        backward = backward._replace(by_pid=False, even=False)
+    return backward
+
+
+OFFLINE_DESIGNS_SCRIPT = """
+import importlib, json, sys
+import torch
+from experiments.resources import OfflineCompiler
+from kernels._common import direct, pretend_gpu
+from kernels.softmax import Config  # noqa: F401 (the reprs below)
+sm = importlib.import_module("kernels.softmax")
+failed = []
+with pretend_gpu((9, 0), 132), OfflineCompiler(90).active():
+    for line in sys.stdin:
+        forward, backward = (eval(part) for part in line.split("|"))
+        for dtype in (torch.bfloat16, torch.float32):
+            if forward.poly and dtype == torch.float32:
+                continue
+            x = torch.empty(6, 262144, dtype=dtype)
+            for tensors, config in (([x, x.clone()], forward), ([x, x, x.clone()], backward)):
+                try:
+                    sm._launch_rows(direct, tensors, len(tensors) == 3, config)
+                except Exception as exc:  # noqa: BLE001 (each design's error is reported)
+                    failed.append(f"{config} {dtype} {type(exc).__name__}: {exc}"[:400])
+print(json.dumps(failed))
+"""
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_long_row_designs_compile_for_sm90():
+    """Every long-row design, forward and backward, compiled for sm_90 on the CPU (Triton's
+    offline compiler, experiments.resources): the interpreter accepts a keyword a kernel does
+    not have, and does not run Gluon, so a wrong constexpr or an smem kernel that does not
+    compile would otherwise wait for a GPU run (round 22's STORE_POLICY did)."""
+    if softmax_module.softmax_smem is None:
+        pytest.skip("this Triton has no Gluon")
+    lines = "".join(f"{c!r}|{_backward_design(c)!r}\n" for c in LONG_ROW_DESIGNS)
+    done = subprocess.run(
+        [sys.executable, "-c", OFFLINE_DESIGNS_SCRIPT], input=lines, cwd=ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+@pytest.mark.parametrize("config", LONG_ROW_DESIGNS, ids=_design_id)
 def test_long_row_designs_on_gpu(config, dtype_name):
     """Each long-row design at N = 262144 (64 chunks of 4096), with -inf entries and rows."""
     if config.poly and dtype_name == "fp32":
@@ -1710,11 +1775,7 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     )
     dy = torch.randn_like(y)
     y64 = y[keep].double()
-    # the backward takes by_pid and even on its one-shot kernel (round 21), not its persistent
-    backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False)
-    if config.per_sm:
-        backward = backward._replace(by_pid=False, even=False)
-    dx = _backward(y[keep], dy[keep], -1, direct, backward)
+    dx = _backward(y[keep], dy[keep], -1, direct, _backward_design(config))
     dx_ref = y64 * (dy[keep].double() - (y64 * dy[keep].double()).sum(-1, keepdim=True))
     assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
 
