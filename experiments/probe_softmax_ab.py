@@ -73,10 +73,9 @@ def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
     (triton_r22: without Config.lean's index and loop code). Where the pick is the online row
     loop (Inductor's looped form): the stores without evict_first (Config.store_default, as
     Inductor's), half or twice the warps, two rows a program, no evict hints, tl.exp, half the
-    step, and the one-pass tile on the same row and warps (with evict_first loads and stores
-    too). Where it is a tile that the
-    first call may tune (rows of up to SMALL_TILE_MAX_COLS): the tuner's other candidates
-    (_tile_candidates)."""
+    step, the first pass lane by lane (Config.lanes), and the one-pass tile on the same row and
+    warps (with evict_first loads and stores too). Where it is a tile that the first call may
+    tune (rows of up to SMALL_TILE_MAX_COLS): the tuner's other candidates (_tile_candidates)."""
     device = torch.device("cuda")
     pick = _pick_config(n, m, False, False, device, itemsize)
     # the pick as round 22 shipped it: no Config.lean (and the online loop with masks, int64)
@@ -95,6 +94,9 @@ def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
         out["triton_noevict"] = pick._replace(evict=False)
         out["triton_exp"] = pick._replace(exp2=0)
         out["triton_c2"] = pick._replace(block_cols=pick.block_cols // 2)
+        # Inductor's form of the first pass (Config.lanes), with the stores' default policy too
+        out["triton_lanes"] = pick._replace(lanes=True)
+        out["triton_lanes_st"] = pick._replace(lanes=True, store_default=True)
         tile = Config("tile", 1, pick.block_cols, pick.num_warps, even=True, int32=True)
         out["triton_tile"] = tile
         out["triton_tile_ef"] = tile._replace(evict=True)

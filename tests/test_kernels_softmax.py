@@ -409,6 +409,38 @@ def test_chunks_by_program_id_are_a_one_shot_smem_knob(device):
             _backward(x, x, -1, direct, config)
 
 
+@pytest.mark.parametrize("dtype_name", ["fp32", "fp16"])
+@pytest.mark.parametrize("n, block_cols", [(4096, 4096), (3001, 1024), (700, 1024)])
+def test_online_lanes(n, block_cols, dtype_name, device):
+    """Config.lanes (round 23): the online loop's first pass lane by lane, over one step, three
+    masked steps, and one padded step; rows with -inf runs, an all -inf row (NaN, as torch),
+    +-1e4 and equal values, against float64."""
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(7, n, device=device) * 4
+    x[1, : n // 2] = -float("inf")
+    x[2] = -float("inf")
+    x[3, n - 1], x[3, 0] = 1e4, -1e4
+    x[4] = 2.5
+    x = x.to(dtype)
+    config = Config("online", 1, block_cols, 4, evict=True, exp2=1, even=True, int32=True,
+                    lanes=True)  # fmt: skip
+    y = _forward(x, -1, direct, config)
+    ref = torch.softmax(x.double(), -1)
+    assert torch.isnan(y[2]).all()
+    keep = [0, 1, 3, 4, 5, 6]
+    assert relative_error(y[keep], ref[keep]) < TOLERANCES[dtype_name]
+    torch.testing.assert_close(y[keep].double().sum(-1), torch.ones(6, dtype=torch.float64,
+                               device=device), rtol=0, atol=TOLERANCES[dtype_name])  # fmt: skip
+
+
+def test_lanes_is_an_online_forward_knob(device):
+    x = torch.randn(8, 128, device=device)
+    with pytest.raises(ValueError, match="lanes is a knob of the online forward"):
+        _forward(x, -1, direct, Config("tile", 1, 128, 4, lanes=True))
+    with pytest.raises(ValueError, match="lanes is a knob of the online forward"):
+        _backward(x, x, -1, direct, Config("online", 1, 128, 4, lanes=True))
+
+
 def test_store_default_is_an_online_forward_knob(device):
     x = torch.randn(8, 128, device=device)
     with pytest.raises(ValueError, match="store_default is a knob of the online forward"):
@@ -1671,6 +1703,8 @@ LONG_ROW_DESIGNS = [
     # round 23: leaving after 8 polls, the left chunks written 4 pieces a step
     Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, leave_polls=8,
            left_group=4),
+    # and the online loop's first pass lane by lane (Inductor's form), 64 steps a row
+    Config("online", 1, 4096, 8, evict=True, exp2=1, even=True, int32=True, lanes=True),
 ]
 
 
@@ -1692,6 +1726,7 @@ def _design_id(c: Config) -> str:
         + (f"_poly{c.poly}" if c.poly else "")
         + ("_one" if c.one_copy else "")
         + (f"_lp{c.leave_polls}_g{c.left_group}" if c.left_group > 1 else "")
+        + ("_lanes" if c.lanes else "")
     )
 
 
@@ -1699,7 +1734,7 @@ def _backward_design(config: Config) -> Config:
     """What the backward takes of a forward design: not its forward-only knobs; by_pid and even
     on its one-shot kernel (round 21), not on its persistent one."""
     backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False,
-                               left_group=1)  # fmt: skip
+                               left_group=1, lanes=False)  # fmt: skip
     if config.per_sm:
         backward = backward._replace(by_pid=False, even=False)
     return backward
