@@ -1732,11 +1732,11 @@ def _design_id(c: Config) -> str:
 
 def _backward_design(config: Config) -> Config:
     """What the backward takes of a forward design: not its forward-only knobs; by_pid and even
-    on its one-shot kernel (round 21), not on its persistent one."""
+    on its one-shot smem kernel (round 21), not on its persistent one or another design's."""
     backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False,
                                left_group=1, lanes=False)  # fmt: skip
-    if config.per_sm:
-        backward = backward._replace(by_pid=False, even=False)
+    if config.per_sm or config.design != "smem":
+        backward = backward._replace(by_pid=False, even=False, int32=False)
     return backward
 
 
