@@ -11,11 +11,19 @@ peaks (env.json), never a number typed in:
 - % of copy is the row's bandwidth (minimum bytes: read once, write once) over the copy bandwidth
   measured on that device.
 
+Where Triton and the best compile mode both run at the copy's rate, jobs of their own differ by
+more than the kernels do (0.3-0.7% for one kernel between runs, kernels/notes/softmax.md round
+23). --paired FILE adds softmax's paired reading: the JSONL of `python -m
+experiments.probe_softmax_ab --jsonl FILE`, which times ours and both compile modes in one
+process, interleaved, round by round; the check takes each N's median ratio over the rounds,
+from the records of the sweep's own GPU.
+
 A target prints its value, its threshold and PASS or MISS; one with no rows prints "n/a" and counts
 as a miss. These are benchmarks: the exit status is 0 unless --strict is given.
 """
 
 import argparse
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,7 +173,33 @@ def _row_length(frame: pd.DataFrame) -> pd.Series:
     return frame["shape"].map(lambda shape: shape["n"])
 
 
-def softmax_report(frame: pd.DataFrame) -> Report:
+def load_paired(paths: list[Path]) -> list[dict]:
+    """The records of probe_softmax_ab --jsonl files (one JSON object a line)."""
+    records = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                records.append(json.loads(line))
+    return records
+
+
+def paired_check(paired: list[dict], dtype: str, gpus: list[str]) -> Check:
+    """softmax's "vs best compile mode" from paired records (load_paired) of this dtype on the
+    sweep's GPU: the worst N's median ratio over its rounds (n/a where there are none)."""
+    mine = [r for r in paired if r.get("kernel") == "softmax" and r.get("dtype") == dtype
+            and r.get("gpu_name") in gpus]  # fmt: skip
+    target = f"softmax {dtype} fwd: triton vs best compile mode, paired (probe_softmax_ab), every N"
+    if not mine:
+        return Check(target, None, 1.0, f" (no paired records of {', '.join(gpus) or '?'})")
+    worst = min(mine, key=lambda r: r["median_ratio"])
+    detail = (f" at N={worst['n']} (rounds {min(worst['ratios']):.4f}-{max(worst['ratios']):.4f};"
+              f" {len(mine)} shapes)")  # fmt: skip
+    return Check(target, worst["median_ratio"], 1.0, detail)
+
+
+def softmax_report(frame: pd.DataFrame, paired: list[dict] | None = None) -> Report:
+    """softmax's targets; with paired records (load_paired) also the paired "vs best compile
+    mode" check, per dtype."""
     checks, tables = [], []
     rows = _ok(frame, kernel="softmax", shape_set="rows")
     for dtype in _dtypes(rows):
@@ -182,6 +216,9 @@ def softmax_report(frame: pd.DataFrame) -> Report:
         worst_ratio, where = _worst(best.reset_index(), "ratio")
         checks.append(Check(f"softmax {dtype} fwd: triton vs best compile mode, every N",
                             worst_ratio, 1.0, where))
+        if paired is not None:
+            gpus = sorted(fwd["gpu_name"].dropna().unique())
+            checks.append(paired_check(paired, dtype, gpus))
         # The backward alone: the fwd_bwd call's time less the forward's, over y + dy + dx bytes.
         both = _ok(rows, dtype=dtype, mode="triton", **{"pass": "fwd_bwd"})
         both = both.set_index("shape_label")
@@ -257,13 +294,18 @@ REPORTS = {
 }
 
 
-def render(frame: pd.DataFrame, kernels: list[str]) -> tuple[str, bool]:
-    """The tables and the target lines for `kernels`; True when every target passed."""
+def render(frame: pd.DataFrame, kernels: list[str],
+           paired: list[dict] | None = None) -> tuple[str, bool]:  # fmt: skip
+    """The tables and the target lines for `kernels`; True when every target passed. paired:
+    softmax's paired records (load_paired), if any."""
     out, all_passed = [], True
     with pd.option_context("display.width", 200, "display.max_columns", 30,
                            "display.float_format", "{:.3f}".format):
         for kernel in kernels:
-            report = REPORTS[kernel](frame)
+            if kernel == "softmax":
+                report = softmax_report(frame, paired)
+            else:
+                report = REPORTS[kernel](frame)
             for title, table in report.tables:
                 if not table.empty:
                     out += [f"\n{title}", table.to_string()]
@@ -289,10 +331,14 @@ def main(argv=None) -> None:
     parser.add_argument("--kernel", action="append", choices=sorted(REPORTS),
                         help="which kernel's targets (repeatable; default: those with rows)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument("--paired", type=Path, action="append", default=None,
+                        help="a probe_softmax_ab --jsonl file (repeatable): softmax's paired "
+                        "vs-best-compile reading")
     args = parser.parse_args(argv)
     frame = load_rows(args.results)
     kernels = args.kernel or [k for k in REPORTS if k in set(frame["kernel"])]
-    text, passed = render(frame, kernels)
+    paired = load_paired(args.paired) if args.paired else None
+    text, passed = render(frame, kernels, paired)
     print(text)
     if args.strict and not passed:
         raise SystemExit(1)

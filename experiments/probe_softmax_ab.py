@@ -15,6 +15,10 @@ Inductor's kernels themselves launched through Triton's launcher as ours are (in
 
     python -m experiments.probe_softmax_ab --rounds 7 --only 128,4096 --dtypes bf16,fp32
     python -m experiments.probe_softmax_ab --rounds 7 --only 128,512 --dtypes fp32 --inductor
+    python -m experiments.probe_softmax_ab --rounds 7 --jsonl RESULTS/softmax/paired_ab.jsonl
+
+--jsonl appends each shape's per-round ratios as a record, which `python -m analysis.targets
+RESULTS --paired FILE` reads as the paired form of the "vs best compile mode" target.
 
 Each implementation is checked against float64 before it is timed; the timer is the
 benchmark's (GpuTimer: median GPU time, L2 flushed, the CPU path off the clock).
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -162,8 +167,22 @@ def ratios(times: dict[str, list[float]], ours: str = "triton") -> list[float]:
     return [min(times[m][r] for m in MODES) / times[ours][r] for r in range(rounds)]
 
 
+def paired_record(dtype_name: str, m: int, n: int, times: dict[str, list[float]]) -> dict:
+    """One shape's paired reading for analysis.targets --paired: the per-round ratios (best
+    compile mode / ours by GPU time), their median, and the median GPU time of each side."""
+    ratio = ratios(times)
+    return {
+        "probe": "softmax_ab", "kernel": "softmax", "pass": "fwd", "dtype": dtype_name,
+        "m": m, "n": n, "rounds": len(ratio), "ratios": ratio,
+        "median_ratio": statistics.median(ratio),
+        "time_ms_p50": {name: statistics.median(times[name]) for name in ("triton", *MODES)},
+    }  # fmt: skip
+
+
 def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: float,
-              inductor: bool = False) -> str:
+              inductor: bool = False, records: list | None = None) -> str:
+    """Time one shape (see the module's docstring); its printed lines. records: where its
+    paired_record goes (None: nowhere)."""
     dtype = DTYPES[dtype_name]
     impls = implementations()
     x = torch.randn(m, n, device="cuda", dtype=dtype)
@@ -199,6 +218,8 @@ def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: flo
             call = lambda fn=impls[name], x=x: fn(x)  # noqa: E731
             times[name].append(timer.measure(call, warmup_ms=10, rep_ms=50, lead_us=LEAD_US)["p50"])
     ratio = ratios(times)
+    if records is not None:
+        records.append(paired_record(dtype_name, m, n, times))
     ours = statistics.median(times["triton"])
     pct = 2 * x.numel() * x.element_size() / (ours * 1e-3) / 1e9 / copy_gbs * 100
     modes = " ".join(f"{statistics.median(times[mode]) * 1e3:8.2f}" for mode in MODES)
@@ -272,6 +293,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--inductor", action="store_true",
                         help="print Inductor's chosen configs; time ours in their shapes too")
+    parser.add_argument("--jsonl", type=Path, default=None,
+                        help="also append each shape's paired reading (per-round ratios) here, "
+                        "for python -m analysis.targets RESULTS --paired FILE")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this probe times on a GPU")
@@ -282,7 +306,8 @@ def main(argv=None) -> int:
     shapes = [(m, n) for m, n in rows_shapes() if not only or n in only]
     timer = GpuTimer(torch.device("cuda"), flush_l2=True)
     copy_gbs = copy_bandwidth()
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; copy {copy_gbs:.0f} GB/s;"
+    gpu_name = torch.cuda.get_device_name()
+    print(f"# {gpu_name} torch {torch.__version__}; copy {copy_gbs:.0f} GB/s;"
           f" {args.rounds} rounds a shape, each on a fresh input, order rotated")  # fmt: skip
     print("# us: medians over rounds; ratio: best compile mode / ours by GPU time, per round")
     print(f"{'dtype':5} {'M':>8} {'N':>7} {'triton':>8} {'default':>8} {'mac-nocg':>8} "
@@ -290,9 +315,17 @@ def main(argv=None) -> int:
     failed = False
     for dtype_name in args.dtypes.split(","):
         for m, n in shapes:
-            line = run_shape(m, n, dtype_name, args.rounds, timer, copy_gbs, args.inductor)
+            records = []
+            line = run_shape(m, n, dtype_name, args.rounds, timer, copy_gbs, args.inductor,
+                             records)  # fmt: skip
             failed |= "FAILED" in line
             print(line, flush=True)
+            if args.jsonl is not None:
+                with args.jsonl.open("a") as out:
+                    for record in records:
+                        record.update(gpu_name=gpu_name, torch=torch.__version__,
+                                      triton=triton.__version__, copy_gbps=copy_gbs)  # fmt: skip
+                        out.write(json.dumps(record) + "\n")
     return 1 if failed else 0
 
 

@@ -75,3 +75,19 @@ def test_inductor_shaped_configs():
     ]
     shaped = ab.inductor_shaped(found, 4096, loop)
     assert list(shaped.values()) == [loop._replace(block_cols=2048, num_warps=8)]
+
+
+def test_paired_record_is_what_analysis_targets_reads():
+    """--jsonl's record: the rounds' ratios, their median and each side's median GPU time; with
+    the GPU's name added (main does) analysis.targets.paired_check takes it."""
+    from analysis.targets import paired_check
+
+    times = {"triton": [1.0, 2.0, 4.0], "default": [1.1, 1.8, 4.4],
+             "max-autotune-no-cudagraphs": [1.2, 1.9, 3.6]}  # fmt: skip
+    record = ab.paired_record("bf16", 8, 128, times)
+    assert record["ratios"] == pytest.approx([1.1, 0.9, 0.9])
+    assert record["median_ratio"] == pytest.approx(0.9)
+    assert record["time_ms_p50"] == {"triton": 2.0, "default": 1.8,
+                                     "max-autotune-no-cudagraphs": 1.9}  # fmt: skip
+    check = paired_check([{**record, "gpu_name": "G"}], "bf16", ["G"])
+    assert check.value == pytest.approx(0.9) and not check.passed and "N=128" in check.detail

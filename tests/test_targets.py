@@ -9,8 +9,10 @@ import pytest
 from analysis.load import epilogue, records_frame
 from analysis.targets import (
     conv_report,
+    load_paired,
     main,
     matmul_report,
+    paired_check,
     render,
     softmax_report,
     vs_best_compile,
@@ -89,6 +91,43 @@ def test_softmax_backward_rate_is_derived_from_fwd_bwd_less_fwd():
     assert checks["softmax bf16 fwd: triton % of copy bandwidth, every N"].passed  # 90 >= 90
     assert checks["softmax bf16 fwd: triton vs best compile mode, every N"].value == \
         pytest.approx(1.4 / 1.3)
+
+
+PAIRED = "softmax bf16 fwd: triton vs best compile mode, paired (probe_softmax_ab), every N"
+
+
+def paired_record(n, ratios, dtype="bf16", gpu="TestGPU"):
+    return {"probe": "softmax_ab", "kernel": "softmax", "pass": "fwd", "dtype": dtype, "m": 8,
+            "n": n, "rounds": len(ratios), "ratios": ratios,
+            "median_ratio": sorted(ratios)[len(ratios) // 2], "gpu_name": gpu}  # fmt: skip
+
+
+def test_softmax_paired_reading_is_the_worst_median_on_the_sweeps_gpu(tmp_path):
+    """--paired (probe_softmax_ab --jsonl records): per dtype, the worst N's median ratio over
+    its rounds, from records of the sweep's own GPU only; n/a (a miss) where there are none;
+    no paired line without --paired."""
+    frame = records_frame([
+        row("softmax", "triton", "8x128", shape={"m": 8, "n": 128}, shape_set="rows",
+            pct_peak_bw=95.0, peak_copy_gbps=3000.0, speedup_vs_eager=1.0, time_ms_p50=1.0),
+    ])  # fmt: skip
+    paired = [
+        paired_record(128, [1.001, 1.003, 1.002]),
+        paired_record(4096, [0.999, 0.997, 0.998]),
+        paired_record(512, [0.9, 0.9, 0.9], gpu="OtherGPU"),  # another GPU's run
+        paired_record(128, [0.5, 0.5, 0.5], dtype="fp32"),
+    ]
+    path = tmp_path / "paired.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in paired) + "\n")
+    assert load_paired([path]) == paired
+    checks = {c.target: c for c in softmax_report(frame, paired).checks}
+    check = checks[PAIRED]
+    assert check.value == pytest.approx(0.998) and not check.passed
+    assert "N=4096" in check.detail and "0.9970-0.9990" in check.detail
+    assert not any("paired" in c.target for c in softmax_report(frame).checks)
+    none = paired_check(paired, "bf16", ["NoSuchGPU"])
+    assert none.value is None and not none.passed and "NoSuchGPU" in none.detail
+    win = paired_check([paired_record(128, [1.001, 1.002, 1.003])], "bf16", ["TestGPU"])
+    assert win.passed
 
 
 def test_no_rows_is_a_miss_and_strict_exits_1(tmp_path, capsys):
