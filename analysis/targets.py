@@ -192,8 +192,8 @@ def paired_check(paired: list[dict], dtype: str, gpus: list[str]) -> Check:
     if not mine:
         return Check(target, None, 1.0, f" (no paired records of {', '.join(gpus) or '?'})")
     worst = min(mine, key=lambda r: r["median_ratio"])
-    detail = (f" at N={worst['n']} (rounds {min(worst['ratios']):.4f}-{max(worst['ratios']):.4f};"
-              f" {len(mine)} shapes)")  # fmt: skip
+    detail = (f" at N={worst['n']} (median {worst['median_ratio']:.4f}, rounds "
+              f"{min(worst['ratios']):.4f}-{max(worst['ratios']):.4f}; {len(mine)} shapes)")
     return Check(target, worst["median_ratio"], 1.0, detail)
 
 
