@@ -433,20 +433,14 @@ def test_online_lanes(n, block_cols, dtype_name, device):
                                device=device), rtol=0, atol=TOLERANCES[dtype_name])  # fmt: skip
 
 
-def test_lanes_is_an_online_forward_knob(device):
+@pytest.mark.parametrize("knob", ["store_default", "lanes"])
+def test_online_forward_knobs(knob, device):
+    """Config.store_default (round 22) and Config.lanes (round 23): the online forward's only."""
     x = torch.randn(8, 128, device=device)
-    with pytest.raises(ValueError, match="lanes is a knob of the online forward"):
-        _forward(x, -1, direct, Config("tile", 1, 128, 4, lanes=True))
-    with pytest.raises(ValueError, match="lanes is a knob of the online forward"):
-        _backward(x, x, -1, direct, Config("online", 1, 128, 4, lanes=True))
-
-
-def test_store_default_is_an_online_forward_knob(device):
-    x = torch.randn(8, 128, device=device)
-    with pytest.raises(ValueError, match="store_default is a knob of the online forward"):
-        _forward(x, -1, direct, Config("tile", 1, 128, 4, store_default=True))
-    with pytest.raises(ValueError, match="store_default is a knob of the online forward"):
-        _backward(x, x, -1, direct, Config("online", 1, 128, 4, store_default=True))
+    with pytest.raises(ValueError, match=f"{knob} is a knob of the online forward"):
+        _forward(x, -1, direct, Config("tile", 1, 128, 4, **{knob: True}))
+    with pytest.raises(ValueError, match=f"{knob} is a knob of the online forward"):
+        _backward(x, x, -1, direct, Config("online", 1, 128, 4, **{knob: True}))
 
 
 def test_one_copy_is_a_one_shot_smem_forward_knob(device):
@@ -2233,65 +2227,64 @@ def test_phase_summary_of_known_stamps():
     assert "ramp (to the first end) 6.50 us, tail (from the last start) 6.50 us" in out
 
 
+def _long_row_round_candidates(round_no: int):
+    """(n, itemsize, candidates) of a forward-only probe round past the tile, over N = 16384,
+    65536 and 262144 in 16-bit and fp32, having checked that it has none for the backward and
+    none for rows the tile takes. Run inside pretend_gpu."""
+    probe = importlib.import_module("experiments.probe_softmax")
+    for n in (16384, 65536, 262144):
+        for itemsize in (2, 4):
+            assert not probe.ROUND_CANDIDATES[round_no](n, itemsize, True)
+            cands = probe.ROUND_CANDIDATES[round_no](n, itemsize, False)
+            assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
+            yield n, itemsize, cands
+
+
 def test_round19_probe_candidates_are_valid():
     """Round 19: forward only, past the tile; the pick's chunks by program id on other chunks,
     poll intervals, without the fallback or the cap; earlier rounds' smem knobs keep the
     ticket."""
     probe = importlib.import_module("experiments.probe_softmax")
     with pretend_gpu((9, 0), 132):
-        for n in (16384, 65536, 262144):
-            for itemsize in (2, 4):
-                assert not probe.round19_candidates(n, itemsize, True)
-                cands = probe.round19_candidates(n, itemsize, False)
-                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
-                for name, cfg in cands.items():
-                    assert cfg.design == "smem" and not cfg.per_sm and cfg.by_pid, name
-                    assert (cfg.leave_polls == -1) == ("nohelp" in name)
-                    assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
-                for round_no in (14, 17, 18):
-                    for cfg in probe.ROUND_CANDIDATES[round_no](n, itemsize, False).values():
-                        assert not cfg.by_pid
+        for n, itemsize, cands in _long_row_round_candidates(19):
+            for name, cfg in cands.items():
+                assert cfg.design == "smem" and not cfg.per_sm and cfg.by_pid, name
+                assert (cfg.leave_polls == -1) == ("nohelp" in name)
+                assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
+            for round_no in (14, 17, 18):
+                for cfg in probe.ROUND_CANDIDATES[round_no](n, itemsize, False).values():
+                    assert not cfg.by_pid
 
 
 def test_round22_probe_candidates_are_valid():
     """Round 22, the forward past the tile only: the persistent smem kernel by program id on the
     pick's chunk and on half of it; the pick copied in as one copy, with and without masks."""
-    probe = importlib.import_module("experiments.probe_softmax")
     with pretend_gpu((9, 0), 132):
-        for n in (16384, 65536, 262144):
-            for itemsize in (2, 4):
-                assert not probe.round22_candidates(n, itemsize, True)
-                cands = probe.round22_candidates(n, itemsize, False)
-                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
-                for name, cfg in cands.items():
-                    assert cfg.design == "smem" and cfg.by_pid, name
-                    assert bool(cfg.per_sm) == name.startswith("ppid"), name
-                    assert cfg.one_copy == name.startswith("one_copy"), name
-                    assert cfg.even == (name != "one_copy_masked"), name
-                    assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
-                    assert 2 * cfg.block_cols * itemsize <= softmax_module.SMEM_MAX_BYTES
-                    if cfg.per_sm:
-                        assert cfg.maxnreg == 0, name
+        for _, itemsize, cands in _long_row_round_candidates(22):
+            for name, cfg in cands.items():
+                assert cfg.design == "smem" and cfg.by_pid, name
+                assert bool(cfg.per_sm) == name.startswith("ppid"), name
+                assert cfg.one_copy == name.startswith("one_copy"), name
+                assert cfg.even == (name != "one_copy_masked"), name
+                assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
+                assert 2 * cfg.block_cols * itemsize <= softmax_module.SMEM_MAX_BYTES
+                if cfg.per_sm:
+                    assert cfg.maxnreg == 0, name
 
 
 def test_round23_probe_candidates_are_valid():
     """Round 23, the forward past the tile only: the one-shot pick leaving after fewer polls,
     some with the left chunks written several pieces a step."""
-    probe = importlib.import_module("experiments.probe_softmax")
     with pretend_gpu((9, 0), 132):
-        for n in (16384, 65536, 262144):
-            for itemsize in (2, 4):
-                assert not probe.round23_candidates(n, itemsize, True)
-                cands = probe.round23_candidates(n, itemsize, False)
-                assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
-                pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
-                                                   itemsize, smem_ok=True)  # fmt: skip
-                for name, cfg in cands.items():
-                    polls, _, group = name.removeprefix("lp").partition("_g")
-                    assert cfg == pick._replace(leave_polls=int(polls),
-                                                left_group=int(group or 1)), name
-                    pieces = cfg.block_cols * itemsize // (16 * 32 * cfg.num_warps)
-                    assert pieces % cfg.left_group == 0, name
+        for n, itemsize, cands in _long_row_round_candidates(23):
+            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
+                                               itemsize, smem_ok=True)  # fmt: skip
+            for name, cfg in cands.items():
+                polls, _, group = name.removeprefix("lp").partition("_g")
+                assert cfg == pick._replace(leave_polls=int(polls),
+                                            left_group=int(group or 1)), name
+                pieces = cfg.block_cols * itemsize // (16 * 32 * cfg.num_warps)
+                assert pieces % cfg.left_group == 0, name
 
 
 def test_round23_probe_smoke():
