@@ -50,6 +50,9 @@ BENCH_softmax = "kernel=softmax mode=triton,default,max-autotune-no-cudagraphs d
 BENCH_conv = "kernel=conv mode=triton kernel.bias=true,false shapes=resnet50" \
              "kernel=conv mode=triton shapes=resnet50_b128" \
              "kernel=conv kernel.activation=relu mode=triton,default,max-autotune-no-cudagraphs shapes=resnet50_core"
+# Paired runs after the grids (softmax: ours and both compile modes in one process, interleaved
+# round by round; analysis.targets --paired reads them as the paired "vs best compile" target)
+PAIRED_softmax = experiments.probe_softmax_ab --rounds 7 --only 128,512,1024,4096,16384
 BENCH_STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)
 BENCH_DIR ?= multirun/bench-$(kernel)/$(BENCH_STAMP)
 
@@ -58,7 +61,11 @@ bench: $(SETUP) ## A kernel's speed-target sweeps + ratio table: make bench kern
 	@rc=0; i=0; for grid in $(BENCH_$(kernel)); do i=$$((i+1)); \
 	  echo "bench $(kernel) [$$i]: $$grid $(ARGS)"; \
 	  $(PY) -m experiments.run --multirun $$grid hydra.sweep.dir=$(BENCH_DIR)/$$i $(ARGS) || rc=$$?; \
-	done; $(PY) -m analysis.targets $(BENCH_DIR) --kernel $(kernel) | tee $(BENCH_DIR)/targets.txt; exit $$rc
+	done; $(if $(PAIRED_$(kernel)),echo "bench $(kernel) [paired]: $(PAIRED_$(kernel))"; \
+	  $(PY) -m $(PAIRED_$(kernel)) --jsonl $(BENCH_DIR)/paired_ab.jsonl | tee $(BENCH_DIR)/paired_ab.txt; \
+	  test $${PIPESTATUS[0]} -eq 0 || rc=1;) \
+	$(PY) -m analysis.targets $(BENCH_DIR) --kernel $(kernel) \
+	  $(if $(PAIRED_$(kernel)),--paired $(BENCH_DIR)/paired_ab.jsonl) | tee $(BENCH_DIR)/targets.txt; exit $$rc
 
 resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
 	$(PY) -m experiments.resume $(SWEEP) $(ARGS)

@@ -25,6 +25,7 @@ as a miss. These are benchmarks: the exit status is 0 unless --strict is given.
 import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,9 +175,14 @@ def _row_length(frame: pd.DataFrame) -> pd.Series:
 
 
 def load_paired(paths: list[Path]) -> list[dict]:
-    """The records of probe_softmax_ab --jsonl files (one JSON object a line)."""
+    """The records of probe_softmax_ab --jsonl files (one JSON object a line). A missing file
+    (the probe did not run, e.g. `make bench` without a GPU) is said on stderr and reads as no
+    records, so its targets read n/a."""
     records = []
     for path in paths:
+        if not path.exists():
+            print(f"warning: no paired records: {path} does not exist", file=sys.stderr)
+            continue
         for line in path.read_text().splitlines():
             if line.strip():
                 records.append(json.loads(line))

@@ -11,11 +11,14 @@ and in a rotated order, and prints per round the ratio best compile mode / ours 
 the pick are timed too (`variants`: the online loop's other warps and store policy; the tile's
 first-call candidates), and, with --inductor, our tile or loop in the block sizes and warps of
 Inductor's kernels, whose chosen launch configs are printed (`inductor_configs`), and
-Inductor's kernels themselves launched through Triton's launcher as ours are (ind_src_*).
+Inductor's kernels themselves launched through Triton's launcher as ours are (ind_src_*), and
+the max-autotune one edited toward ours (SOURCE_EDITS: ind_src_mac_<edit>).
 
     python -m experiments.probe_softmax_ab --rounds 7 --only 128,4096 --dtypes bf16,fp32
     python -m experiments.probe_softmax_ab --rounds 7 --only 128,512 --dtypes fp32 --inductor
     python -m experiments.probe_softmax_ab --rounds 7 --jsonl RESULTS/softmax/paired_ab.jsonl
+    python -m experiments.probe_softmax_ab --rounds 9 --only 4096 --dtypes fp32 --inductor \
+        --keep 'lanes|ind_src'
 
 --jsonl appends each shape's per-round ratios as a record, which `python -m analysis.targets
 RESULTS --paired FILE` reads as the paired form of the "vs best compile mode" target.
@@ -39,7 +42,7 @@ import triton
 
 from experiments.correctness import TOLERANCES, relative_error
 from experiments.probe_softmax import DTYPES, copy_bandwidth
-from kernels._common import direct
+from kernels._common import TUNING_LOG, direct
 from kernels.softmax import (
     SMALL_TILE_MAX_COLS,
     Config,
@@ -102,6 +105,11 @@ def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
         # Inductor's form of the first pass (Config.lanes), with the stores' default policy too
         out["triton_lanes"] = pick._replace(lanes=True)
         out["triton_lanes_st"] = pick._replace(lanes=True, store_default=True)
+        # and libdevice's exp in the write (2), in the first pass too (3), Inductor's max (4):
+        # Inductor's arithmetic throughout (round 24)
+        for level in (2, 3, 4):
+            out[f"triton_lanes{level}_st"] = pick._replace(lanes=level, store_default=True)
+        out["triton_lanes4"] = pick._replace(lanes=4)
         tile = Config("tile", 1, pick.block_cols, pick.num_warps, even=True, int32=True)
         out["triton_tile"] = tile
         out["triton_tile_ef"] = tile._replace(evict=True)
@@ -179,14 +187,24 @@ def paired_record(dtype_name: str, m: int, n: int, times: dict[str, list[float]]
     }  # fmt: skip
 
 
+def kept(name: str, keep: str | None) -> bool:
+    """Whether a variant or Inductor-kernel entry is timed: all where keep is None, else those
+    whose name the regex keep finds in (triton and the compile modes always are)."""
+    import re
+
+    return keep is None or name in ("triton", *MODES) or re.search(keep, name) is not None
+
+
 def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: float,
-              inductor: bool = False, records: list | None = None) -> str:
+              inductor: bool = False, records: list | None = None,
+              keep: str | None = None) -> str:  # fmt: skip
     """Time one shape (see the module's docstring); its printed lines. records: where its
-    paired_record goes (None: nowhere)."""
+    paired_record goes (None: nowhere); keep: which variants to time (`kept`)."""
     dtype = DTYPES[dtype_name]
     impls = implementations()
+    log_start = len(TUNING_LOG)  # the first call's choice, where softmax() makes one
     x = torch.randn(m, n, device="cuda", dtype=dtype)
-    configs = variants(m, n, x.element_size())
+    configs = {k: c for k, c in variants(m, n, x.element_size()).items() if kept(k, keep)}
     for name, config in configs.items():
         impls[name] = lambda x, config=config: _run_config(x, config)
     ref = torch.softmax(x.double(), -1)
@@ -208,6 +226,14 @@ def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: flo
             for found_config in found:  # Inductor's own kernel, launched as ours are
                 mode = "mac" if found_config["max_autotune"] else "default"
                 added[f"ind_src_{mode}"] = functools.partial(_run_inductor_kernel, found_config)
+                if not found_config["max_autotune"]:
+                    continue
+                for edit in SOURCE_EDITS:  # and edited toward ours, one step at a time
+                    if _edited_source(found_config["fn"].src, edit) is not None:
+                        added[f"ind_src_{mode}_{edit}"] = functools.partial(
+                            _run_inductor_kernel, found_config, edit=edit
+                        )
+            added = {k: fn for k, fn in added.items() if kept(k, keep)}
             impls.update(added)
             pending += list(added)
     del ref
@@ -228,6 +254,7 @@ def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: flo
     per_round = " ".join(f"{v:.4f}" for v in ratio)
     head = f"{dtype_name:5} {m:>8} {n:>7} {ours * 1e3:8.2f} {modes} {pct:6.1f}"
     lines = [f"{head} {spread}  {per_round}"]
+    lines += [f"  tuned: {line}" for line in TUNING_LOG[log_start:]]
     for found_config in found:
         mode = "max-autotune" if found_config["max_autotune"] else "default"
         lines.append(f"  inductor {mode:<13} {found_config['kernel']}: {found_config['kwargs']} "
@@ -248,33 +275,62 @@ from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
 """
 
 
-def _inductor_kernel_copy(found_config: dict):
+# Edits of Inductor's looped kernel toward ours (round 24; regex, replacement pairs, applied in
+# turn): where Inductor's kernel is ahead, the edit that loses its lead names what does it.
+# fexp: the write's exp as tl.exp (ours: ex2.approx) in place of libdevice's expf; mul: y by a
+# multiply with 1 / sum, not a division; stef: the stores evict_first, as ours
+_FEXP = (r"libdevice\.exp\(", "tl_math.exp(")
+_MUL = (r"\((tmp\d+) / (tmp\d+)\)", r"(\1 * (1.0 / \2))")
+_STEF = (r"(tl\.store\(.*)\)[ \t]*$", r"\1, eviction_policy='evict_first')")
+SOURCE_EDITS = {
+    "fexp": [_FEXP], "mul": [_MUL], "stef": [_STEF], "fexp_mul": [_FEXP, _MUL],
+    "fexp_mul_stef": [_FEXP, _MUL, _STEF],
+}
+
+
+def _edited_source(source: str, edit: str | None) -> str | None:
+    """source with SOURCE_EDITS[edit] applied (None: as it is); None where a pattern of the
+    edit does not occur in it."""
+    import re
+
+    for pattern, replacement in SOURCE_EDITS.get(edit, []):
+        source, count = re.subn(pattern, replacement, source, flags=re.MULTILINE)
+        if count == 0:
+            return None
+    return source
+
+
+def _inductor_kernel_copy(found_config: dict, edit: str | None = None):
     """A fresh triton.jit of an Inductor kernel's source (Inductor's own JITFunction is kept
-    in a form that cannot compile again), from a file of its own (triton.jit reads it back)."""
-    if "copy" not in found_config:
+    in a form that cannot compile again), from a file of its own (triton.jit reads it back);
+    edit: a SOURCE_EDITS key applied to the source first."""
+    copies = found_config.setdefault("copies", {})
+    if edit not in copies:
         import importlib.util
         import tempfile
 
-        source = found_config["fn"].src
+        source = _edited_source(found_config["fn"].src, edit)
         source = source[source.index("def "):]
         path = Path(tempfile.mkdtemp()) / "inductor_kernel.py"
         path.write_text(INDUCTOR_IMPORTS + source)
-        spec = importlib.util.spec_from_file_location(f"inductor_kernel_{id(found_config)}", path)
+        name = f"inductor_kernel_{id(found_config)}_{edit}"
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        found_config["copy"] = getattr(module, found_config["kernel"])
-    return found_config["copy"]
+        copies[edit] = getattr(module, found_config["kernel"])
+    return copies[edit]
 
 
-def _run_inductor_kernel(found_config: dict, x: torch.Tensor) -> torch.Tensor:
+def _run_inductor_kernel(found_config: dict, x: torch.Tensor, edit: str | None = None):
     """Inductor's kernel (inductor_configs) in its chosen config, launched through Triton's
     launcher as our kernels are: whether a gap is the kernel's or its launch path's. Its
-    signature is (in_ptr0, out_ptr, xnumel, r0_numel, XBLOCK[, R0_BLOCK]), grid 1-D."""
+    signature is (in_ptr0, out_ptr, xnumel, r0_numel, XBLOCK[, R0_BLOCK]), grid 1-D. edit:
+    the kernel edited first (SOURCE_EDITS)."""
     y = torch.empty_like(x)
     m, n = x.shape
     kwargs = found_config["kwargs"]
     grid = (triton.cdiv(m, int(kwargs.get("XBLOCK", 1))),)
-    _inductor_kernel_copy(found_config)[grid](
+    _inductor_kernel_copy(found_config, edit)[grid](
         x, y, m, n, **kwargs, num_warps=found_config["num_warps"],
         num_stages=found_config["num_stages"],
     )  # fmt: skip
@@ -297,6 +353,8 @@ def main(argv=None) -> int:
     parser.add_argument("--jsonl", type=Path, default=None,
                         help="also append each shape's paired reading (per-round ratios) here, "
                         "for python -m analysis.targets RESULTS --paired FILE")
+    parser.add_argument("--keep", default=None,
+                        help="time only the variants whose name this regex finds in")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this probe times on a GPU")
@@ -318,7 +376,7 @@ def main(argv=None) -> int:
         for m, n in shapes:
             records = []
             line = run_shape(m, n, dtype_name, args.rounds, timer, copy_gbs, args.inductor,
-                             records)  # fmt: skip
+                             records, args.keep)  # fmt: skip
             failed |= "FAILED" in line
             print(line, flush=True)
             if args.jsonl is not None:

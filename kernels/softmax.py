@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from kernels._common import (
     TUNING_CACHES,
@@ -142,7 +143,10 @@ INTERPRETER_SMS = 3
 # tiles of TUNE_TILE_BYTES with one 16-byte access a thread, and keep the fastest for that shape
 # (_tuned_config). The H100 and the H200 are both sm_90 with 132 SMs, and want different tiles
 # there (probes 15-16, kernels/notes/softmax.md): the H100 0.5-0.8% faster with 16 bytes a
-# thread, the H200 10-20 points of its copy slower. KBENCH_SOFTMAX_TUNE=0 keeps the pick.
+# thread, the H200 10-20 points of its copy slower. Since round 24 the forward's row loop (the
+# online design) times the pick beside Inductor's arithmetic and half the warps
+# (_online_candidates): the H100 0.3% faster with the first at fp32 N = 4096, where that form
+# runs 28% behind ours on the H200. KBENCH_SOFTMAX_TUNE=0 keeps the pick.
 TUNE = os.environ.get("KBENCH_SOFTMAX_TUNE", "1") != "0"
 # Smaller inputs keep the pick: their calls are launch-bound, and a choice (about 20 batches of
 # calls) would cost more than it could save. From this size up, every pick fills the SMs with
@@ -255,8 +259,11 @@ class Config(NamedTuple):
     lean: bool = True
     # online forward: Inductor's form of the first pass, a running max and sum per lane (the
     # tile's element) combined across the row once, and y = exp(x - max) / sum by a division
-    # (a probe knob: Inductor's kernel runs 0.2% ahead of ours at fp32 N = 4096 on the H100)
-    lanes: bool = False
+    # (a probe knob: Inductor's kernel runs 0.2% ahead of ours at fp32 N = 4096 on the H100);
+    # round 24, each level with the ones below: 2 the write's exp is libdevice's expf, 3 so
+    # are the first pass's, 4 the max is Inductor's (a select where a NaN wins): Inductor's
+    # looped kernel's arithmetic throughout
+    lanes: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -809,6 +816,28 @@ def softmax_split_loop_kernel(
 
 
 @triton.jit
+def _max_nan(a, b):
+    """max(a, b) where a NaN wins, as Inductor's `maximum` (a select, not FMNMX)."""
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def _lane_max(a, b, NAN: tl.constexpr):
+    if NAN:
+        return _max_nan(a, b)
+    else:
+        return tl.maximum(a, b)
+
+
+@triton.jit
+def _lane_exp(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:  # expf (Inductor's exp where fast math is off)
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def softmax_online_kernel(
     x_ptr, y_ptr,
     rows_inner, n_cols,
@@ -826,7 +855,10 @@ def softmax_online_kernel(
     ONE_OUTER: tl.constexpr = False, ONE_STEP: tl.constexpr = False,
     DENSE: tl.constexpr = False,
     # LANES (Config.lanes): the first pass keeps a running max and sum per lane, not per row
-    LANES: tl.constexpr = False,
+    LANES: tl.constexpr = 0,
+    # LANES >= 2 call libdevice's exp where LIBDEVICE; the host passes False under the Triton
+    # interpreter, which has no extern calls (tl.exp there, the rest of the kernel the same)
+    LIBDEVICE: tl.constexpr = True,
 ):  # fmt: skip
     if DENSE:
         x_stride_inner = BLOCK_COLS
@@ -847,13 +879,18 @@ def softmax_online_kernel(
             ok = row_ok & (start + cols < n_cols)
             x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, FIRST_POLICY, EVEN)
             x = x.to(tl.float32)
-            new_max = tl.maximum(lane_max, x)
+            new_max = _lane_max(lane_max, x, LANES >= 4)
             shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # as below
-            lane_sum = lane_sum * tl.exp(lane_max - shift) + tl.exp(x - shift)
+            lane_sum = (lane_sum * _lane_exp(lane_max - shift, LANES >= 3 and LIBDEVICE)
+                        + _lane_exp(x - shift, LANES >= 3 and LIBDEVICE))  # fmt: skip
             lane_max = new_max
-        row_max = tl.max(lane_max, axis=1)
+        if LANES >= 4:
+            row_max = tl.reduce(lane_max, 1, _max_nan)
+        else:
+            row_max = tl.max(lane_max, axis=1)
         shift = tl.where(row_max == -float("inf"), 0.0, row_max)
-        row_sum = tl.sum(lane_sum * tl.exp(lane_max - shift[:, None]), axis=1)
+        row_sum = tl.sum(lane_sum * _lane_exp(lane_max - shift[:, None], LANES >= 3 and LIBDEVICE),
+                         axis=1)  # fmt: skip
     else:
         # -- main loop: online softmax, running max and a sum rescaled whenever the max grows --
         row_max = tl.full((BLOCK_ROWS,), -float("inf"), tl.float32)
@@ -875,8 +912,9 @@ def softmax_online_kernel(
     for start in tl.range(0, end, BLOCK_COLS, num_stages=NUM_STAGES):
         ok = row_ok & (start + cols < n_cols)
         x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, POLICY, EVEN)
-        if LANES:  # a true division, as Inductor's
-            y = tl.exp(x.to(tl.float32) - row_max[:, None]) / row_sum[:, None]
+        if LANES:  # a true division, as Inductor's (and from 2, libdevice's expf)
+            y = _lane_exp(x.to(tl.float32) - row_max[:, None], LANES >= 2 and LIBDEVICE)
+            y = y / row_sum[:, None]
         else:
             y = _exp_shifted(x.to(tl.float32), row_max, EXP2) * inv_sum[:, None]
         y = y.to(y_ptr.dtype.element_ty)
@@ -1361,7 +1399,32 @@ def _tile_candidates(
 
 
 def _label(config: Config) -> str:
-    return f"{config.design} {config.block_rows}x{config.block_cols} w{config.num_warps}"
+    lanes = f" lanes{int(config.lanes)}" if config.lanes else ""
+    return f"{config.design} {config.block_rows}x{config.block_cols} w{config.num_warps}{lanes}"
+
+
+def _first_call_candidates(pick: Config, backward: bool, rows_inner: int, rows_outer: int,
+                           itemsize: int, device: torch.device):  # fmt: skip
+    """What the first call may time against the pick (a function giving the candidates,
+    the pick first), or None: the forward's short-row tile (round 17) and row loop (round 24)."""
+    if backward:
+        return None
+    if pick.design == "tile" and pick.block_cols <= SMALL_TILE_MAX_COLS.get(itemsize, 0):
+        return lambda: _tile_candidates(pick, rows_inner, rows_outer, itemsize, device)
+    if pick.design == "online":
+        return lambda: _online_candidates(pick)
+    return None
+
+
+def _online_candidates(pick: Config) -> list[Config]:
+    """The online forward's pick, then the same loop in Inductor's arithmetic (Config.lanes =
+    4: libdevice's exp, its max, a true division; the stores' default policy), which round 24
+    found 0.3% faster on the H100 at fp32 N = 4096 where Inductor's kernel of that form runs
+    28% behind ours on the H200; and half the warps (the H200's faster choice there)."""
+    candidates = [pick, pick._replace(lanes=4, store_default=True)]
+    if pick.num_warps >= 8:
+        candidates.append(pick._replace(num_warps=pick.num_warps // 2))
+    return candidates
 
 
 def _time_candidate(fn) -> float:
@@ -1423,15 +1486,15 @@ def _launch_rows(
             n_cols, rows_inner, rows_adjacent, backward, device, itemsize, rows_outer, smem_ok
         )
         rows = rows_outer * rows_inner
-        small = not backward and config.block_cols <= SMALL_TILE_MAX_COLS.get(itemsize, 0)
+        candidates = _first_call_candidates(config, backward, rows_inner, rows_outer, itemsize,
+                                            device)  # fmt: skip
         if (
-            small and config.design == "tile" and not rows_adjacent
+            candidates is not None and not rows_adjacent
             and rows * n_cols * itemsize >= TUNE_MIN_BYTES and _tunable(launch, device)
         ):  # fmt: skip
-            pick = config
             config = _tuned_config(
                 (device, moved[0].dtype, n_cols, next_power_of_2(rows)),
-                lambda: _tile_candidates(pick, rows_inner, rows_outer, itemsize, device),
+                candidates,
                 lambda c: _launch_rows(launch, moved, False, c),
                 f"forward {str(moved[0].dtype).removeprefix('torch.')} {rows} x {n_cols}",
             )
@@ -1476,6 +1539,8 @@ def _launch_rows(
         raise ValueError(f"store_default is a knob of the online forward, got {config}")
     if config.lanes and (backward or config.design != "online"):
         raise ValueError(f"lanes is a knob of the online forward, got {config}")
+    if config.lanes not in (0, 1, 2, 3, 4):
+        raise ValueError(f"lanes is 0-4 (2 and up: libdevice's exp), got {config.lanes}")
     if config.one_copy and (backward or config.design != "smem" or config.per_sm or config.fold
                             or config.regs):  # fmt: skip
         raise ValueError(f"one_copy is a knob of the one-shot smem forward (no fold or regs), "
@@ -1565,7 +1630,8 @@ def _launch_rows(
             # the forward's: always passed, as EVEN and INT32 (torch.compile's wrapper wants
             # every parameter); the backward kernel has none (the interpreter let it through)
             **({} if backward else {"STORE_POLICY": "" if config.store_default
-                                    else hints["POLICY"], "LANES": config.lanes}),
+                                    else hints["POLICY"], "LANES": int(config.lanes),
+                                    "LIBDEVICE": not is_interpreter()}),
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")

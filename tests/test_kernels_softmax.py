@@ -409,12 +409,15 @@ def test_chunks_by_program_id_are_a_one_shot_smem_knob(device):
             _backward(x, x, -1, direct, config)
 
 
+@pytest.mark.parametrize("lanes", [1, 2, 3, 4])
 @pytest.mark.parametrize("dtype_name", ["fp32", "fp16"])
 @pytest.mark.parametrize("n, block_cols", [(4096, 4096), (3001, 1024), (700, 1024)])
-def test_online_lanes(n, block_cols, dtype_name, device):
-    """Config.lanes (round 23): the online loop's first pass lane by lane, over one step, three
-    masked steps, and one padded step; rows with -inf runs, an all -inf row (NaN, as torch),
-    +-1e4 and equal values, against float64."""
+def test_online_lanes(n, block_cols, dtype_name, lanes, device):
+    """Config.lanes (round 23; 2-4, round 24: libdevice's exp, Inductor's max): the online loop's
+    first pass lane by lane, over one step, three masked steps, and one padded step; rows with
+    -inf runs, an all -inf row (NaN, as torch), +-1e4 and equal values, against float64. The
+    interpreter has no extern calls: there libdevice's exp is tl.exp (LIBDEVICE off); the GPU
+    run covers it."""
     dtype = DTYPES[dtype_name]
     x = torch.randn(7, n, device=device) * 4
     x[1, : n // 2] = -float("inf")
@@ -423,7 +426,7 @@ def test_online_lanes(n, block_cols, dtype_name, device):
     x[4] = 2.5
     x = x.to(dtype)
     config = Config("online", 1, block_cols, 4, evict=True, exp2=1, even=True, int32=True,
-                    lanes=True)  # fmt: skip
+                    lanes=lanes)  # fmt: skip
     y = _forward(x, -1, direct, config)
     ref = torch.softmax(x.double(), -1)
     assert torch.isnan(y[2]).all()
@@ -1699,6 +1702,10 @@ LONG_ROW_DESIGNS = [
            left_group=4),
     # and the online loop's first pass lane by lane (Inductor's form), 64 steps a row
     Config("online", 1, 4096, 8, evict=True, exp2=1, even=True, int32=True, lanes=True),
+    # round 24: and Inductor's arithmetic throughout (libdevice's exp, its max), the stores'
+    # default policy
+    Config("online", 1, 4096, 8, evict=True, exp2=1, even=True, int32=True, lanes=4,
+           store_default=True),
 ]
 
 
@@ -1720,7 +1727,8 @@ def _design_id(c: Config) -> str:
         + (f"_poly{c.poly}" if c.poly else "")
         + ("_one" if c.one_copy else "")
         + (f"_lp{c.leave_polls}_g{c.left_group}" if c.left_group > 1 else "")
-        + ("_lanes" if c.lanes else "")
+        + (f"_lanes{int(c.lanes)}" if c.lanes else "")
+        + ("_st" if c.store_default else "")
     )
 
 
@@ -1728,7 +1736,7 @@ def _backward_design(config: Config) -> Config:
     """What the backward takes of a forward design: not its forward-only knobs; by_pid and even
     on its one-shot smem kernel (round 21), not on its persistent one or another design's."""
     backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False,
-                               left_group=1, lanes=False)  # fmt: skip
+                               left_group=1, lanes=0, store_default=False)  # fmt: skip
     if config.per_sm or config.design != "smem":
         backward = backward._replace(by_pid=False, even=False, int32=False)
     return backward
@@ -2133,12 +2141,63 @@ def test_first_call_tunes_the_short_row_forward_once(dtype_name, device, monkeyp
     assert len(softmax_module._TUNED) == 1
 
 
+def test_online_candidates():
+    """Round 24: the row loop's pick, then Inductor's arithmetic (lanes 4, the stores' default
+    policy), then half the warps where the pick has 8 or more."""
+    with pretend_gpu((9, 0), 132):
+        device = torch.device("cuda")
+        fp32 = softmax_module._pick_config(4096, 32768, False, False, device, 4)
+        bf16 = softmax_module._pick_config(4096, 32768, False, False, device, 2)
+    assert fp32.design == bf16.design == "online" and fp32.num_warps >= 8 > bf16.num_warps
+    got = softmax_module._online_candidates(fp32)
+    assert got == [fp32, fp32._replace(lanes=4, store_default=True),
+                   fp32._replace(num_warps=fp32.num_warps // 2)]  # fmt: skip
+    assert softmax_module._online_candidates(bf16) == [bf16, bf16._replace(lanes=4,
+                                                                          store_default=True)]
+    assert len(set(got)) == 3
+    assert softmax_module._label(got[1]).endswith(" lanes4")
+    assert [softmax_module._label(c) for c in got[::2]] == ["online 1x4096 w16", "online 1x4096 w8"]
+
+
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+def test_first_call_tunes_the_row_loop(dtype_name, device, monkeypatch):
+    """Round 24, through softmax(): the forward of rows that take the row loop times its
+    candidates (_online_candidates; a fake timer) and keeps the fastest, Inductor's form
+    here, whose output is correct (rows of 4096 with extremes and a ragged last row count);
+    the backward is not timed."""
+    dtype = DTYPES[dtype_name]
+    calls = []
+    monkeypatch.setattr(softmax_module, "_tunable", lambda launch, device: launch is direct)
+    monkeypatch.setattr(softmax_module, "_TUNED", {})
+    x = torch.randn(5, 4096, device=device) * 3
+    x[1, 7], x[2, :100] = 1e4, -float("inf")
+    x = x.to(dtype).requires_grad_()
+    monkeypatch.setattr(softmax_module, "TUNE_MIN_BYTES", x.nbytes)
+    pick = softmax_module._pick_config(4096, 5, False, False, x.device, x.element_size())
+    assert pick.design == "online"
+    inductor_form = pick._replace(lanes=4, store_default=True)
+    times = {softmax_module._label(inductor_form): 0.1}
+    monkeypatch.setattr(softmax_module, "_time_candidate", _fake_timer(times, calls))
+    y = softmax(x, -1)
+    assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES[dtype_name]
+    assert list(softmax_module._TUNED.values()) == [inductor_form]
+    assert set(calls) == set(softmax_module._online_candidates(pick))
+    timed = len(calls)
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    y64 = torch.softmax(x.double(), -1)
+    dx_ref = y64 * (dy.double() - (y64 * dy.double()).sum(-1, keepdim=True))
+    assert relative_error(dx, dx_ref) < TOLERANCES[dtype_name]
+    assert len(calls) == timed and len(softmax_module._TUNED) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
-@pytest.mark.parametrize("shape", [(65536, 128), (16384, 512), (4096, 1024)])
+@pytest.mark.parametrize("shape", [(65536, 128), (16384, 512), (4096, 1024), (2048, 4096)])
 def test_first_call_tuning_on_gpu(shape, dtype_name, monkeypatch):
     """On the GPU the first call times its candidates with the real timer and writes one line;
-    the choice is correct, and a CUDA graph captured on a new shape keeps the pick untimed."""
+    the choice is correct, and a CUDA graph captured on a new shape keeps the pick untimed.
+    Short-row tiles and (round 24) the row loop are timed."""
     monkeypatch.setattr(softmax_module, "_TUNED", {})
     dtype = DTYPES[dtype_name]
     x = torch.randn(shape, device="cuda", dtype=dtype) * 3
@@ -2149,13 +2208,11 @@ def test_first_call_tuning_on_gpu(shape, dtype_name, monkeypatch):
     )
     assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES[dtype_name]
     pick = softmax_module._pick_config(shape[1], shape[0], False, False, x.device, x.element_size())
-    if pick.design != "tile":  # fp32 rows of 1024 take the row loop: nothing to time
-        assert softmax_module.TUNING_LOG[log_before:] == [] and softmax_module._TUNED == {}
-        return
+    assert pick.design in ("tile", "online")
     (line,) = softmax_module.TUNING_LOG[log_before:]
-    assert "chose tile" in line
+    assert f"chose {pick.design}" in line
     (chosen,) = softmax_module._TUNED.values()
-    assert chosen.design == "tile"
+    assert chosen.design == pick.design
     # capture on a shape not yet tuned (more rows: the next power of 2): no timing inside it
     w = torch.randn(shape[0] + 3, shape[1], device="cuda", dtype=dtype)
     monkeypatch.setattr(softmax_module, "TUNE", False)

@@ -45,6 +45,9 @@ def test_variants_of_the_online_pick_and_of_a_tuned_tile():
             lean=False, even=False, int32=False
         )  # fmt: skip
         assert online["triton_st"].store_default
+        assert online["triton_lanes4_st"] == pick(32768, 4096, 4)._replace(
+            lanes=4, store_default=True
+        )  # fmt: skip
         tiles = ab.variants(1048576, 128, 4)
         assert tiles.pop("triton_r22") == pick(1048576, 128, 4)._replace(lean=False)
         assert tiles and pick(1048576, 128, 4) not in tiles.values()
@@ -52,6 +55,38 @@ def test_variants_of_the_online_pick_and_of_a_tuned_tile():
             assert config.design == "tile" and config.block_cols == 128 and config.lean
             assert config.block_rows * 128 * 4 == 16 * 32 * config.num_warps
         assert list(ab.variants(65536, 2048, 2)) == ["triton_r22"]
+
+
+INDUCTOR_LOOPED = """def triton_red_fused_0(in_ptr0, out_ptr2, xnumel, r0_numel, XBLOCK, R0_BLOCK):
+    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+        tmp4 = tl.load(in_ptr0 + (r0_1 + 4096*x0), r0_mask, eviction_policy='evict_first')
+        tmp5 = tmp4 - tmp2
+        tmp6 = libdevice.exp(tmp5)
+        tmp7 = (tmp6 / tmp3)
+        tl.store(out_ptr2 + (r0_1 + 4096*x0), tmp7, r0_mask)
+"""
+
+
+def test_source_edits_of_inductors_kernel():
+    """Round 24's edits of Inductor's looped kernel toward ours: each applies where its
+    pattern occurs, in turn; an edit whose pattern is missing gives None (not timed)."""
+    assert ab._edited_source(INDUCTOR_LOOPED, None) == INDUCTOR_LOOPED
+    ours = ab._edited_source(INDUCTOR_LOOPED, "fexp_mul_stef")
+    assert "tmp6 = tl_math.exp(tmp5)" in ours and "libdevice" not in ours
+    assert "tmp7 = (tmp6 * (1.0 / tmp3))" in ours
+    assert ("tl.store(out_ptr2 + (r0_1 + 4096*x0), tmp7, r0_mask, "
+            "eviction_policy='evict_first')") in ours  # fmt: skip
+    assert ours.count("evict_first") == 2  # the load's own policy is left alone
+    assert ab._edited_source(INDUCTOR_LOOPED, "mul").count("libdevice.exp") == 1
+    persistent = INDUCTOR_LOOPED.replace("libdevice.exp", "tl_math.exp")
+    assert ab._edited_source(persistent, "fexp") is None
+    assert ab._edited_source(persistent, "stef") is not None
+
+
+def test_kept_variants():
+    assert ab.kept("triton_lanes2", None) and ab.kept("ind_src_mac_fexp", "lanes|ind_src")
+    assert not ab.kept("triton_w8", "lanes|ind_src")
+    assert all(ab.kept(name, "nothing") for name in ("triton", *ab.MODES))
 
 
 def test_inductor_shaped_configs():

@@ -119,6 +119,7 @@ def test_softmax_paired_reading_is_the_worst_median_on_the_sweeps_gpu(tmp_path):
     path = tmp_path / "paired.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in paired) + "\n")
     assert load_paired([path]) == paired
+    assert load_paired([tmp_path / "missing.jsonl", path]) == paired  # warned, read as none
     checks = {c.target: c for c in softmax_report(frame, paired).checks}
     check = checks[PAIRED]
     assert check.value == pytest.approx(0.998) and not check.passed
