@@ -52,7 +52,7 @@ BENCH_conv = "kernel=conv mode=triton kernel.bias=true,false shapes=resnet50" \
              "kernel=conv kernel.activation=relu mode=triton,default,max-autotune-no-cudagraphs shapes=resnet50_core"
 # Paired runs after the grids (softmax: ours and both compile modes in one process, interleaved
 # round by round; analysis.targets --paired reads them as the paired "vs best compile" target)
-PAIRED_softmax = experiments.probe_softmax_ab --rounds 7 --only 128,512,1024,4096,16384
+PAIRED_softmax = experiments.probe_softmax_ab --rounds 7 --only 128,512,1024,4096,16384 --keep none
 BENCH_STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)
 BENCH_DIR ?= multirun/bench-$(kernel)/$(BENCH_STAMP)
 

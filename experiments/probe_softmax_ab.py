@@ -187,12 +187,18 @@ def paired_record(dtype_name: str, m: int, n: int, times: dict[str, list[float]]
     }  # fmt: skip
 
 
+NO_VARIANTS = "none"  # --keep none: softmax() and the compile modes only (make bench's run)
+
+
 def kept(name: str, keep: str | None) -> bool:
-    """Whether a variant or Inductor-kernel entry is timed: all where keep is None, else those
-    whose name the regex keep finds in (triton and the compile modes always are)."""
+    """Whether a variant or Inductor-kernel entry is timed: all where keep is None, none where
+    it is NO_VARIANTS, else those whose name the regex keep finds in (triton and the compile
+    modes always are)."""
     import re
 
-    return keep is None or name in ("triton", *MODES) or re.search(keep, name) is not None
+    if name in ("triton", *MODES):
+        return True
+    return keep is None or (keep != NO_VARIANTS and re.search(keep, name) is not None)
 
 
 def run_shape(m: int, n: int, dtype_name: str, rounds: int, timer, copy_gbs: float,
@@ -354,7 +360,8 @@ def main(argv=None) -> int:
                         help="also append each shape's paired reading (per-round ratios) here, "
                         "for python -m analysis.targets RESULTS --paired FILE")
     parser.add_argument("--keep", default=None,
-                        help="time only the variants whose name this regex finds in")
+                        help="time only the variants whose name this regex finds in "
+                        f"({NO_VARIANTS!r}: none)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: this probe times on a GPU")

@@ -87,6 +87,8 @@ def test_kept_variants():
     assert ab.kept("triton_lanes2", None) and ab.kept("ind_src_mac_fexp", "lanes|ind_src")
     assert not ab.kept("triton_w8", "lanes|ind_src")
     assert all(ab.kept(name, "nothing") for name in ("triton", *ab.MODES))
+    assert all(ab.kept(name, "none") for name in ("triton", *ab.MODES))
+    assert not ab.kept("triton_st", ab.NO_VARIANTS) and not ab.kept("ind_src_mac", "none")
 
 
 def test_inductor_shaped_configs():
