@@ -115,7 +115,8 @@ def variants(m: int, n: int, itemsize: int) -> dict[str, Config]:
         out["triton_tile_ef"] = tile._replace(evict=True)
     elif pick.design == "tile" and n <= SMALL_TILE_MAX_COLS.get(itemsize, 0):
         for config in _tile_candidates(pick, m, 1, itemsize, device)[1:]:
-            out[f"triton_{config.block_rows}r_w{config.num_warps}"] = config
+            loop = "_online" if config.design == "online" else ""
+            out[f"triton{loop}_{config.block_rows}r_w{config.num_warps}"] = config
     return out
 
 

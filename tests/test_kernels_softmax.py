@@ -2010,20 +2010,28 @@ def _fake_timer(times_by_label, calls=None):
         (2, 128, 2**20, [(8, 2), (4, 2), (8, 4), (16, 8)]),
         (2, 1024, 2**17, [(1, 2), (1, 4), (2, 8)]),  # a row is 2 KB: at least one row a tile
         (4, 512, 2**18, [(2, 4), (1, 4), (2, 8)]),
-        (4, 1024, 2**17, [(1, 4), (1, 8)]),
+        (4, 128, 2**20, [(8, 4), (2, 2), (4, 4), (8, 8)]),  # (fp32 1024 takes the row loop)
         (2, 128, 64, [(1, 2), (1, 1)]),  # 64 rows on 132 SMs: one row a program
     ],
 )
 def test_tile_candidates(itemsize, cols, rows, want):
+    """The pick, the tiles (want: rows and warps of each, the pick first), then (round 24) the
+    row loop on the same blocks as the tiles after the pick, in the online pick's form."""
     with pretend_gpu((9, 0), 132):
         device = torch.device("cuda")
         pick = softmax_module._pick_config(cols, rows, False, False, device, itemsize)
         got = softmax_module._tile_candidates(pick, rows, 1, itemsize, device)
-    assert got[0] == pick
-    assert [(c.block_rows, c.num_warps) for c in got] == want
-    assert len(set(got)) == len(got)
+    assert got[0] == pick and pick.design == "tile"
+    tiles = [c for c in got if c.design == "tile"]
+    loops = [c for c in got if c.design == "online"]
+    assert len(tiles) + len(loops) == len(got) == len(set(got))
+    assert [(c.block_rows, c.num_warps) for c in tiles] == want
+    assert [(c.block_rows, c.num_warps) for c in loops] == want[1:] or (
+        want[1:] == [] and loops == []
+    )  # fmt: skip
     for c in got[1:]:  # one 16-byte access a thread, at least one row, no masks, int32
-        assert c.design == "tile" and c.block_cols == cols and c.even and c.int32
+        assert c.block_cols == cols and c.even and c.int32
+        assert (c.evict, c.exp2) == ((True, 1) if c.design == "online" else (False, 0))
         if c.block_rows * cols * itemsize >= 512:
             assert c.block_rows * cols * itemsize == c.num_warps * 32 * 16
 

@@ -51,9 +51,11 @@ def test_variants_of_the_online_pick_and_of_a_tuned_tile():
         tiles = ab.variants(1048576, 128, 4)
         assert tiles.pop("triton_r22") == pick(1048576, 128, 4)._replace(lean=False)
         assert tiles and pick(1048576, 128, 4) not in tiles.values()
-        for config in tiles.values():
-            assert config.design == "tile" and config.block_cols == 128 and config.lean
+        assert {c.design for c in tiles.values()} == {"tile", "online"}  # round 24: both
+        for name, config in tiles.items():
+            assert config.block_cols == 128 and config.lean
             assert config.block_rows * 128 * 4 == 16 * 32 * config.num_warps
+            assert ("_online_" in name) == (config.design == "online")
         assert list(ab.variants(65536, 2048, 2)) == ["triton_r22"]
 
 
