@@ -2218,9 +2218,11 @@ def test_first_call_tuning_on_gpu(shape, dtype_name, monkeypatch):
     pick = softmax_module._pick_config(shape[1], shape[0], False, False, x.device, x.element_size())
     assert pick.design in ("tile", "online")
     (line,) = softmax_module.TUNING_LOG[log_before:]
-    assert f"chose {pick.design}" in line
     (chosen,) = softmax_module._TUNED.values()
-    assert chosen.design == pick.design
+    assert f"chose {softmax_module._label(chosen)} (" in line
+    # a tile's candidates include the row loop on its blocks (round 24); the row loop's are
+    # row loops
+    assert chosen.design in (("tile", "online") if pick.design == "tile" else ("online",))
     # capture on a shape not yet tuned (more rows: the next power of 2): no timing inside it
     w = torch.randn(shape[0] + 3, shape[1], device="cuda", dtype=dtype)
     monkeypatch.setattr(softmax_module, "TUNE", False)
