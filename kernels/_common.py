@@ -195,6 +195,39 @@ def _sleep_cycles(us: float) -> int:
     return int(us * _CYCLES_PER_US[0])
 
 
+# An L2 flush: a write over more bytes than any current L2 holds (H100: 50 MB, H200: 60 MB), as
+# the benchmark's timer (experiments.timing.FLUSH_BYTES) and triton's do_bench flush
+FLUSH_BYTES = 256 * 1024 * 1024
+_FLUSH_BUFFERS: dict = {}
+
+
+def gpu_ms_flushed(fn: Callable[[], object], calls: int, cpu_us_per_call: float = 100.0) -> float:
+    """Median GPU time of one call of `fn` (ms) over `calls` calls, each after an L2 flush and
+    between its own two events, all enqueued behind a sleep kernel that holds the GPU while the
+    CPU enqueues them (`cpu_us_per_call` each, at most): how the benchmark's timer times a call
+    (experiments.timing.GpuTimer). Back-to-back batches (gpu_ms_per_call) ranked the softmax
+    forward's candidates within 0.1% where this ranks them 1% apart (round 24)."""
+    fn()
+    torch.cuda.synchronize()
+    device = torch.cuda.current_device()
+    flush = _FLUSH_BUFFERS.get(device)
+    if flush is None:
+        flush = _FLUSH_BUFFERS[device] = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(calls)
+    ]  # fmt: skip
+    torch.cuda._sleep(_sleep_cycles(calls * cpu_us_per_call))
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    return times[len(times) // 2]
+
+
 def gpu_ms_per_call(fn: Callable[[], object], calls: int, cpu_us_per_call: float = 100.0) -> float:
     """GPU time per call of `fn` (ms) over `calls` back-to-back calls, enqueued behind a sleep
     kernel that holds the GPU while the CPU enqueues them all (`cpu_us_per_call` each, at most).

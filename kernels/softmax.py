@@ -48,7 +48,7 @@ from kernels._common import (
     check_tensor,
     direct,
     gpu_info,
-    gpu_ms_per_call,
+    gpu_ms_flushed,
     is_interpreter,
     next_power_of_2,
 )
@@ -154,8 +154,7 @@ TUNE = os.environ.get("KBENCH_SOFTMAX_TUNE", "1") != "0"
 TUNE_MIN_BYTES = 8 * 2**20
 TUNE_TILE_BYTES = (1024, 2048, 4096)
 TUNE_ROUNDS = 5  # timing rounds over the candidates; each keeps its best round
-TUNE_BATCH_MS = 4.0  # GPU time of one timed batch of back-to-back calls
-TUNE_MAX_CALLS = 100
+TUNE_CALLS = 10  # calls a candidate a round, each timed alone after an L2 flush
 TUNE_CPU_US_PER_CALL = 150.0  # the CPU path of one call, at most (call latency: 70-130 us)
 # (device, dtype, columns, rows rounded up to a power of 2) -> the chosen Config
 _TUNED: dict = {}
@@ -1435,10 +1434,10 @@ def _online_candidates(pick: Config) -> list[Config]:
 
 
 def _time_candidate(fn) -> float:
-    """GPU ms per call of `fn`: a batch of about TUNE_BATCH_MS of back-to-back calls."""
-    estimate = gpu_ms_per_call(fn, 3, TUNE_CPU_US_PER_CALL)
-    calls = max(3, min(TUNE_MAX_CALLS, math.ceil(TUNE_BATCH_MS / max(estimate, 1e-6))))
-    return gpu_ms_per_call(fn, calls, TUNE_CPU_US_PER_CALL)
+    """GPU ms a call of `fn`: the median of TUNE_CALLS calls, each after an L2 flush, as the
+    benchmark times a call (round 24; back-to-back batches of calls before, which ranked
+    candidates 1% apart in the benchmark within 0.1% of each other)."""
+    return gpu_ms_flushed(fn, TUNE_CALLS, TUNE_CPU_US_PER_CALL)
 
 
 def _tuned_config(key: tuple, make_candidates, run, what: str) -> Config:
