@@ -143,13 +143,14 @@ INTERPRETER_SMS = 3
 # tiles of TUNE_TILE_BYTES with one 16-byte access a thread, and keep the fastest for that shape
 # (_tuned_config). The H100 and the H200 are both sm_90 with 132 SMs, and want different tiles
 # there (probes 15-16, kernels/notes/softmax.md): the H100 0.5-0.8% faster with 16 bytes a
-# thread, the H200 10-20 points of its copy slower. Since round 24 the forward's row loop (the
+# thread, the H200 10-20 points of its copy slower; since round 24 the row loop on the tiles'
+# blocks too (x read twice, the second time from L2). Since round 24 the forward's row loop (the
 # online design) times the pick beside Inductor's arithmetic and half the warps
 # (_online_candidates): the H100 0.3% faster with the first at fp32 N = 4096, where that form
-# runs 28% behind ours on the H200. KBENCH_SOFTMAX_TUNE=0 keeps the pick.
+# runs 25% behind ours on the H200. KBENCH_SOFTMAX_TUNE=0 keeps the pick.
 TUNE = os.environ.get("KBENCH_SOFTMAX_TUNE", "1") != "0"
-# Smaller inputs keep the pick: their calls are launch-bound, and a choice (about 20 batches of
-# calls) would cost more than it could save. From this size up, every pick fills the SMs with
+# Smaller inputs keep the pick: their calls are launch-bound, and a choice (TUNE_ROUNDS rounds of
+# TUNE_CALLS flushed calls a candidate) would cost more than it could save. From this size up, every pick fills the SMs with
 # whole tiles, so the candidates are the same for every row count of one power of 2.
 TUNE_MIN_BYTES = 8 * 2**20
 TUNE_TILE_BYTES = (1024, 2048, 4096)
@@ -1425,8 +1426,8 @@ def _first_call_candidates(pick: Config, backward: bool, rows_inner: int, rows_o
 def _online_candidates(pick: Config) -> list[Config]:
     """The online forward's pick, then the same loop in Inductor's arithmetic (Config.lanes =
     4: libdevice's exp, its max, a true division; the stores' default policy), which round 24
-    found 0.3% faster on the H100 at fp32 N = 4096 where Inductor's kernel of that form runs
-    28% behind ours on the H200; and half the warps (the H200's faster choice there)."""
+    found 0.3% faster on the H100 at fp32 N = 4096, where that form runs 25% behind ours on
+    the H200; and half the warps, where the pick has 8 or more."""
     candidates = [pick, pick._replace(lanes=4, store_default=True)]
     if pick.num_warps >= 8:
         candidates.append(pick._replace(num_warps=pick.num_warps // 2))
