@@ -144,14 +144,15 @@ INTERPRETER_SMS = 3
 # (_tuned_config). The H100 and the H200 are both sm_90 with 132 SMs, and want different tiles
 # there (probes 15-16, kernels/notes/softmax.md): the H100 0.5-0.8% faster with 16 bytes a
 # thread, the H200 10-20 points of its copy slower; since round 24 the row loop on the tiles'
-# blocks too (x read twice, the second time from L2). Since round 24 the forward's row loop (the
-# online design) times the pick beside Inductor's arithmetic and half the warps
+# blocks too (x read twice, the second time from L2), and the forward's row loop (the online
+# design) times the pick beside Inductor's arithmetic and half the warps
 # (_online_candidates): the H100 0.3% faster with the first at fp32 N = 4096, where that form
 # runs 25% behind ours on the H200. KBENCH_SOFTMAX_TUNE=0 keeps the pick.
 TUNE = os.environ.get("KBENCH_SOFTMAX_TUNE", "1") != "0"
 # Smaller inputs keep the pick: their calls are launch-bound, and a choice (TUNE_ROUNDS rounds of
-# TUNE_CALLS flushed calls a candidate) would cost more than it could save. From this size up, every pick fills the SMs with
-# whole tiles, so the candidates are the same for every row count of one power of 2.
+# TUNE_CALLS flushed calls a candidate) would cost more than it could save. From this size up,
+# every pick fills the SMs with whole tiles, so the candidates are the same for every row count
+# of one power of 2.
 TUNE_MIN_BYTES = 8 * 2**20
 TUNE_TILE_BYTES = (1024, 2048, 4096)
 TUNE_ROUNDS = 5  # timing rounds over the candidates; each keeps its best round
