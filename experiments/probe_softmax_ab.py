@@ -33,6 +33,7 @@ import argparse
 import functools
 import gc
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -195,8 +196,6 @@ def kept(name: str, keep: str | None) -> bool:
     """Whether a variant or Inductor-kernel entry is timed: all where keep is None, none where
     it is NO_VARIANTS, else those whose name the regex keep finds in (triton and the compile
     modes always are)."""
-    import re
-
     if name in ("triton", *MODES):
         return True
     return keep is None or (keep != NO_VARIANTS and re.search(keep, name) is not None)
@@ -298,8 +297,6 @@ SOURCE_EDITS = {
 def _edited_source(source: str, edit: str | None) -> str | None:
     """source with SOURCE_EDITS[edit] applied (None: as it is); None where a pattern of the
     edit does not occur in it."""
-    import re
-
     for pattern, replacement in SOURCE_EDITS.get(edit, []):
         source, count = re.subn(pattern, replacement, source, flags=re.MULTILINE)
         if count == 0:

@@ -195,8 +195,8 @@ def _sleep_cycles(us: float) -> int:
     return int(us * _CYCLES_PER_US[0])
 
 
-# An L2 flush: a write over more bytes than any current L2 holds (H100: 50 MB, H200: 60 MB), as
-# the benchmark's timer (experiments.timing.FLUSH_BYTES) and triton's do_bench flush
+# An L2 flush: a write over more bytes than any current L2 holds (H100: 50 MB, H200: 60 MB); the
+# benchmark's timer (experiments.timing.GpuTimer) flushes with this size too, as does do_bench
 FLUSH_BYTES = 256 * 1024 * 1024
 _FLUSH_BUFFERS: dict = {}
 
