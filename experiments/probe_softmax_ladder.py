@@ -10,8 +10,15 @@ warps in 16-bit and 4 in fp32), and times each rung beside the copy of the same 
             1: local: the chunk's own softmax (max, sum of exp, output; no other program)
             2: row: the chunk's partial published, the row's awaited (the production kernel)
             3: row, the partial's exp kept in shared memory in place of x (one exp a value)
+            4: row in a thread-block cluster: the row's chunks are one cluster's programs
+               (launched with clusters of n_chunks), each pushes its partial into every
+               program's shared memory (st.shared::cluster) and one cluster barrier stands for
+               the publish and the polls (no workspace, no atomics, no reliance on start order)
     LOAD    0: cp.async, 16 bytes a thread; 1: TMA, one bulk copy a split of the chunk
     STORE   0: st.global from registers; 1: y written into shared memory, then TMA stores
+    PREFETCH  D > 0: at its start a program asks L2 for chunk c + D (prefetch.global.L2, a
+            128-byte line a thread), the chunk of a program that starts about D programs later,
+            so that its copies hit L2 (round 25)
 
 Rows are contiguous and N a multiple of the chunk, so a chunk is CHUNK consecutive values and
 there are no masks (the shipped kernel masks; its time is printed beside). A chunk is viewed as
@@ -52,6 +59,7 @@ class Rung(NamedTuple):
     work: int
     load: int
     store: int
+    prefetch: int = 0
 
 
 # TMA loads only under the copy rungs: with the softmax's work after them (rungs local_tma,
@@ -70,7 +78,17 @@ RUNGS = {
     "row_cp_t": Rung(1, 2, 0, 0),
     "row_cp_e": Rung(0, 3, 0, 0),
     "row_cp_t_e": Rung(1, 3, 0, 0),
+    "row_cl": Rung(0, 4, 0, 0),
+    "copy_cp_pf396": Rung(0, 0, 0, 0, 396),
+    "row_cp_pf132": Rung(0, 2, 0, 0, 132),
+    "row_cp_pf396": Rung(0, 2, 0, 0, 396),
+    "row_cp_pf792": Rung(0, 2, 0, 0, 792),
 }
+
+# Round 25: the cluster rung's partials live past Triton's own shared memory: the launch asks for
+# SLOT_BYTES more a program (16 clusters' ranks at most, a (max, sum) pair of fp32 each)
+CLUSTER_MAX = 16
+SLOT_BYTES = 8 * CLUSTER_MAX
 
 # the pick's programs (kernels.softmax: 32 KB chunks; 8 warps in 16-bit, 4 in fp32)
 CHUNK_BYTES = 32 * 1024
@@ -112,21 +130,80 @@ if gluon is not None:
         else:
             mbarrier.wait(bars.index(s), 0)
 
+    # The cluster's partials: PTX on the dynamic shared memory's symbol (global_smem in Triton
+    # 3.6's kernels), at %dynamic_smem_size - SLOT_BYTES, a region the compiler does not use
+    _SLOT_ADDR = (
+        "mov.u32 a, global_smem; mov.u32 d, %dynamic_smem_size; add.u32 a, a, d; "
+        f"sub.u32 a, a, {SLOT_BYTES}; mad.lo.u32 a, $2, 8, a; "
+    )
+    _PUSH = gl.constexpr(
+        "{ .reg .u32 a, d, r; " + _SLOT_ADDR + "mapa.shared::cluster.u32 r, a, $1; "
+        "st.shared::cluster.v2.f32 [r], {$3, $4}; mov.u32 $0, 0; }"
+    )
+    _SLOTS = gl.constexpr(
+        "{ .reg .u32 a, d; " + _SLOT_ADDR + "add.u32 a, a, $3; ld.shared.v2.f32 {$0, $1}, [a]; }"
+    )
+
+    @gluon.jit
+    def _cluster_arrive(dummy):
+        """This program has started (its shared memory may be written by the cluster's)."""
+        return gl.inline_asm_elementwise(
+            "barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, $1;", "=r,r", [dummy],
+            dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _cluster_wait(dummy):
+        return gl.inline_asm_elementwise(
+            "barrier.cluster.wait.acquire.aligned; mov.u32 $0, $1;", "=r,r", [dummy],
+            dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _cluster_sync(dummy):
+        """Every program's pushes land before any program reads its slots."""
+        return gl.inline_asm_elementwise(
+            "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; "
+            "mov.u32 $0, $1;", "=r,r", [dummy], dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _cluster_push(ranks, rank, m, s):
+        """(m, s) into slot `rank` of every program in `ranks` (the cluster's)."""
+        return gl.inline_asm_elementwise(_PUSH, "=r,r,r,f,f", [ranks, rank, m, s], dtype=gl.int32,
+                                         is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _cluster_slots(ranks, after):
+        """This program's slots `ranks` (after: the barrier's 0, so the reads follow it)."""
+        return gl.inline_asm_elementwise(_SLOTS, "=f,=f,r,r", [ranks, after],
+                                         dtype=(gl.float32, gl.float32), is_pure=False, pack=1)
+
+    @gluon.jit
+    def _l2_prefetch(ptrs):
+        return gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                         [ptrs], dtype=gl.int32, is_pure=False, pack=1)
+
     @gluon.jit
     def ladder_kernel(
         x_ptr, y_ptr, x_desc, y_desc, ws_ptr, next_ptr, n_chunks, ticket_index,
         CHUNK: gl.constexpr, SPLITS: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
         MAX_CHUNKS: gl.constexpr, TICKET: gl.constexpr, WORK: gl.constexpr,
         LOAD: gl.constexpr, STORE: gl.constexpr, SLEEP_NS: gl.constexpr = 200,
+        PREFETCH: gl.constexpr = 0,
     ):  # fmt: skip
         R: gl.constexpr = CHUNK // (SPLITS * COLS_C)  # rows of the view a split
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
         dtype: gl.constexpr = x_ptr.dtype.element_ty
+        if WORK == 4:
+            started = _cluster_arrive(gl.program_id(0) * 0)
         if TICKET:
             c = sk._take_ticket(ws_ptr, next_ptr, ticket_index, True)
         else:  # the program id (a row's wait then relies on programs starting in id order)
             c = sk._pid_ticket(next_ptr, ticket_index, n_chunks, True)
         base = c.to(gl.int64) * CHUNK
+        if PREFETCH > 0:  # a 128-byte line a thread; past the last chunk: this one's again
+            LINE: gl.constexpr = 128 // (dtype.primitive_bitwidth // 8)
+            ahead = gl.where(c + PREFETCH < ticket_index, c + PREFETCH, c).to(gl.int64) * CHUNK
+            lines = gl.arange(0, CHUNK // LINE, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+            _l2_prefetch(x_ptr + ahead + lines * LINE)
         rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, COLS_C, layout=gl.SliceLayout(0, layout))
         offs = rows[:, None] * COLS_C + cols[None, :]
@@ -182,6 +259,13 @@ if gluon is not None:
             if WORK == 1:
                 row_max = chunk_max
                 inv_sum = 1.0 / chunk_sum
+            elif WORK == 4:  # n_chunks == MAX_CHUNKS == the cluster's size
+                ranks = gl.arange(0, MAX_CHUNKS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+                _cluster_wait(started)
+                _cluster_push(ranks, c % n_chunks, chunk_max, chunk_sum)
+                maxes, sums = _cluster_slots(ranks, _cluster_sync(started))
+                row_max = gl.max(maxes, axis=0)
+                inv_sum = 1.0 / gl.sum(sums * gl.exp2((maxes - row_max) * sk.LOG2E), axis=0)
             else:
                 gl.atomic_xchg(ws_ptr + c, _pack(chunk_max, chunk_sum), sem="relaxed")
                 row = c // n_chunks
@@ -235,13 +319,28 @@ class Ladder:
         ws, next_ws = self.ws[self.turn], self.ws[1 - self.turn]
         self.turn = 1 - self.turn
         warps = warps_for(self.x.element_size())
-        compiled = ladder_kernel[(self.slots,)](
-            self.x, self.y, self.x_desc, self.y_desc, ws, next_ws, self.n_chunks, self.slots,
+        cluster = self.rung.work == 4
+        if cluster and not 2 <= self.n_chunks <= CLUSTER_MAX:
+            raise ValueError(f"a cluster holds 2-{CLUSTER_MAX} programs, not {self.n_chunks}")
+        args = (self.x, self.y, self.x_desc, self.y_desc, ws, next_ws, self.n_chunks, self.slots)
+        meta = dict(
             CHUNK=self.chunk, SPLITS=self.splits, VEC=16 // self.x.element_size(), WARPS=warps,
             MAX_CHUNKS=max(2, 1 << (self.n_chunks - 1).bit_length()), TICKET=self.rung.ticket,
             WORK=self.rung.work, LOAD=self.rung.load, STORE=self.rung.store, num_warps=warps,
-            **({"maxnreg": MAXNREG_8_WARPS} if warps == 8 and self.rung[1:3] == (1, 0) else {}),
+            PREFETCH=self.rung.prefetch,
+            **({"maxnreg": MAXNREG_8_WARPS}
+               if warps == 8 and (self.rung[1:3] == (1, 0) or cluster) else {}),
         )  # fmt: skip
+        grid = (self.slots,)
+        if cluster:
+            compiled = ladder_kernel.warmup(*args, grid=grid, **meta)
+            if compiled is not None and compiled.packed_metadata[1] == 1:
+                # Triton launches grid x num_ctas programs in clusters of num_ctas; the
+                # partials' slots past the compiler's shared memory (16-byte aligned)
+                shared = -(-compiled.metadata.shared // 16) * 16 + SLOT_BYTES
+                compiled.packed_metadata = (warps, self.n_chunks, shared)
+            grid = (self.slots // self.n_chunks,)
+        compiled = ladder_kernel[grid](*args, **meta)
         if compiled is not None:  # None when compiled offline (experiments.resources)
             self.registers, self.spills = compiled.n_regs, compiled.n_spills
 

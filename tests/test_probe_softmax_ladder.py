@@ -20,13 +20,19 @@ def test_every_rung_splits_its_chunk_into_tma_boxes(itemsize):
         assert rows * splits * ladder.COLS == chunk, name
         assert 1 <= rows <= 256, name  # a TMA box side
         assert rows * ladder.COLS * itemsize % threads_bytes == 0, name  # the layout tiles it
-        assert rung.work in (0, 1, 2, 3) and rung.load in (0, 1) and rung.store in (0, 1)
+        assert rung.work in (0, 1, 2, 3, 4) and rung.load in (0, 1) and rung.store in (0, 1)
         assert rung.load == 0 or rung.work == 0, name  # TMA only under the copy rungs
 
 
 def test_tma_is_offered_under_the_copy_rungs_only():
     with pytest.raises(ValueError, match="TMA copies under the copy rungs only"):
         ladder.Ladder(ladder.Rung(0, 2, 1, 0), torch.empty(2, 16384), torch.empty(2, 16384))
+
+
+def test_a_cluster_holds_a_row_of_at_most_16_chunks():
+    x = torch.empty(1, 32 * ladder.chunk_for(4))
+    with pytest.raises(ValueError, match="a cluster holds 2-16 programs, not 32"):
+        ladder.Ladder(ladder.RUNGS["row_cl"], x, x)()
 
 
 def test_rows_must_be_whole_chunks():
