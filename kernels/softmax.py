@@ -30,6 +30,7 @@ sliced view needs no transposing copy.
 """
 
 import functools
+import inspect
 import math
 import os
 from typing import NamedTuple
@@ -161,6 +162,17 @@ TUNE_CPU_US_PER_CALL = 150.0  # the CPU path of one call, at most (call latency:
 # (device, dtype, columns, rows rounded up to a power of 2) -> the chosen Config
 _TUNED: dict = {}
 TUNING_CACHES.append(_TUNED)
+# Round 25: softmax()'s host path took 110-130 us a call on the H100 machine at the `small`
+# shapes (eager: 11 us), about two thirds of it in this module's dispatch (row dims, the pick,
+# its checks, the index hints) and the rest in Triton's launch path (argument binding,
+# specialization, the cache key). A direct launch of the tile and online kernels is remembered
+# as a _LaunchPlan for its rows' shapes, strides, dtype, device and 16-byte alignment (what the
+# dispatch and Triton's specialization read), and the next call with the same key launches
+# the compiled kernel at once. Not remembered: a pick the first call would have timed but could
+# not (inside a capture or a trace), and any launch through a wrapper (torch.compile's).
+_PLANS: dict = {}
+PLANS_MAX = 1024  # a cache of more keys is cleared, not grown
+TUNING_CACHES.append(_PLANS)
 
 
 class Config(NamedTuple):
@@ -1464,6 +1476,46 @@ def _tuned_config(key: tuple, make_candidates, run, what: str) -> Config:
     return config
 
 
+class _LaunchPlan(NamedTuple):
+    """A remembered direct launch (_PLANS): the compiled kernel's runner for its grid, and every
+    kernel argument after the tensors, constexprs and defaults included, in the kernel's order
+    (as Triton's launch passes them; its launcher skips the constexprs)."""
+
+    runner: object
+    rest: tuple
+
+
+def _plan_key(moved: list[torch.Tensor], backward: bool) -> tuple:
+    """What a launch's plan depends on: the rows' shapes and strides (the pick, the grid, the
+    index hints), dtype and device, and each tensor's 16-byte alignment (Triton's
+    specialization of a pointer)."""
+    first = moved[0]
+    return (backward, first.dtype, first.device, first.shape,
+            *[(t.stride(), t.data_ptr() % 16) for t in moved])  # fmt: skip
+
+
+@functools.cache
+def _kernel_signature(kernel) -> inspect.Signature:
+    return inspect.signature(kernel.fn)
+
+
+def _launch_planned(launch: Launcher, kernel, grid: int, moved: list[torch.Tensor], args: tuple,
+                    meta: dict, plan_key: tuple | None) -> None:  # fmt: skip
+    """launch(kernel)[(grid,)](*moved, *args, **meta), remembered under plan_key (unless None)
+    for the next call with the same key (_PLANS)."""
+    compiled = launch(kernel)[(grid,)](*moved, *args, **meta)
+    if plan_key is None or not isinstance(compiled, triton.compiler.CompiledKernel):
+        return  # no key, or no compiled kernel (the interpreter, an offline compile)
+    signature = _kernel_signature(kernel)
+    bound = signature.bind(*moved, *args, **{k: v for k, v in meta.items()
+                                             if k in signature.parameters})  # fmt: skip
+    bound.apply_defaults()
+    if len(_PLANS) >= PLANS_MAX:
+        _PLANS.clear()
+    rest = tuple(bound.arguments.values())[len(moved):]
+    _PLANS[plan_key] = _LaunchPlan(compiled[(grid, 1, 1)], rest)
+
+
 def _launch_rows(
     launch: Launcher, moved: list[torch.Tensor], backward: bool, config: Config | None = None
 ) -> None:
@@ -1471,16 +1523,24 @@ def _launch_rows(
     n_cols = moved[0].shape[-1]
     if moved[0].numel() == 0:
         return
+    device = moved[0].device
+    plan_key = None
+    if config is None and launch is direct and gpu_info(device) is not None:
+        plan_key = _plan_key(moved, backward)
+        plan = _PLANS.get(plan_key)
+        if plan is not None:
+            plan.runner(*moved, *plan.rest)
+            return
     layout = _row_dims(moved)
     if layout is None:
         # More than two non-mergeable row dims (e.g. a permuted 4-D view): the kernel decodes
         # only two row indices, so copy the inputs into plain rows. The output is contiguous.
         moved = [t.contiguous() for t in moved[:-1]] + moved[-1:]
         layout = _row_dims(moved)
+        plan_key = None  # a plan launches on the tensors as given
     (rows_outer, rows_inner), strides = layout
     _, first_inner_stride, first_col_stride = strides[0]
     rows_adjacent = first_col_stride != 1 and first_inner_stride == 1
-    device = moved[0].device
     if config is None:
         itemsize = moved[0].element_size()
         # the smem kernels on Hopper only, where they were measured (H100, H200); wrap_triton
@@ -1496,10 +1556,13 @@ def _launch_rows(
         rows = rows_outer * rows_inner
         candidates = _first_call_candidates(config, backward, rows_inner, rows_outer, itemsize,
                                             device)  # fmt: skip
-        if (
+        timed = (
             candidates is not None and not rows_adjacent
-            and rows * n_cols * itemsize >= TUNE_MIN_BYTES and _tunable(launch, device)
-        ):  # fmt: skip
+            and rows * n_cols * itemsize >= TUNE_MIN_BYTES
+        )  # fmt: skip
+        if timed and not _tunable(launch, device):
+            plan_key = None  # the pick, untimed here (a capture): a later call may time it
+        elif timed:
             config = _tuned_config(
                 (device, moved[0].dtype, n_cols, next_power_of_2(rows)),
                 candidates,
@@ -1570,10 +1633,11 @@ def _launch_rows(
             grid = min(row_blocks, _sm_count(device) * per_sm)
         if not backward:  # a program a tile: no loop (passed always, as the index hints)
             hints["PERSISTENT"] = grid < row_blocks or not config.lean
-        launch(kernels["tile"])[(grid,)](
-            *moved, rows_inner, n_cols, row_blocks, *flat_strides,
-            BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
-            NUM_STAGES=config.num_stages, num_warps=config.num_warps, **hints,
+        _launch_planned(
+            launch, kernels["tile"], grid, moved, (rows_inner, n_cols, row_blocks, *flat_strides),
+            dict(BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
+                 NUM_STAGES=config.num_stages, num_warps=config.num_warps, **hints),
+            plan_key,
         )  # fmt: skip
     elif config.design in ("coop", "split2", "split2r"):
         n_chunks = cdiv(n_cols, config.block_cols)
@@ -1629,17 +1693,21 @@ def _launch_rows(
     elif config.design in ("band", "bandr"):
         _launch_bands(launch, kernels, moved, (rows_outer, rows_inner), strides, config, hints)
     elif config.design == "online":
-        launch(kernels["online"])[(row_blocks,)](
-            *moved, rows_inner, n_cols, *flat_strides,
-            BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
-            NUM_STAGES=config.num_stages, num_warps=config.num_warps,
-            # the first read asks L2 to keep the row for the second, which then drops it
-            FIRST_POLICY="evict_last" if config.evict else "", **hints,
-            # the forward's: always passed, as EVEN and INT32 (torch.compile's wrapper wants
-            # every parameter); the backward kernel has none (the interpreter let it through)
-            **({} if backward else {"STORE_POLICY": "" if config.store_default
-                                    else hints["POLICY"], "LANES": int(config.lanes),
-                                    "LIBDEVICE": not is_interpreter()}),
+        _launch_planned(
+            launch, kernels["online"], row_blocks, moved, (rows_inner, n_cols, *flat_strides),
+            dict(
+                BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
+                NUM_STAGES=config.num_stages, num_warps=config.num_warps,
+                # the first read asks L2 to keep the row for the second, which then drops it
+                FIRST_POLICY="evict_last" if config.evict else "", **hints,
+                # the forward's: always passed, as EVEN and INT32 (torch.compile's wrapper
+                # wants every parameter); the backward kernel has none (the interpreter let it
+                # through)
+                **({} if backward else {"STORE_POLICY": "" if config.store_default
+                                        else hints["POLICY"], "LANES": int(config.lanes),
+                                        "LIBDEVICE": not is_interpreter()}),
+            ),
+            plan_key,
         )  # fmt: skip
     else:
         raise ValueError(f"unknown softmax design {config.design!r}")
@@ -1853,10 +1921,11 @@ def _forward(x: torch.Tensor, dim: int, launch: Launcher, config: Config | None)
     dim = _normalize_dim(dim, x.dim(), tuple(x.shape))
     if x.dim() == 0:
         return _forward(x.unsqueeze(0), 0, launch, config).squeeze(0)
-    x_moved = x.movedim(dim, -1)
+    last = dim == x.dim() - 1  # no views to make (host time: _PLANS)
+    x_moved = x if last else x.movedim(dim, -1)
     y_moved = torch.empty(x_moved.shape, device=x.device, dtype=x.dtype)
     _launch_rows(launch, [x_moved, y_moved], False, config)
-    return y_moved.movedim(-1, dim)
+    return y_moved if last else y_moved.movedim(-1, dim)
 
 
 def _backward(y, dy, dim, launch: Launcher, config: Config | None) -> torch.Tensor:

@@ -41,6 +41,13 @@ def assert_matches_reference(x: torch.Tensor, dim: int, dtype_name: str) -> torc
     return y
 
 
+@pytest.fixture(autouse=True)
+def fresh_plans(monkeypatch):
+    """Each test starts with no remembered launches (_PLANS), so that one test's knobs (patched
+    constants, a tuner's choice) never reach another's calls on the GPU."""
+    monkeypatch.setattr(softmax_module, "_PLANS", {})
+
+
 @pytest.fixture(params=["tile", "split", "online"])
 def row_path(request, monkeypatch):
     """Run on every long-row path at small sizes.
@@ -2409,3 +2416,88 @@ def test_round20_probe_candidates_are_valid():
                     assert cfg.even == (name not in ("ticket", "masked")), name
                     assert (cfg.leave_polls == -1) == (name == "stay"), name
                     assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
+
+
+def test_plan_key_tells_rows_apart():
+    """_plan_key: shapes, strides, dtype, pass and each tensor's 16-byte alignment (a view one
+    bf16 value into a row has the same shape and strides as the row, not its alignment)."""
+    base = torch.randn(8, 130, dtype=torch.bfloat16)
+    aligned, shifted = base[:, :128], base[:, 1:129]
+    out = torch.empty(8, 128, dtype=torch.bfloat16)
+    key = softmax_module._plan_key
+    assert aligned.shape == shifted.shape and aligned.stride() == shifted.stride()
+    assert key([aligned, out], False) == key([aligned, out], False)
+    assert key([aligned, out], False) != key([shifted, out], False)
+    assert key([aligned, out], False) != key([aligned, out], True)
+    assert key([aligned, out], False) != key([aligned.contiguous(), out], False)
+    assert key([out, out], False) != key([out.float(), out.float()], False)
+    assert key([out, out], False) != key([out[:4], out[:4]], False)
+
+
+def _planned_cases():
+    """(dtype, shape, dim, view): the tile (short rows, masks and not), the row loop, rows one
+    value into a wider buffer (16-bit: not 16-byte aligned), a non-last dim, a transposed
+    view."""
+    return [
+        ("bf16", (64, 128), -1, None), ("fp32", (32, 1024), -1, None),
+        ("fp16", (33, 1000), -1, None), ("fp32", (128, 4096), -1, None),
+        ("bf16", (64, 128), -1, "shift"), ("fp32", (40, 24, 17), 1, None),
+        ("bf16", (96, 48), 0, "t"),
+    ]  # fmt: skip
+
+
+def _planned_input(shape, dtype, view, aligned=False):
+    if view == "shift":  # the rows of a (rows, cols + 2) buffer, from column 1 (0 if aligned)
+        full = torch.randn(shape[0], shape[1] + 2, device="cuda", dtype=dtype) * 4
+        return full[:, :-2] if aligned else full[:, 1:-1]
+    if view == "t":
+        return (torch.randn(shape[::-1], device="cuda", dtype=dtype) * 4).t()
+    return torch.randn(shape, device="cuda", dtype=dtype) * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", _planned_cases(), ids=lambda c: f"{c[0]}_{c[1]}_{c[2]}_{c[3]}")
+def test_a_second_call_launches_its_plan_on_gpu(case):
+    """The first direct call remembers its launch (_PLANS), and the next calls with the same
+    key launch it on their own tensors: fresh inputs each call, forward and backward, against
+    float64; the shifted rows' last call is on aligned rows of the same shape and strides,
+    which take a plan of their own."""
+    dtype_name, shape, dim, view = case
+    dtype = DTYPES[dtype_name]
+    for call in range(3):
+        x = _planned_input(shape, dtype, view, aligned=call == 2).requires_grad_()
+        y = softmax(x, dim)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        ref = torch.softmax(x.detach().double(), dim)
+        ref_dx = ref * (dy.double() - (ref * dy.double()).sum(dim, keepdim=True))
+        assert relative_error(y.detach(), ref) < TOLERANCES[dtype_name], call
+        assert relative_error(x.grad, ref_dx) < 4 * TOLERANCES[dtype_name], call
+        if call == 0:  # the forward's plan and the backward's
+            assert len(softmax_module._PLANS) == 2
+    assert len(softmax_module._PLANS) == (3 if view == "shift" else 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_untimed_pick_is_not_remembered_on_gpu(monkeypatch):
+    """A call that would time its candidates but may not (as inside a capture) launches the
+    pick and remembers nothing; the next call that may, times them and then remembers its
+    choice."""
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setattr(softmax_module, "TUNE_MIN_BYTES", 0)
+    monkeypatch.setattr(softmax_module, "_TUNED", {})
+    monkeypatch.setattr(softmax_module, "_tunable", lambda launch, device: False)
+    torch.testing.assert_close(softmax(x, -1).float(), torch.softmax(x.float(), -1),
+                               atol=1e-2, rtol=0)  # fmt: skip
+    assert not softmax_module._PLANS
+    calls = []
+    monkeypatch.setattr(softmax_module, "_tunable", lambda launch, device: launch is direct)
+    monkeypatch.setattr(softmax_module, "_time_candidate", _fake_timer({}, calls))
+    torch.testing.assert_close(softmax(x, -1).float(), torch.softmax(x.float(), -1),
+                               atol=1e-2, rtol=0)  # fmt: skip
+    assert calls and len(softmax_module._PLANS) == 1
+    calls.clear()
+    softmax(x, -1)
+    assert not calls  # remembered: neither timed again nor picked again
