@@ -873,6 +873,9 @@ def softmax_online_kernel(
     # interpreter, which has no extern calls (tl.exp there, the rest of the kernel the same)
     LIBDEVICE: tl.constexpr = True,
 ):  # fmt: skip
+    # where libdevice's exp is called: the first pass from LANES 3, the write from 2
+    FIRST_LIBDEVICE: tl.constexpr = LANES >= 3 and LIBDEVICE
+    WRITE_LIBDEVICE: tl.constexpr = LANES >= 2 and LIBDEVICE
     if DENSE:
         x_stride_inner = BLOCK_COLS
         y_stride_inner = BLOCK_COLS
@@ -894,15 +897,15 @@ def softmax_online_kernel(
             x = x.to(tl.float32)
             new_max = _lane_max(lane_max, x, LANES >= 4)
             shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # as below
-            lane_sum = (lane_sum * _lane_exp(lane_max - shift, LANES >= 3 and LIBDEVICE)
-                        + _lane_exp(x - shift, LANES >= 3 and LIBDEVICE))  # fmt: skip
+            lane_sum = (lane_sum * _lane_exp(lane_max - shift, FIRST_LIBDEVICE)
+                        + _lane_exp(x - shift, FIRST_LIBDEVICE))  # fmt: skip
             lane_max = new_max
         if LANES >= 4:
             row_max = tl.reduce(lane_max, 1, _max_nan)
         else:
             row_max = tl.max(lane_max, axis=1)
         shift = tl.where(row_max == -float("inf"), 0.0, row_max)
-        row_sum = tl.sum(lane_sum * _lane_exp(lane_max - shift[:, None], LANES >= 3 and LIBDEVICE),
+        row_sum = tl.sum(lane_sum * _lane_exp(lane_max - shift[:, None], FIRST_LIBDEVICE),
                          axis=1)  # fmt: skip
     else:
         # -- main loop: online softmax, running max and a sum rescaled whenever the max grows --
@@ -926,7 +929,7 @@ def softmax_online_kernel(
         ok = row_ok & (start + cols < n_cols)
         x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, POLICY, EVEN)
         if LANES:  # a true division, as Inductor's (and from 2, libdevice's expf)
-            y = _lane_exp(x.to(tl.float32) - row_max[:, None], LANES >= 2 and LIBDEVICE)
+            y = _lane_exp(x.to(tl.float32) - row_max[:, None], WRITE_LIBDEVICE)
             y = y / row_sum[:, None]
         else:
             y = _exp_shifted(x.to(tl.float32), row_max, EXP2) * inv_sum[:, None]
