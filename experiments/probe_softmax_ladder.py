@@ -144,25 +144,19 @@ if gluon is not None:
         "{ .reg .u32 a, d; " + _SLOT_ADDR + "add.u32 a, a, $3; ld.shared.v2.f32 {$0, $1}, [a]; }"
     )
 
-    @gluon.jit
-    def _cluster_arrive(dummy):
-        """This program has started (its shared memory may be written by the cluster's)."""
-        return gl.inline_asm_elementwise(
-            "barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, $1;", "=r,r", [dummy],
-            dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+    # the cluster barrier's phases: this program has started (its shared memory may be written
+    # by the cluster's); every program has; every program's pushes have landed
+    _ARRIVE = gl.constexpr("barrier.cluster.arrive.relaxed.aligned;")
+    _WAIT = gl.constexpr("barrier.cluster.wait.acquire.aligned;")
+    _SYNC = gl.constexpr(
+        "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;"
+    )
 
     @gluon.jit
-    def _cluster_wait(dummy):
-        return gl.inline_asm_elementwise(
-            "barrier.cluster.wait.acquire.aligned; mov.u32 $0, $1;", "=r,r", [dummy],
-            dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-
-    @gluon.jit
-    def _cluster_sync(dummy):
-        """Every program's pushes land before any program reads its slots."""
-        return gl.inline_asm_elementwise(
-            "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; "
-            "mov.u32 $0, $1;", "=r,r", [dummy], dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+    def _cluster_barrier(dummy, PTX: gl.constexpr):
+        """PTX (_ARRIVE, _WAIT or _SYNC), returning dummy (its use orders what follows)."""
+        return gl.inline_asm_elementwise(PTX + " mov.u32 $0, $1;", "=r,r", [dummy],
+                                         dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
 
     @gluon.jit
     def _cluster_push(ranks, rank, m, s):
@@ -193,7 +187,7 @@ if gluon is not None:
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         if WORK == 4:
-            started = _cluster_arrive(gl.program_id(0) * 0)
+            started = _cluster_barrier(gl.program_id(0) * 0, _ARRIVE)
         if TICKET:
             c = sk._take_ticket(ws_ptr, next_ptr, ticket_index, True)
         else:  # the program id (a row's wait then relies on programs starting in id order)
@@ -261,9 +255,9 @@ if gluon is not None:
                 inv_sum = 1.0 / chunk_sum
             elif WORK == 4:  # n_chunks == MAX_CHUNKS == the cluster's size
                 ranks = gl.arange(0, MAX_CHUNKS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
-                _cluster_wait(started)
+                _cluster_barrier(started, _WAIT)
                 _cluster_push(ranks, c % n_chunks, chunk_max, chunk_sum)
-                maxes, sums = _cluster_slots(ranks, _cluster_sync(started))
+                maxes, sums = _cluster_slots(ranks, _cluster_barrier(started, _SYNC))
                 row_max = gl.max(maxes, axis=0)
                 inv_sum = 1.0 / gl.sum(sums * gl.exp2((maxes - row_max) * sk.LOG2E), axis=0)
             else:
@@ -320,8 +314,12 @@ class Ladder:
         self.turn = 1 - self.turn
         warps = warps_for(self.x.element_size())
         cluster = self.rung.work == 4
-        if cluster and not 2 <= self.n_chunks <= CLUSTER_MAX:
-            raise ValueError(f"a cluster holds 2-{CLUSTER_MAX} programs, not {self.n_chunks}")
+        if cluster and not (2 <= self.n_chunks <= CLUSTER_MAX
+                            and self.n_chunks & (self.n_chunks - 1) == 0):  # fmt: skip
+            # a power of 2: each program pushes to every rank below MAX_CHUNKS, its row's
+            # chunks rounded up to a power of 2, and a rank past the cluster does not exist
+            raise ValueError(f"a cluster holds 2-{CLUSTER_MAX} programs, not {self.n_chunks} "
+                             f"(a power of 2: a row's chunks)")  # fmt: skip
         args = (self.x, self.y, self.x_desc, self.y_desc, ws, next_ws, self.n_chunks, self.slots)
         meta = dict(
             CHUNK=self.chunk, SPLITS=self.splits, VEC=16 // self.x.element_size(), WARPS=warps,

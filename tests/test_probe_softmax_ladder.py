@@ -33,6 +33,9 @@ def test_a_cluster_holds_a_row_of_at_most_16_chunks():
     x = torch.empty(1, 32 * ladder.chunk_for(4))
     with pytest.raises(ValueError, match="a cluster holds 2-16 programs, not 32"):
         ladder.Ladder(ladder.RUNGS["row_cl"], x, x)()
+    x = torch.empty(1, 3 * ladder.chunk_for(4))  # the pushes reach every rank below 4
+    with pytest.raises(ValueError, match="a cluster holds 2-16 programs, not 3 .a power of 2"):
+        ladder.Ladder(ladder.RUNGS["row_cl"], x, x)()
 
 
 def test_rows_must_be_whole_chunks():
