@@ -1919,16 +1919,24 @@ def _launch_bands(launch, kernels, moved, rows, strides, config: Config, hints: 
             )  # fmt: skip
 
 
+def _launch_moved(inputs: list[torch.Tensor], dim: int, backward: bool, launch: Launcher,
+                  config: Config | None) -> torch.Tensor:  # fmt: skip
+    """The output of the forward or backward over `dim` of `inputs` (checked, dim normalized):
+    dim moved last (as they are where it is last: no views to make, host time as _PLANS),
+    a row-major output, the launch, and the output with dim moved back."""
+    last = dim == inputs[0].dim() - 1
+    moved = [t if last else t.movedim(dim, -1) for t in inputs]
+    out = torch.empty(moved[0].shape, device=moved[0].device, dtype=moved[0].dtype)
+    _launch_rows(launch, [*moved, out], backward, config)
+    return out if last else out.movedim(-1, dim)
+
+
 def _forward(x: torch.Tensor, dim: int, launch: Launcher, config: Config | None) -> torch.Tensor:
     check_tensor("x", x)
     dim = _normalize_dim(dim, x.dim(), tuple(x.shape))
     if x.dim() == 0:
         return _forward(x.unsqueeze(0), 0, launch, config).squeeze(0)
-    last = dim == x.dim() - 1  # no views to make (host time: _PLANS)
-    x_moved = x if last else x.movedim(dim, -1)
-    y_moved = torch.empty(x_moved.shape, device=x.device, dtype=x.dtype)
-    _launch_rows(launch, [x_moved, y_moved], False, config)
-    return y_moved if last else y_moved.movedim(-1, dim)
+    return _launch_moved([x], dim, False, launch, config)
 
 
 def _backward(y, dy, dim, launch: Launcher, config: Config | None) -> torch.Tensor:
@@ -1940,10 +1948,7 @@ def _backward(y, dy, dim, launch: Launcher, config: Config | None) -> torch.Tens
     dim = _normalize_dim(dim, y.dim(), tuple(y.shape))
     if y.dim() == 0:
         return _backward(y.unsqueeze(0), dy.unsqueeze(0), 0, launch, config).squeeze(0)
-    y_moved, dy_moved = y.movedim(dim, -1), dy.movedim(dim, -1)
-    dx_moved = torch.empty(y_moved.shape, device=y.device, dtype=y.dtype)
-    _launch_rows(launch, [y_moved, dy_moved, dx_moved], True, config)
-    return dx_moved.movedim(-1, dim)
+    return _launch_moved([y, dy], dim, True, launch, config)
 
 
 def softmax_forward(x: torch.Tensor, dim: int, *, launch: Launcher = direct) -> torch.Tensor:
