@@ -113,6 +113,9 @@ the one-shot pick past the tile; names in ROUND22_NAMES.
 `--round23` times the one-shot smem forward's pick leaving its chunk after fewer polls (the waits
 of a row's first programs cut short); names in ROUND23_NAMES.
     python -m experiments.probe_softmax --round23 --budget 150 --elems 134217728
+`--round26` times the bf16 smem forward widening its values by integer ops (Config.widen);
+names in ROUND26_NAMES.
+    python -m experiments.probe_softmax --round26 --budget 150 --elems 134217728 --dtypes bf16
 
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
@@ -1127,6 +1130,28 @@ def round23_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 26 name means (printed at the start of a --round26 run).
+ROUND26_NAMES = {
+    "default": ROUND22_NAMES["default"],
+    "widen": "forward, bf16: the pick with its sum pass and write widening each word of two "
+    "values by a shift and a mask (Config.widen: 4.3 instructions a value in the sum pass "
+    "against 4.8, sm_90 offline), the sum pass starting from its first piece",
+    "widen_1c": "widen with the chunk copied in as one copy (Config.one_copy)",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round26_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 26, the bf16 forward past the tile: the pick widening by integer ops."""
+    if n <= ONE_PASS_MAX_ELEMS or backward or itemsize != 2:
+        return {}
+    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem" or not pick.by_pid:
+        return {}
+    return {"widen": pick._replace(widen=True),
+            "widen_1c": pick._replace(widen=True, one_copy=True)}  # fmt: skip
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -1139,7 +1164,7 @@ ROUND_CANDIDATES = {
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
     17: round17_candidates, 18: round18_candidates, 19: round19_candidates,
     20: round20_candidates, 21: round21_candidates, 22: round22_candidates,
-    23: round23_candidates,
+    23: round23_candidates, 26: round26_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
@@ -1147,7 +1172,7 @@ ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAME
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
                16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES,
                19: ROUND19_NAMES, 20: ROUND20_NAMES, 21: ROUND21_NAMES,
-               22: ROUND22_NAMES, 23: ROUND23_NAMES}  # fmt: skip
+               22: ROUND22_NAMES, 23: ROUND23_NAMES, 26: ROUND26_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -1158,7 +1183,7 @@ def _for_smoke(cfg: Config) -> Config:
     if cfg.design == "smem":
         return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
                             by_pid=False, even=False, poly=0, one_copy=False, leave_polls=0,
-                            left_group=1)  # fmt: skip
+                            left_group=1, widen=False)  # fmt: skip
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -1314,12 +1339,13 @@ def main() -> int:
     parser.add_argument("--round21", action="store_true", help="smem backward by pid, poly exp2")
     parser.add_argument("--round22", action="store_true", help="persistent smem forward by pid")
     parser.add_argument("--round23", action="store_true", help="smem forward leaving early")
+    parser.add_argument("--round26", action="store_true", help="bf16 smem forward widening")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in range(3, 24) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in (*range(3, 24), 26) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1333,7 +1359,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, *range(17, 24)):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, *range(17, 24), 26):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1347,7 +1373,7 @@ def main() -> int:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no == 18:  # the long rows, and N = 16384 (smem on rows of one chunk)
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
-    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21, 22, 23):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21, 22, 23, 26):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

@@ -277,6 +277,11 @@ class Config(NamedTuple):
     # are the first pass's, 4 the max is Inductor's (a select where a NaN wins): Inductor's
     # looped kernel's arithmetic throughout
     lanes: int = 0
+    # -- round 26 --
+    # one-shot smem forward, bf16: the sum pass and the write widen each 32-bit word of two
+    # values by integer ops (a shift and a mask, one instruction a value), where ptxas gives
+    # the high half's cvt.f32.bf16 two (PRMT, SHF); the sum pass starts from the first piece
+    widen: bool = False
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1623,6 +1628,10 @@ def _launch_rows(
                                    or config.per_sm):  # fmt: skip
         raise ValueError(f"left_group is a knob of the one-shot smem forward by program id, "
                          f"got {config}")  # fmt: skip
+    if config.widen and (backward or config.design != "smem" or config.per_sm or config.fold
+                         or config.poly or moved[0].dtype != torch.bfloat16):  # fmt: skip
+        raise ValueError(f"widen is a knob of the one-shot smem forward in bf16 (no fold or "
+                         f"poly), got {config} for {moved[0].dtype}")  # fmt: skip
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1824,7 +1833,7 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
         by_pid=config.by_pid, leave_polls=config.leave_polls or softmax_smem.LEAVE_POLLS,
         even=config.even and n_cols % config.block_cols == 0, poly=config.poly,
-        one_copy=config.one_copy, left_group=config.left_group,
+        one_copy=config.one_copy, left_group=config.left_group, widen=config.widen,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

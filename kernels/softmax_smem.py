@@ -134,6 +134,20 @@ def _exp_shifted(x, shift, EXP2: gl.constexpr, POLY: gl.constexpr = False):
         return gl.exp2(t)
 
 
+@gluon.jit
+def _widen(v, WIDEN: gl.constexpr):
+    """v as fp32. WIDEN (bf16 only, Config.widen): each pair of values in a 32-bit word
+    widened by integer ops, the low one shifted up 16 bits and the high one masked, one
+    instruction a value; ptxas gives `cvt.f32.bf16` of a high half two (PRMT, SHF). Exact
+    either way: the bits are the same."""
+    if WIDEN:
+        return gl.inline_asm_elementwise(
+            "shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [v],
+            dtype=gl.float32, is_pure=True, pack=2,
+        )  # fmt: skip
+    return v.to(gl.float32)
+
+
 # 2^f on [-0.5, 0.5] as 1 + f·(C1 + f·(C2 + f·C3)): relative minimax (Lawson's iteration on a
 # 20001-point grid), 1.0e-4 at most in fp32 Horner; for 16-bit outputs only (their half ulp:
 # 2e-3 in bf16, 5e-4 in fp16)
@@ -377,10 +391,13 @@ def _copy_in_whole(flat, row_ptr, limit, PIECES: gl.constexpr, PIECE: gl.constex
 def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                      VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
                      FOLD: gl.constexpr = 0, EVEN: gl.constexpr = False,
-                     POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False):  # fmt: skip
+                     POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False,
+                     WIDEN: gl.constexpr = False):  # fmt: skip
     """(max, sum of exp(x - max)) of the chunk whose PIECES copies into smem.index(base + p)
     are the thread's last commit groups, packed for publishing. EVEN: every column is in the
-    row (no masks). POLY = 2: the odd pieces' exp2 on the FMA pipe (Config.poly)."""
+    row (no masks). POLY = 2: the odd pieces' exp2 on the FMA pipe (Config.poly). WIDEN: the
+    sum pass's bf16 widened by integer ops (_widen), and its running sum starting from the
+    first piece's exp, not from zeros."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     if FOLD == 1:
         return _forward_partial_folded(smem, base, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2)
@@ -409,6 +426,12 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
         for p in gl.static_range(PIECES):
             sum_vec += _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE, layout, EXP2,
                                           EVEN, p % 2 == 1)  # fmt: skip
+    elif WIDEN:
+        sum_vec = _partial_piece_exp(smem, base, 0, shift, offs, limit, PIECE, layout, EXP2, EVEN,
+                                     False, True)  # fmt: skip
+        for p in range(1, PIECES):
+            sum_vec += _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE, layout, EXP2,
+                                          EVEN, False, True)  # fmt: skip
     else:
         for p in range(PIECES):
             sum_vec += _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE, layout, EXP2,
@@ -420,9 +443,9 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
 @gluon.jit
 def _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE: gl.constexpr,
                        layout: gl.constexpr, EXP2: gl.constexpr, EVEN: gl.constexpr,
-                       POLY: gl.constexpr = False):  # fmt: skip
+                       POLY: gl.constexpr = False, WIDEN: gl.constexpr = False):  # fmt: skip
     """exp(x - shift) of piece p of _forward_partial's sum pass (0 past the row's end)."""
-    v = smem.index(base + p).load(layout).to(gl.float32)
+    v = _widen(smem.index(base + p).load(layout), WIDEN)
     if EVEN:
         return _exp_shifted(v, shift, EXP2, POLY)
     else:
@@ -531,9 +554,10 @@ def _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_v
                    y_vstride_inner, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                    VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
                    POLICY: gl.constexpr, EVEN: gl.constexpr = False,
-                   POLY: gl.constexpr = 0):  # fmt: skip
+                   POLY: gl.constexpr = 0, WIDEN: gl.constexpr = False):  # fmt: skip
     """Write y from the chunk held in smem.index(base + p), given the row's (max, 1 / sum)
-    (_row_stats). POLY > 0: the odd pieces' exp2 on the FMA pipe (_exp2_poly)."""
+    (_row_stats). POLY > 0: the odd pieces' exp2 on the FMA pipe (_exp2_poly). WIDEN: bf16
+    widened by integer ops (_widen)."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
     if POLY > 0:
@@ -543,16 +567,16 @@ def _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_v
     else:
         for p in range(PIECES):
             _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit, PIECE,
-                                 layout, EXP2, POLICY, EVEN)  # fmt: skip
+                                 layout, EXP2, POLICY, EVEN, False, WIDEN)  # fmt: skip
 
 
 @gluon.jit
 def _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit,
                          PIECE: gl.constexpr, layout: gl.constexpr, EXP2: gl.constexpr,
                          POLICY: gl.constexpr, EVEN: gl.constexpr,
-                         POLY: gl.constexpr = False):  # fmt: skip
+                         POLY: gl.constexpr = False, WIDEN: gl.constexpr = False):  # fmt: skip
     """Piece p of _forward_write."""
-    e = _exp_shifted(smem.index(base + p).load(layout).to(gl.float32), row_max, EXP2, POLY)
+    e = _exp_shifted(_widen(smem.index(base + p).load(layout), WIDEN), row_max, EXP2, POLY)
     _store_piece(y_row, p, (e * inv_sum).to(y_row.dtype.element_ty), offs, limit, PIECE, POLICY,
                  EVEN)  # fmt: skip
 
@@ -732,7 +756,7 @@ def softmax_smem_forward_kernel(
     REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0, BY_PID: gl.constexpr = False,
     LEAVE_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False,
     POLL_WIDTH: gl.constexpr = 0, POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False,
-    LEFT_GROUP: gl.constexpr = 1,
+    LEFT_GROUP: gl.constexpr = 1, WIDEN: gl.constexpr = False,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
@@ -743,7 +767,8 @@ def softmax_smem_forward_kernel(
     POLL_WIDTH (BY_PID): the poll's width, at least a value a thread (_row_slots). POLY
     (Config.poly, 16-bit outputs): 1 the write's odd pieces' exp2 on the FMA pipe, 2 the sum
     pass's too (_exp2_poly). LEFT_GROUP: the pieces a step of the left chunks' write loads
-    (_write_from_global; Config.left_group)."""
+    (_write_from_global; Config.left_group). WIDEN (Config.widen, bf16): the sum pass and the
+    write widen by integer ops (_widen)."""
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
@@ -776,7 +801,7 @@ def softmax_smem_forward_kernel(
         held_ptrs, held_ok = _held_words(x_row, limit, 0, PIECES, REGS, PIECE, WARPS)
         held = gl.load(held_ptrs, mask=held_ok, other=HELD_PAD, eviction_policy=POLICY)
     partial = _forward_partial(smem, 0, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, FOLD, EVEN,
-                               POLY, ONE_COPY)  # fmt: skip
+                               POLY, ONE_COPY, WIDEN)  # fmt: skip
     if REGS > 0:  # n_vecs < 2^31: n_vecs >> 31 is a 0 the compilers cannot know (above)
         partial = _held_partial(partial, held, n_vecs >> 31, x_ptr.dtype.element_ty, EXP2)
     packed, slot_ok, gone, counted, first, left = _publish_and_wait(
@@ -787,7 +812,7 @@ def softmax_smem_forward_kernel(
     if gone == 0:
         _forward_write(y_ptr, smem, 0, row_max, inv_sum, outer, inner, start, y_vstride_outer,
                        y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, POLICY,
-                       EVEN, POLY)  # fmt: skip
+                       EVEN, POLY, WIDEN)  # fmt: skip
     if BY_PID:  # the row's last publisher writes the chunks that programs left (_row_slots)
         if _last_with_leavers(counted, first, n_chunks):
             _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inner,
@@ -1138,7 +1163,7 @@ def workspace_words(n_slots: int, n_chunks: int, by_pid: bool) -> int:
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
            regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False,
-           poly=0, one_copy=False, left_group=1):  # fmt: skip
+           poly=0, one_copy=False, left_group=1, widen=False):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -1155,7 +1180,8 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     chunks (Config.even). poly: the one-shot forward's exp2 partly on the FMA pipe, 16-bit
     only (Config.poly). one_copy: the one-shot forward's chunk copied in as one copy and one
     commit group (Config.one_copy). left_group: the one-shot forward's left chunks written
-    that many pieces a step (Config.left_group)."""
+    that many pieces a step (Config.left_group). widen: the one-shot bf16 forward's values
+    widened by integer ops (Config.widen)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -1214,6 +1240,13 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
                          f"regs={regs}")  # fmt: skip
     if one_copy:
         meta["ONE_COPY"] = True
+    if widen and (backward or programs > 0 or fold or poly
+                  or tensors[0].dtype != torch.bfloat16):  # fmt: skip
+        raise ValueError(f"widen is a knob of the one-shot bf16 forward without fold or poly; got "
+                         f"{tensors[0].dtype}, backward={backward}, programs={programs}, "
+                         f"fold={fold}, poly={poly}")  # fmt: skip
+    if widen:
+        meta["WIDEN"] = True
     if left_group != 1:
         power_of_2 = left_group >= 1 and not left_group & (left_group - 1)
         whole = (chunk // piece) % left_group == 0

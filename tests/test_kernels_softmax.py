@@ -1713,6 +1713,10 @@ LONG_ROW_DESIGNS = [
     # default policy
     Config("online", 1, 4096, 8, evict=True, exp2=1, even=True, int32=True, lanes=4,
            store_default=True),
+    # round 26: bf16 widened by integer ops in the sum pass and the write (bf16 only), without
+    # masks as the pick and with them
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, widen=True),
+    Config("smem", 1, 8192, 4, exp2=2, by_pid=True, widen=True),
 ]
 
 
@@ -1736,6 +1740,7 @@ def _design_id(c: Config) -> str:
         + (f"_lp{c.leave_polls}_g{c.left_group}" if c.left_group > 1 else "")
         + (f"_lanes{int(c.lanes)}" if c.lanes else "")
         + ("_st" if c.store_default else "")
+        + ("_widen" if c.widen else "")
     )
 
 
@@ -1743,7 +1748,8 @@ def _backward_design(config: Config) -> Config:
     """What the backward takes of a forward design: not its forward-only knobs; by_pid and even
     on its one-shot smem kernel (round 21), not on its persistent one or another design's."""
     backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False,
-                               left_group=1, lanes=0, store_default=False)  # fmt: skip
+                               left_group=1, lanes=0, store_default=False,
+                               widen=False)  # fmt: skip
     if config.per_sm or config.design != "smem":
         backward = backward._replace(by_pid=False, even=False, int32=False)
     return backward
@@ -1761,7 +1767,7 @@ with pretend_gpu((9, 0), 132), OfflineCompiler(90).active():
     for line in sys.stdin:
         forward, backward = (eval(part) for part in line.split("|"))
         for dtype in (torch.bfloat16, torch.float32):
-            if forward.poly and dtype == torch.float32:
+            if (forward.poly or forward.widen) and dtype == torch.float32:
                 continue
             x = torch.empty(6, 262144, dtype=dtype)
             for tensors, config in (([x, x.clone()], forward), ([x, x, x.clone()], backward)):
@@ -1799,6 +1805,8 @@ def test_long_row_designs_on_gpu(config, dtype_name):
     """Each long-row design at N = 262144 (64 chunks of 4096), with -inf entries and rows."""
     if config.poly and dtype_name == "fp32":
         pytest.skip("poly is a 16-bit knob (a cubic's 1e-4 is past fp32's rounding)")
+    if config.widen and dtype_name == "fp32":
+        pytest.skip("widen is a bf16 knob (two values a 32-bit word)")
     dtype = DTYPES[dtype_name]
     x = torch.randn(6, 262144, device="cuda", dtype=dtype) * 4
     x[1, :70000] = -float("inf")  # whole chunks of -inf before the first finite value
@@ -1991,6 +1999,47 @@ def test_poly_exp2_within_an_ulp_on_gpu(dtype_name, poly):
     for out in (y, y_mufu):
         err = (out[keep].double() - ref).abs()
         assert (err <= ulp * ref.abs() + tiny).all(), (err - ulp * ref.abs()).max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "config, n",
+    [
+        (Config("smem", 1, 16384, 8, exp2=2, by_pid=True, even=True, maxnreg=40), 262144),
+        (Config("smem", 1, 8192, 4, exp2=2, by_pid=True), 70000),  # masks: a ragged last chunk
+    ],
+    ids=["even", "masked"],
+)
+def test_widen_matches_the_cvt_bit_for_bit_on_gpu(config, n):
+    """Config.widen widens bf16 by a shift and a mask where ptxas gives cvt.f32.bf16: both are
+    exact and the sum's order is the same (its first piece in place of 0 + it), so y must be
+    the same bits, on rows with -inf entries, an all -inf row (NaN both ways) and a large
+    value; and the float64 softmax's within bf16's tolerance."""
+    x = torch.randn(7, n, device="cuda", dtype=torch.bfloat16) * 4
+    x[1, 5:9000] = -float("inf")
+    x[2] = -float("inf")
+    x[3, n // 3] = 1e4
+    y = _forward(x, -1, direct, config._replace(widen=True))
+    y_cvt = _forward(x, -1, direct, config)
+    assert torch.equal(y.view(torch.int16), y_cvt.view(torch.int16))
+    keep = [0, 1, 3, 4, 5, 6]
+    assert relative_error(y[keep], torch.softmax(x[keep].double(), -1)) < TOLERANCES["bf16"]
+
+
+def test_widen_is_a_knob_of_the_bf16_smem_forward():
+    """Config.widen takes two bf16 values a 32-bit word: any other dtype, the backward or
+    another design is refused with a message naming the knob."""
+    x = torch.randn(4, 300)
+    with pretend_gpu((9, 0), 132):
+        for tensors, backward, config in (
+            ([x, x.clone()], False, Config("smem", 1, 8192, 4, exp2=2, by_pid=True, widen=True)),
+            ([x.bfloat16(), x.bfloat16()], False, Config("online", 1, 512, 4, widen=True)),
+            ([x.bfloat16()] * 3, True, Config("smem", 1, 8192, 4, by_pid=True, widen=True)),
+            ([x.bfloat16(), x.bfloat16()], False,
+             Config("smem", 1, 8192, 4, exp2=2, fold=2, widen=True)),
+        ):  # fmt: skip
+            with pytest.raises(ValueError, match="widen is a knob"):
+                softmax_module._launch_rows(direct, tensors, backward, config)
 
 
 # -- the first call's choice (softmax_module._tuned_config) --
@@ -2301,13 +2350,13 @@ def test_phase_summary_of_known_stamps():
     assert "ramp (to the first end) 6.50 us, tail (from the last start) 6.50 us" in out
 
 
-def _long_row_round_candidates(round_no: int):
+def _long_row_round_candidates(round_no: int, itemsizes=(2, 4)):
     """(n, itemsize, candidates) of a forward-only probe round past the tile, over N = 16384,
-    65536 and 262144 in 16-bit and fp32, having checked that it has none for the backward and
-    none for rows the tile takes. Run inside pretend_gpu."""
+    65536 and 262144 in 16-bit and fp32 (or `itemsizes`), having checked that it has none for
+    the backward and none for rows the tile takes. Run inside pretend_gpu."""
     probe = importlib.import_module("experiments.probe_softmax")
     for n in (16384, 65536, 262144):
-        for itemsize in (2, 4):
+        for itemsize in itemsizes:
             assert not probe.ROUND_CANDIDATES[round_no](n, itemsize, True)
             cands = probe.ROUND_CANDIDATES[round_no](n, itemsize, False)
             assert bool(cands) == (n > softmax_module.ONE_PASS_MAX_ELEMS)
@@ -2359,6 +2408,27 @@ def test_round23_probe_candidates_are_valid():
                                             left_group=int(group or 1)), name
                 pieces = cfg.block_cols * itemsize // (16 * 32 * cfg.num_warps)
                 assert pieces % cfg.left_group == 0, name
+
+
+def test_round26_probe_candidates_are_valid():
+    """Round 26, the bf16 forward past the tile only: the pick widening by integer ops, and
+    that with the chunk copied in as one copy; nothing for fp32."""
+    with pretend_gpu((9, 0), 132):
+        for n, itemsize, cands in _long_row_round_candidates(26, itemsizes=(2,)):
+            if n <= softmax_module.ONE_PASS_MAX_ELEMS:
+                continue  # none there (checked by the helper)
+            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
+                                               itemsize, smem_ok=True)  # fmt: skip
+            assert cands == {"widen": pick._replace(widen=True),
+                             "widen_1c": pick._replace(widen=True, one_copy=True)}
+        probe = importlib.import_module("experiments.probe_softmax")
+        assert not probe.round26_candidates(262144, 4, False)
+
+
+def test_round26_probe_smoke():
+    """The probe's round 26 on the interpreter (the smem variants run as split2)."""
+    out = _probe_smoke("--round26")
+    assert "widen_1c" in out and " 70000 " in out
 
 
 def test_round23_probe_smoke():
