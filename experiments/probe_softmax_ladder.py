@@ -60,6 +60,9 @@ class Rung(NamedTuple):
     load: int
     store: int
     prefetch: int = 0
+    # round 26: the last tail_pct % of the rows in chunks `tail` times smaller (ladder_tail_kernel)
+    tail: int = 0
+    tail_pct: int = 0
 
 
 # TMA loads only under the copy rungs: with the softmax's work after them (rungs local_tma,
@@ -83,6 +86,13 @@ RUNGS = {
     "row_cp_pf132": Rung(0, 2, 0, 0, 132),
     "row_cp_pf396": Rung(0, 2, 0, 0, 396),
     "row_cp_pf792": Rung(0, 2, 0, 0, 792),
+    # round 26: a grid's last programs in smaller chunks, so that its tail drains sooner
+    "copy_cp_s4_10": Rung(0, 0, 0, 0, 0, 4, 10),
+    "row_cp_s2_10": Rung(0, 2, 0, 0, 0, 2, 10),
+    "row_cp_s4_5": Rung(0, 2, 0, 0, 0, 4, 5),
+    "row_cp_s4_10": Rung(0, 2, 0, 0, 0, 4, 10),
+    "row_cp_s4_20": Rung(0, 2, 0, 0, 0, 4, 20),
+    "row_cp_s8_10": Rung(0, 2, 0, 0, 0, 8, 10),
 }
 
 # Round 25: the cluster rung's partials live past Triton's own shared memory: the launch asks for
@@ -286,6 +296,74 @@ if gluon is not None:
             tma.store_wait(0)
 
 
+    @gluon.jit
+    def _tail_chunk(x_ptr, y_ptr, smem, ws_ptr, c, base, n_chunks, SPLITS: gl.constexpr,
+                    R: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+                    MAX_CHUNKS: gl.constexpr, WORK: gl.constexpr, SLEEP_NS: gl.constexpr):
+        """Chunk c (SPLITS splits of the (R, 256) view, from value `base`) of a region whose
+        slots start at ws_ptr and whose rows are n_chunks chunks: copied (WORK 0) or its row's
+        softmax (WORK 2), through the first SPLITS buffers of smem."""
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
+        dtype: gl.constexpr = x_ptr.dtype.element_ty
+        rows = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, COLS_C, layout=gl.SliceLayout(0, layout))
+        offs = rows[:, None] * COLS_C + cols[None, :]
+        for s in gl.static_range(SPLITS):
+            cp.async_copy_global_to_shared(smem.index(s), x_ptr + base + s * R * COLS_C + offs)
+            cp.commit_group()
+        if WORK == 0:
+            for s in gl.static_range(SPLITS):
+                cp.wait_group(SPLITS - 1 - s)
+                gl.store(y_ptr + base + s * R * COLS_C + offs, smem.index(s).load(layout))
+        else:
+            for s in gl.static_range(SPLITS):
+                cp.wait_group(SPLITS - 1 - s)
+                v = smem.index(s).load(layout).to(gl.float32)
+                if s == 0:
+                    max_vec = v
+                else:
+                    max_vec = gl.maximum(max_vec, v)
+            chunk_max = gl.max(gl.max(max_vec, axis=1), axis=0)
+            sum_vec = gl.zeros([R, COLS_C], gl.float32, layout)
+            for s in range(SPLITS):
+                sum_vec += sk._exp_shifted(smem.index(s).load(layout).to(gl.float32), chunk_max, 2)
+            chunk_sum = gl.sum(gl.sum(sum_vec, axis=1), axis=0)
+            gl.atomic_xchg(ws_ptr + c, _pack(chunk_max, chunk_sum), sem="relaxed")
+            row = c // n_chunks
+            packed, ok, _ = sk._row_slots(ws_ptr + row.to(gl.int64) * n_chunks, n_chunks,
+                                       MAX_CHUNKS, SLEEP_NS, WARPS)  # fmt: skip
+            row_max, inv_sum = sk._row_stats(packed, ok)
+            for s in range(SPLITS):
+                v = smem.index(s).load(layout).to(gl.float32)
+                y = sk._exp_shifted(v, row_max, 2) * inv_sum
+                gl.store(y_ptr + base + s * R * COLS_C + offs, y.to(dtype))
+
+    @gluon.jit
+    def ladder_tail_kernel(
+        x_ptr, y_ptr, ws_ptr, next_ptr, n_chunks, ticket_index, tail_pid,
+        CHUNK: gl.constexpr, SPLITS: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+        MAX_CHUNKS: gl.constexpr, WORK: gl.constexpr, TAIL: gl.constexpr,
+        SLEEP_NS: gl.constexpr = 200,
+    ):  # fmt: skip
+        """Round 26: row_cp (or copy_cp) whose programs from tail_pid on take the last rows in
+        chunks TAIL times smaller (SPLITS / TAIL splits of the same shared memory), so the
+        grid's last programs are shorter and its tail drains sooner. The tail's slots follow
+        the first rows' (one a chunk)."""
+        R: gl.constexpr = CHUNK // (SPLITS * COLS_C)
+        dtype: gl.constexpr = x_ptr.dtype.element_ty
+        pid = sk._pid_ticket(next_ptr, ticket_index, n_chunks, True)
+        smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C],
+                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        if pid < tail_pid:
+            _tail_chunk(x_ptr, y_ptr, smem, ws_ptr, pid, pid.to(gl.int64) * CHUNK, n_chunks,
+                        SPLITS, R, VEC, WARPS, MAX_CHUNKS, WORK, SLEEP_NS)
+        else:
+            c = pid - tail_pid
+            base = tail_pid.to(gl.int64) * CHUNK + c.to(gl.int64) * (CHUNK // TAIL)
+            _tail_chunk(x_ptr, y_ptr, smem, ws_ptr + tail_pid, c, base, n_chunks * TAIL,
+                        SPLITS // TAIL, R, VEC, WARPS, MAX_CHUNKS * TAIL, WORK, SLEEP_NS)
+
+
 class Ladder:
     """One rung on x -> y: the two workspaces taken in turn (each launch zeroes the other)."""
 
@@ -300,6 +378,15 @@ class Ladder:
         self.n_chunks = n // self.chunk
         self.slots = x.numel() // self.chunk
         self.splits = splits_for(rung, itemsize)
+        self.tail_pid = self.slots
+        if rung.tail:  # the last tail_pct % of the rows (at least one) in smaller chunks
+            if rung.load or rung.store or rung.work not in (0, 2) or self.splits % rung.tail:
+                raise ValueError(f"a tail takes the cp.async copy or row rungs, in a divisor of "
+                                 f"their {self.splits} splits; got {rung}")  # fmt: skip
+            rows = x.numel() // n
+            tail_rows = max(1, rows * rung.tail_pct // 100)
+            self.tail_pid = (rows - tail_rows) * self.n_chunks
+            self.slots = self.tail_pid + tail_rows * self.n_chunks * rung.tail
         self.ws = [torch.zeros(self.slots + 1, device=x.device, dtype=torch.int64)
                    for _ in range(2)]  # fmt: skip
         self.turn = 0
@@ -320,6 +407,17 @@ class Ladder:
             # chunks rounded up to a power of 2, and a rank past the cluster does not exist
             raise ValueError(f"a cluster holds 2-{CLUSTER_MAX} programs, not {self.n_chunks} "
                              f"(a power of 2: a row's chunks)")  # fmt: skip
+        if self.rung.tail:
+            mc = max(2, 1 << (self.n_chunks - 1).bit_length())
+            compiled = ladder_tail_kernel[(self.slots,)](
+                self.x, self.y, ws, next_ws, self.n_chunks, self.slots, self.tail_pid,
+                CHUNK=self.chunk, SPLITS=self.splits, VEC=16 // self.x.element_size(),
+                WARPS=warps, MAX_CHUNKS=mc, WORK=self.rung.work, TAIL=self.rung.tail,
+                num_warps=warps, **({"maxnreg": MAXNREG_8_WARPS} if warps == 8 else {}),
+            )  # fmt: skip
+            if compiled is not None:
+                self.registers, self.spills = compiled.n_regs, compiled.n_spills
+            return
         args = (self.x, self.y, self.x_desc, self.y_desc, ws, next_ws, self.n_chunks, self.slots)
         meta = dict(
             CHUNK=self.chunk, SPLITS=self.splits, VEC=16 // self.x.element_size(), WARPS=warps,
