@@ -46,6 +46,9 @@ except ImportError:  # a Triton without Gluon: main() says so
 # entry (before it asks for its ticket) by globaltimer and by clock64
 STAMPS = 11
 PHASES = ("ticket", "load+partial", "wait", "write", "life")
+# the launch's two ends in summarize: EDGE_STEPS moments STEP_US apart from its first start and
+# up to its last end
+STEP_US, EDGE_STEPS = 2.0, 8
 
 if gluon is not None:
     STAMPS_C = gl.constexpr(STAMPS)
@@ -220,6 +223,22 @@ def summarize(stamps: torch.Tensor, n_chunks: int, sms: int) -> list[str]:
     lines.append(
         f"  ramp (to the first end) {ramp:.2f} us, tail (from the last start) {tail:.2f} us"
     )
+    # round 26: the launch against its steady rate, and what the programs do at its two ends
+    q10, q90 = torch.quantile(g[:, 4], torch.tensor([0.1, 0.9], dtype=torch.float64)).tolist()
+    rate = 0.8 * len(g) / (q90 - q10)  # programs written a us between 10% and 90% of the writes
+    lines.append(f"  steady: {rate:.2f} programs written a us (10-90% of the writes); all of them "
+                 f"at that rate {len(g) / rate:.2f} us, so {wall - len(g) / rate:.2f} us more a "
+                 f"launch")  # fmt: skip
+    for label, steps in (("first", [start + k * STEP_US for k in range(EDGE_STEPS)]),
+                         ("last", [end - k * STEP_US for k in range(EDGE_STEPS, 0, -1)])):
+        counts = {"loading": [], "waiting": [], "writing": []}
+        for t in steps:  # entry..t1 loading (and the ticket), t1..t2 waiting, t2..t3 writing
+            counts["loading"].append(int(((g[:, 0] <= t) & (g[:, 2] > t)).sum()))
+            counts["waiting"].append(int(((g[:, 2] <= t) & (g[:, 3] > t)).sum()))
+            counts["writing"].append(int(((g[:, 3] <= t) & (g[:, 4] > t)).sum()))
+        lines.append(f"  the {label} {EDGE_STEPS * STEP_US:.0f} us, programs every "
+                     f"{STEP_US:.0f} us: " + "; ".join(
+                         f"{k} {' '.join(str(v) for v in vs)}" for k, vs in counts.items()))
     return lines
 
 

@@ -2348,6 +2348,12 @@ def test_phase_summary_of_known_stamps():
     assert "a slot empty between programs    3.50 /    3.50 /    3.50 us" in out
     assert "start spread    0.50 /    0.50 /    0.50 us" in out
     assert "ramp (to the first end) 6.50 us, tail (from the last start) 6.50 us" in out
+    # writes end at 6.5, 7, 16.5 and 17 us: 10-90% of them over 10.2 us is 0.31 a us, 12.75 us
+    # for all four, 4.25 less than the launch
+    assert "all of them at that rate 12.75 us, so 4.25 us more a launch" in out
+    # at 0, 2, 4, ... us: the first row's programs load (to 1.5 / 2), wait (to 3.5 / 4), write
+    assert "first 16 us, programs every 2 us: loading 1 0 0 0 0 1 0 0; waiting 0 2 0" in out
+    assert "last 16 us, programs every 2 us: loading 2 0 0 0 0 2 0 0;" in out
 
 
 def _long_row_round_candidates(round_no: int, itemsizes=(2, 4)):

@@ -38,6 +38,22 @@ def test_a_cluster_holds_a_row_of_at_most_16_chunks():
         ladder.Ladder(ladder.RUNGS["row_cl"], x, x)()
 
 
+def test_a_tail_takes_the_last_rows_in_smaller_chunks():
+    """Round 26's tail rungs: the last tail_pct % of the rows (at least one) in chunks `tail`
+    times smaller, their slots after the first rows'; refused where `tail` does not divide the
+    chunk's splits, and on the TMA or cluster rungs."""
+    x = torch.empty(20, 2 * ladder.chunk_for(2), dtype=torch.bfloat16)
+    run = ladder.Ladder(ladder.RUNGS["row_cp_s4_10"], x, x)
+    assert run.tail_pid == 18 * 2 and run.slots == 18 * 2 + 2 * 2 * 4
+    assert run.ws[0].numel() == run.slots + 1
+    assert ladder.Ladder(ladder.RUNGS["row_cp_s2_10"], x[:3], x[:3]).tail_pid == 2 * 2  # 1 row
+    x32 = torch.empty(4, 2 * ladder.chunk_for(4))  # fp32: 4 splits a chunk
+    with pytest.raises(ValueError, match="a tail takes"):
+        ladder.Ladder(ladder.RUNGS["row_cp_s8_10"], x32, x32)
+    with pytest.raises(ValueError, match="a tail takes"):
+        ladder.Ladder(ladder.Rung(0, 4, 0, 0, 0, 2, 10), x, x)
+
+
 def test_rows_must_be_whole_chunks():
     ladder.check_shape(65536, 2)
     with pytest.raises(ValueError, match="multiple of 16384 columns"):
@@ -80,6 +96,10 @@ def test_every_rung_on_gpu(dtype_name):
     x[1, chunk + 7] = -1e4 if dtype != torch.float16 else -6e4
     y = torch.empty_like(x)
     for name, rung in ladder.RUNGS.items():
+        if rung.tail and ladder.splits_for(rung, x.element_size()) % rung.tail:
+            with pytest.raises(ValueError, match="a tail takes"):
+                ladder.Ladder(rung, x, y)
+            continue
         run = ladder.Ladder(rung, x, y)
         for _ in range(2):
             y.fill_(float("nan"))
