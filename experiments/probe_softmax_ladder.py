@@ -140,6 +140,18 @@ if gluon is not None:
         else:
             mbarrier.wait(bars.index(s), 0)
 
+    @gluon.jit
+    def _chunk_max(smem, bars, layout: gl.constexpr, LOAD: gl.constexpr, SPLITS: gl.constexpr):
+        """The chunk's max over its SPLITS splits in smem, each read once it has landed."""
+        for s in gl.static_range(SPLITS):
+            _landed(bars, s, LOAD, SPLITS)
+            v = smem.index(s).load(layout).to(gl.float32)
+            if s == 0:
+                max_vec = v
+            else:
+                max_vec = gl.maximum(max_vec, v)
+        return gl.max(gl.max(max_vec, axis=1), axis=0)
+
     # The cluster's partials: PTX on the dynamic shared memory's symbol (global_smem in Triton
     # 3.6's kernels), at %dynamic_smem_size - SLOT_BYTES, a region the compiler does not use
     _SLOT_ADDR = (
@@ -244,14 +256,7 @@ if gluon is not None:
                         gl.thread_barrier()
                     tma.async_copy_shared_to_global(y_desc, [view_row + s * R, 0], smem.index(s))
         else:
-            for s in gl.static_range(SPLITS):
-                _landed(bars, s, LOAD, SPLITS)
-                v = smem.index(s).load(layout).to(gl.float32)
-                if s == 0:
-                    max_vec = v
-                else:
-                    max_vec = gl.maximum(max_vec, v)
-            chunk_max = gl.max(gl.max(max_vec, axis=1), axis=0)
+            chunk_max = _chunk_max(smem, bars, layout, LOAD, SPLITS)
             sum_vec = gl.zeros([R, COLS_C], gl.float32, layout)
             for s in range(SPLITS):  # not unrolled: the loads of one split at a time live
                 v = smem.index(s).load(layout).to(gl.float32)
@@ -316,14 +321,7 @@ if gluon is not None:
                 cp.wait_group(SPLITS - 1 - s)
                 gl.store(y_ptr + base + s * R * COLS_C + offs, smem.index(s).load(layout))
         else:
-            for s in gl.static_range(SPLITS):
-                cp.wait_group(SPLITS - 1 - s)
-                v = smem.index(s).load(layout).to(gl.float32)
-                if s == 0:
-                    max_vec = v
-                else:
-                    max_vec = gl.maximum(max_vec, v)
-            chunk_max = gl.max(gl.max(max_vec, axis=1), axis=0)
+            chunk_max = _chunk_max(smem, smem, layout, 0, SPLITS)  # no barriers with cp.async
             sum_vec = gl.zeros([R, COLS_C], gl.float32, layout)
             for s in range(SPLITS):
                 sum_vec += sk._exp_shifted(smem.index(s).load(layout).to(gl.float32), chunk_max, 2)
