@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 
 from experiments.probe_softmax import DTYPES, bench_gpu, copy_bandwidth
+from kernels._common import gpu_info
 from kernels.softmax import softmax
 
 try:
@@ -63,6 +64,9 @@ class Rung(NamedTuple):
     # round 26: the last tail_pct % of the rows in chunks `tail` times smaller (ladder_tail_kernel)
     tail: int = 0
     tail_pct: int = 0
+    # round 26: the first wave's odd rows (its first FIRST_WAVE_PER_SM programs an SM) start
+    # `stagger` ns late, so that half its rows land, and write, before the rest
+    stagger: int = 0
 
 
 # TMA loads only under the copy rungs: with the softmax's work after them (rungs local_tma,
@@ -93,7 +97,13 @@ RUNGS = {
     "row_cp_s4_10": Rung(0, 2, 0, 0, 0, 4, 10),
     "row_cp_s4_20": Rung(0, 2, 0, 0, 0, 4, 20),
     "row_cp_s8_10": Rung(0, 2, 0, 0, 0, 8, 10),
+    # and the first wave's rows in two halves, the second started late
+    "row_cp_st1000": Rung(0, 2, 0, 0, stagger=1000),
+    "row_cp_st2000": Rung(0, 2, 0, 0, stagger=2000),
+    "row_cp_st4000": Rung(0, 2, 0, 0, stagger=4000),
 }
+# the programs an SM holds at once (32 KB of shared memory each, 40 registers at 8 warps)
+FIRST_WAVE_PER_SM = 6
 
 # Round 25: the cluster rung's partials live past Triton's own shared memory: the launch asks for
 # SLOT_BYTES more a program (16 clusters' ranks at most, a (max, sum) pair of fp32 each)
@@ -193,6 +203,12 @@ if gluon is not None:
                                          dtype=(gl.float32, gl.float32), is_pure=False, pack=1)
 
     @gluon.jit
+    def _sleep_then(value, ns):
+        """value, after a nanosleep of about ns (PTX: anywhere in [0, 2 ns])."""
+        return gl.inline_asm_elementwise("nanosleep.u32 $2; mov.b32 $0, $1;", "=r,r,r",
+                                         [value, ns], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _l2_prefetch(ptrs):
         return gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
                                          [ptrs], dtype=gl.int32, is_pure=False, pack=1)
@@ -203,7 +219,7 @@ if gluon is not None:
         CHUNK: gl.constexpr, SPLITS: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
         MAX_CHUNKS: gl.constexpr, TICKET: gl.constexpr, WORK: gl.constexpr,
         LOAD: gl.constexpr, STORE: gl.constexpr, SLEEP_NS: gl.constexpr = 200,
-        PREFETCH: gl.constexpr = 0,
+        PREFETCH: gl.constexpr = 0, STAGGER: gl.constexpr = 0, FIRST_WAVE: gl.constexpr = 0,
     ):  # fmt: skip
         R: gl.constexpr = CHUNK // (SPLITS * COLS_C)  # rows of the view a split
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
@@ -214,6 +230,9 @@ if gluon is not None:
             c = sk._take_ticket(ws_ptr, next_ptr, ticket_index, True)
         else:  # the program id (a row's wait then relies on programs starting in id order)
             c = sk._pid_ticket(next_ptr, ticket_index, n_chunks, True)
+        if STAGGER > 0:  # the first wave's odd rows start late (Rung.stagger)
+            late = (c < FIRST_WAVE) & ((c // n_chunks) % 2 == 1)
+            c = _sleep_then(c, gl.where(late, STAGGER, 0))
         base = c.to(gl.int64) * CHUNK
         if PREFETCH > 0:  # a 128-byte line a thread; past the last chunk: this one's again
             LINE: gl.constexpr = 128 // (dtype.primitive_bitwidth // 8)
@@ -394,6 +413,10 @@ class Ladder:
         self.x_desc = TensorDescriptor.from_tensor(x.view(-1, COLS), [rows, COLS], layout)
         self.y_desc = TensorDescriptor.from_tensor(y.view(-1, COLS), [rows, COLS], layout)
 
+    def first_wave(self) -> int:
+        """The programs the GPU starts at once (Rung.stagger)."""
+        return _sm_count(self.x.device) * FIRST_WAVE_PER_SM
+
     def __call__(self) -> None:
         ws, next_ws = self.ws[self.turn], self.ws[1 - self.turn]
         self.turn = 1 - self.turn
@@ -422,6 +445,8 @@ class Ladder:
             MAX_CHUNKS=max(2, 1 << (self.n_chunks - 1).bit_length()), TICKET=self.rung.ticket,
             WORK=self.rung.work, LOAD=self.rung.load, STORE=self.rung.store, num_warps=warps,
             PREFETCH=self.rung.prefetch,
+            **({"STAGGER": self.rung.stagger, "FIRST_WAVE": self.first_wave()}
+               if self.rung.stagger else {}),
             **({"maxnreg": MAXNREG_8_WARPS}
                if warps == 8 and (self.rung[1:3] == (1, 0) or cluster) else {}),
         )  # fmt: skip
@@ -437,6 +462,11 @@ class Ladder:
         compiled = ladder_kernel[grid](*args, **meta)
         if compiled is not None:  # None when compiled offline (experiments.resources)
             self.registers, self.spills = compiled.n_regs, compiled.n_spills
+
+
+def _sm_count(device: torch.device) -> int:
+    info = gpu_info(device)
+    return info.sms if info is not None else 132  # offline: an H100 / H200's
 
 
 def expected(rung: Rung, x: torch.Tensor) -> torch.Tensor:
