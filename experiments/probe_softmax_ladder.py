@@ -101,6 +101,7 @@ RUNGS = {
     "row_cp_st1000": Rung(0, 2, 0, 0, stagger=1000),
     "row_cp_st2000": Rung(0, 2, 0, 0, stagger=2000),
     "row_cp_st4000": Rung(0, 2, 0, 0, stagger=4000),
+    "row_cp_st8000": Rung(0, 2, 0, 0, stagger=8000),
 }
 # the programs an SM holds at once (32 KB of shared memory each, 40 registers at 8 warps)
 FIRST_WAVE_PER_SM = 6
@@ -231,8 +232,10 @@ if gluon is not None:
         else:  # the program id (a row's wait then relies on programs starting in id order)
             c = sk._pid_ticket(next_ptr, ticket_index, n_chunks, True)
         if STAGGER > 0:  # the first wave's odd rows start late (Rung.stagger)
-            late = (c < FIRST_WAVE) & ((c // n_chunks) % 2 == 1)
-            c = _sleep_then(c, gl.where(late, STAGGER, 0))
+            if (c < FIRST_WAVE) & ((c // n_chunks) % 2 == 1):
+                # a branch, not a sleep of 0 for the others: round 26's first run slept 0 in
+                # every program and lost 5-7 us whatever the stagger (ladder26c)
+                c = _sleep_then(c, c * 0 + STAGGER)
         base = c.to(gl.int64) * CHUNK
         if PREFETCH > 0:  # a 128-byte line a thread; past the last chunk: this one's again
             LINE: gl.constexpr = 128 // (dtype.primitive_bitwidth // 8)
