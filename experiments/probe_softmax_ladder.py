@@ -451,7 +451,8 @@ class Ladder:
             **({"STAGGER": self.rung.stagger, "FIRST_WAVE": self.first_wave()}
                if self.rung.stagger else {}),
             **({"maxnreg": MAXNREG_8_WARPS}
-               if warps == 8 and (self.rung[1:3] == (1, 0) or cluster) else {}),
+               if warps == 8 and (self.rung[1:3] == (1, 0) or cluster or self.rung.stagger)
+               else {}),
         )  # fmt: skip
         grid = (self.slots,)
         if cluster:
