@@ -37,8 +37,7 @@ from typing import NamedTuple
 import torch
 
 from experiments.probe_softmax import DTYPES, bench_gpu, copy_bandwidth
-from kernels._common import gpu_info
-from kernels.softmax import softmax
+from kernels.softmax import _sm_count, softmax
 
 try:
     from triton.experimental import gluon
@@ -431,12 +430,12 @@ class Ladder:
             # chunks rounded up to a power of 2, and a rank past the cluster does not exist
             raise ValueError(f"a cluster holds 2-{CLUSTER_MAX} programs, not {self.n_chunks} "
                              f"(a power of 2: a row's chunks)")  # fmt: skip
+        max_chunks = max(2, 1 << (self.n_chunks - 1).bit_length())
         if self.rung.tail:
-            mc = max(2, 1 << (self.n_chunks - 1).bit_length())
             compiled = ladder_tail_kernel[(self.slots,)](
                 self.x, self.y, ws, next_ws, self.n_chunks, self.slots, self.tail_pid,
                 CHUNK=self.chunk, SPLITS=self.splits, VEC=16 // self.x.element_size(),
-                WARPS=warps, MAX_CHUNKS=mc, WORK=self.rung.work, TAIL=self.rung.tail,
+                WARPS=warps, MAX_CHUNKS=max_chunks, WORK=self.rung.work, TAIL=self.rung.tail,
                 num_warps=warps, **({"maxnreg": MAXNREG_8_WARPS} if warps == 8 else {}),
             )  # fmt: skip
             if compiled is not None:
@@ -445,7 +444,7 @@ class Ladder:
         args = (self.x, self.y, self.x_desc, self.y_desc, ws, next_ws, self.n_chunks, self.slots)
         meta = dict(
             CHUNK=self.chunk, SPLITS=self.splits, VEC=16 // self.x.element_size(), WARPS=warps,
-            MAX_CHUNKS=max(2, 1 << (self.n_chunks - 1).bit_length()), TICKET=self.rung.ticket,
+            MAX_CHUNKS=max_chunks, TICKET=self.rung.ticket,
             WORK=self.rung.work, LOAD=self.rung.load, STORE=self.rung.store, num_warps=warps,
             PREFETCH=self.rung.prefetch,
             **({"STAGGER": self.rung.stagger, "FIRST_WAVE": self.first_wave()}
@@ -466,11 +465,6 @@ class Ladder:
         compiled = ladder_kernel[grid](*args, **meta)
         if compiled is not None:  # None when compiled offline (experiments.resources)
             self.registers, self.spills = compiled.n_regs, compiled.n_spills
-
-
-def _sm_count(device: torch.device) -> int:
-    info = gpu_info(device)
-    return info.sms if info is not None else 132  # offline: an H100 / H200's
 
 
 def expected(rung: Rung, x: torch.Tensor) -> torch.Tensor:
