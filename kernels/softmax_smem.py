@@ -426,16 +426,14 @@ def _forward_partial(smem, base, offs, limit, PIECES: gl.constexpr, PIECE: gl.co
         for p in gl.static_range(PIECES):
             sum_vec += _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE, layout, EXP2,
                                           EVEN, p % 2 == 1)  # fmt: skip
-    elif WIDEN:
-        sum_vec = _partial_piece_exp(smem, base, 0, shift, offs, limit, PIECE, layout, EXP2, EVEN,
-                                     False, True)  # fmt: skip
-        for p in range(1, PIECES):
-            sum_vec += _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE, layout, EXP2,
-                                          EVEN, False, True)  # fmt: skip
     else:
-        for p in range(PIECES):
+        FIRST: gl.constexpr = 1 if WIDEN else 0  # WIDEN: the sum starts from piece 0's exp
+        if WIDEN:
+            sum_vec = _partial_piece_exp(smem, base, 0, shift, offs, limit, PIECE, layout, EXP2,
+                                         EVEN, False, True)  # fmt: skip
+        for p in range(FIRST, PIECES):
             sum_vec += _partial_piece_exp(smem, base, p, shift, offs, limit, PIECE, layout, EXP2,
-                                          EVEN)  # fmt: skip
+                                          EVEN, False, WIDEN)  # fmt: skip
     # the max is never the bits 0 unless the sum is at least 1: a published slot is never 0
     return _pack(run_max, gl.sum(sum_vec, axis=0))
 
