@@ -116,6 +116,10 @@ of a row's first programs cut short); names in ROUND23_NAMES.
 `--round26` times the bf16 smem forward widening its values by integer ops (Config.widen);
 names in ROUND26_NAMES.
     python -m experiments.probe_softmax --round26 --budget 150 --elems 134217728 --dtypes bf16
+`--round27` times the smem forward by program id with lead programs that only hold their slots
+a while ahead of the chunks' (Config.lead), so that the first wave starts in turn; names in
+ROUND27_NAMES.
+    python -m experiments.probe_softmax --round27 --budget 150 --elems 134217728
 
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
@@ -1152,6 +1156,27 @@ def round26_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
             "widen_1c": pick._replace(widen=True, one_copy=True)}  # fmt: skip
 
 
+# What each round 27 name means (printed at the start of a --round27 run).
+ROUND27_NAMES = {
+    "default": ROUND22_NAMES["default"],
+    "lead{k}_{t}us": "forward: the pick behind k lead programs an SM that hold their slots, the "
+    "i-th of an SM for i x t us (Config.lead, lead_ns), so that the first wave's chunk programs "
+    "start 6 - k an SM and the rest in turn",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 27, the forward past the tile: the pick behind lead programs (Config.lead)."""
+    if n <= ONE_PASS_MAX_ELEMS or backward:
+        return {}
+    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem" or not pick.by_pid or pick.per_sm:
+        return {}
+    return {f"lead{k}_{t}us": pick._replace(lead=k, lead_ns=t * 1000)
+            for k, t in ((1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (3, 3))}  # fmt: skip
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -1164,7 +1189,7 @@ ROUND_CANDIDATES = {
     14: round14_candidates, 15: round15_candidates, 16: round16_candidates,
     17: round17_candidates, 18: round18_candidates, 19: round19_candidates,
     20: round20_candidates, 21: round21_candidates, 22: round22_candidates,
-    23: round23_candidates, 26: round26_candidates,
+    23: round23_candidates, 26: round26_candidates, 27: round27_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
@@ -1172,7 +1197,8 @@ ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAME
                13: ROUND13_NAMES, 14: ROUND14_NAMES, 15: ROUND15_NAMES,
                16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES,
                19: ROUND19_NAMES, 20: ROUND20_NAMES, 21: ROUND21_NAMES,
-               22: ROUND22_NAMES, 23: ROUND23_NAMES, 26: ROUND26_NAMES}  # fmt: skip
+               22: ROUND22_NAMES, 23: ROUND23_NAMES, 26: ROUND26_NAMES,
+               27: ROUND27_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -1183,7 +1209,7 @@ def _for_smoke(cfg: Config) -> Config:
     if cfg.design == "smem":
         return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
                             by_pid=False, even=False, poly=0, one_copy=False, leave_polls=0,
-                            left_group=1, widen=False)  # fmt: skip
+                            left_group=1, widen=False, lead=0, lead_ns=0)  # fmt: skip
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 
@@ -1340,12 +1366,13 @@ def main() -> int:
     parser.add_argument("--round22", action="store_true", help="persistent smem forward by pid")
     parser.add_argument("--round23", action="store_true", help="smem forward leaving early")
     parser.add_argument("--round26", action="store_true", help="bf16 smem forward widening")
+    parser.add_argument("--round27", action="store_true", help="smem forward behind lead programs")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in (*range(3, 24), 26) if getattr(args, f"round{r}")], default=0)
+    round_no = max([r for r in (*range(3, 24), 26, 27) if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1359,7 +1386,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, *range(17, 24), 26):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, *range(17, 24), 26, 27):  # a long row of several chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))

@@ -282,6 +282,13 @@ class Config(NamedTuple):
     # values by integer ops (a shift and a mask, one instruction a value), where ptxas gives
     # the high half's cvt.f32.bf16 two (PRMT, SHF); the sum pass starts from the first piece
     widen: bool = False
+    # -- round 27 --
+    # one-shot smem forward by program id: `lead` programs an SM ahead of the chunks' that only
+    # hold their slots, the k-th of an SM for k x lead_ns ns (softmax_smem._lead_wait), so that
+    # the first wave's chunk programs start fewer at a time and in turn (round 26: the whole
+    # first wave loads at once, then computes at once, and no row writes before 9.5 us)
+    lead: int = 0
+    lead_ns: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1632,6 +1639,11 @@ def _launch_rows(
                          or config.poly or moved[0].dtype != torch.bfloat16):  # fmt: skip
         raise ValueError(f"widen is a knob of the one-shot smem forward in bf16 (no fold or "
                          f"poly), got {config} for {moved[0].dtype}")  # fmt: skip
+    if (config.lead or config.lead_ns) and (backward or config.design != "smem" or config.per_sm
+                                            or not config.by_pid or config.lead < 1
+                                            or config.lead_ns < 1):  # fmt: skip
+        raise ValueError(f"lead (programs an SM, at least 1) and lead_ns (positive) are knobs of "
+                         f"the one-shot smem forward by program id, got {config}")  # fmt: skip
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1834,6 +1846,8 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         by_pid=config.by_pid, leave_polls=config.leave_polls or softmax_smem.LEAVE_POLLS,
         even=config.even and n_cols % config.block_cols == 0, poly=config.poly,
         one_copy=config.one_copy, left_group=config.left_group, widen=config.widen,
+        lead=config.lead * _sm_count(moved[0].device), lead_tiers=max(config.lead, 1),
+        lead_ns=config.lead_ns,
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

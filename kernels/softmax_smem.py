@@ -58,14 +58,17 @@ def _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR: gl.constexpr):
 
 @gluon.jit
 def _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR: gl.constexpr,
-                TRANSPOSE: gl.constexpr = False, LEAVE: gl.constexpr = False):  # fmt: skip
+                TRANSPOSE: gl.constexpr = False, LEAVE: gl.constexpr = False,
+                LEAD: gl.constexpr = 0):  # fmt: skip
     """The program id as the ticket (Config.by_pid): no atomic at the program's start. Clears
     what _take_ticket clears, and with LEAVE the leave words (_leave_words; a workspace of
     workspace_words(..., by_pid=True)). A program then waits for
     chunks it did not see taken, so the wait is _row_slots' with LEAVE_POLLS, which never needs
     another program to run. TRANSPOSE (tests only): program ids go down the rows' first chunks
-    first, so that the programs the GPU starts first all wait for chunks it starts last."""
-    ticket = gl.program_id(0)
+    first, so that the programs the GPU starts first all wait for chunks it starts last. LEAD:
+    the grid's first LEAD programs hold no chunk (_lead_wait), so the ticket is the program id
+    less LEAD."""
+    ticket = gl.program_id(0) - LEAD
     if TRANSPOSE:
         rows = ticket_index // n_chunks
         ticket = (ticket % rows) * n_chunks + ticket // rows
@@ -95,6 +98,26 @@ def _leave_words(ws_ptr, ticket, ticket_index, n_chunks):
     n_rows = ticket_index // n_chunks
     count = ws_ptr + ticket_index + 1 + ticket // n_chunks
     return count, ws_ptr + ticket_index + 1 + n_rows + ticket
+
+
+@gluon.jit
+def _lead_wait(pid, LEAD: gl.constexpr, TIERS: gl.constexpr, LEAD_NS: gl.constexpr):
+    """A lead program's life (Config.lead): hold its slot, and so its SM's shared memory, for
+    LEAD_NS ns times its tier (1 to TIERS, the first LEAD // TIERS programs the first), timed
+    by %globaltimer, so that the first wave's chunk programs start fewer at a time and in
+    turn, not all loading at once and all computing at once."""
+    start = _globaltimer(pid)
+    until = start + LEAD_NS * (1 + pid * TIERS // LEAD)
+    now = start
+    while now < until:
+        now = _globaltimer(_nanosleep(pid, 200))
+
+
+@gluon.jit
+def _globaltimer(after):
+    """%globaltimer (ns, one clock for the GPU), read after `after` is computed."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [after],
+                                     dtype=gl.int64, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -754,7 +777,8 @@ def softmax_smem_forward_kernel(
     REGS: gl.constexpr = 0, HELD_PAD: gl.constexpr = 0, BY_PID: gl.constexpr = False,
     LEAVE_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False,
     POLL_WIDTH: gl.constexpr = 0, POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False,
-    LEFT_GROUP: gl.constexpr = 1, WIDEN: gl.constexpr = False,
+    LEFT_GROUP: gl.constexpr = 1, WIDEN: gl.constexpr = False, LEAD: gl.constexpr = 0,
+    LEAD_TIERS: gl.constexpr = 1, LEAD_NS: gl.constexpr = 0,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
@@ -766,12 +790,17 @@ def softmax_smem_forward_kernel(
     (Config.poly, 16-bit outputs): 1 the write's odd pieces' exp2 on the FMA pipe, 2 the sum
     pass's too (_exp2_poly). LEFT_GROUP: the pieces a step of the left chunks' write loads
     (_write_from_global; Config.left_group). WIDEN (Config.widen, bf16): the sum pass and the
-    write widen by integer ops (_widen)."""
+    write widen by integer ops (_widen). LEAD (BY_PID; Config.lead): the grid's first LEAD
+    programs only hold their slots a while, in LEAD_TIERS tiers of LEAD_NS ns (_lead_wait)."""
+    if LEAD > 0:
+        if gl.program_id(0) < LEAD:
+            _lead_wait(gl.program_id(0), LEAD, LEAD_TIERS, LEAD_NS)
+            return
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, PIECE, layout=layout)
     if BY_PID:
-        ticket = _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR, TRANSPOSE, True)
+        ticket = _pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR, TRANSPOSE, True, LEAD)
     else:
         ticket = _take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
     outer, inner, start, limit, slots, _ = _position(
@@ -1161,7 +1190,8 @@ def workspace_words(n_slots: int, n_chunks: int, by_pid: bool) -> int:
 def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps, piece=0,
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
            regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False,
-           poly=0, one_copy=False, left_group=1, widen=False):  # fmt: skip
+           poly=0, one_copy=False, left_group=1, widen=False, lead=0, lead_tiers=1,
+           lead_ns=0):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -1179,7 +1209,8 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     only (Config.poly). one_copy: the one-shot forward's chunk copied in as one copy and one
     commit group (Config.one_copy). left_group: the one-shot forward's left chunks written
     that many pieces a step (Config.left_group). widen: the one-shot bf16 forward's values
-    widened by integer ops (Config.widen)."""
+    widened by integer ops (Config.widen). lead: the one-shot forward by program id with that
+    many lead programs ahead of the chunks' (Config.lead), in lead_tiers tiers of lead_ns ns."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -1245,6 +1276,14 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
                          f"fold={fold}, poly={poly}")  # fmt: skip
     if widen:
         meta["WIDEN"] = True
+    if lead and (backward or programs > 0 or not by_pid or lead < 0 or lead_ns <= 0
+                 or not 1 <= lead_tiers <= lead):  # fmt: skip
+        raise ValueError(f"lead is a knob of the one-shot forward by program id, with 1 to lead "
+                         f"tiers of a positive lead_ns; got lead={lead}, "
+                         f"lead_tiers={lead_tiers}, lead_ns={lead_ns}, backward={backward}, "
+                         f"programs={programs}, by_pid={by_pid}")  # fmt: skip
+    if lead:
+        meta.update(LEAD=lead, LEAD_TIERS=lead_tiers, LEAD_NS=lead_ns)
     if left_group != 1:
         power_of_2 = left_group >= 1 and not left_group & (left_group - 1)
         whole = (chunk // piece) % left_group == 0
@@ -1271,7 +1310,7 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     if programs > 0 and by_pid:
         grid = pid_programs(programs, n_slots, n_chunks)
     else:
-        grid = min(programs, n_slots) if programs > 0 else n_slots
+        grid = min(programs, n_slots) if programs > 0 else n_slots + lead
     launcher(kernel)[(grid,)](
         *tensors, ws, next_ws, rows_inner, n_cols // vec, n_chunks, n_slots, *vstrides, **meta
     )

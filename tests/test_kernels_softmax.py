@@ -1717,6 +1717,10 @@ LONG_ROW_DESIGNS = [
     # masks as the pick and with them
     Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, widen=True),
     Config("smem", 1, 8192, 4, exp2=2, by_pid=True, widen=True),
+    # round 27: lead programs ahead of the chunks' (3 an SM in 3 tiers; 1 an SM with masks)
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, lead=3,
+           lead_ns=1000),
+    Config("smem", 1, 4096, 4, exp2=1, by_pid=True, lead=1, lead_ns=500),
 ]
 
 
@@ -1749,7 +1753,7 @@ def _backward_design(config: Config) -> Config:
     on its one-shot smem kernel (round 21), not on its persistent one or another design's."""
     backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False,
                                left_group=1, lanes=0, store_default=False,
-                               widen=False)  # fmt: skip
+                               widen=False, lead=0, lead_ns=0)  # fmt: skip
     if config.per_sm or config.design != "smem":
         backward = backward._replace(by_pid=False, even=False, int32=False)
     return backward
@@ -2039,6 +2043,47 @@ def test_widen_is_a_knob_of_the_bf16_smem_forward():
              Config("smem", 1, 8192, 4, exp2=2, fold=2, widen=True)),
         ):  # fmt: skip
             with pytest.raises(ValueError, match="widen is a knob"):
+                softmax_module._launch_rows(direct, tensors, backward, config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+@pytest.mark.parametrize("lead, n", [(3, 262144), (1, 70000), (6, 65536)])
+def test_lead_programs_change_no_bits_on_gpu(lead, n, dtype_name):
+    """Config.lead only adds programs that hold their slots ahead of the chunks' (the ticket is
+    the program id less the leads), so y must be the pick's bits: whole chunks and a ragged
+    last one, more lead programs an SM than fit beside a chunk program (6), -inf entries, an
+    all -inf row and 1e4; and within the dtype's tolerance of the float64 softmax."""
+    dtype = DTYPES[dtype_name]
+    x = torch.randn(9, n, device="cuda", dtype=dtype) * 4
+    x[1, 5:9000] = -float("inf")
+    x[2] = -float("inf")
+    x[3, n // 3] = 1e4
+    pick = softmax_module._pick_config(n, 9, False, False, x.device, x.element_size(),
+                                       smem_ok=True)  # fmt: skip
+    assert pick.design == "smem" and pick.by_pid, pick
+    y = _forward(x, -1, direct, pick._replace(lead=lead, lead_ns=700))
+    y_pick = _forward(x, -1, direct, pick)
+    assert torch.equal(y.view(torch.uint8), y_pick.view(torch.uint8))
+    keep = [0, 1, 3, 4, 5, 6, 7, 8]
+    assert relative_error(y[keep], torch.softmax(x[keep].double(), -1)) < TOLERANCES[dtype_name]
+
+
+def test_lead_is_a_knob_of_the_smem_forward_by_program_id():
+    """Config.lead (programs an SM) and lead_ns go together, on the one-shot smem forward by
+    program id only: anything else is refused with a message naming the knob."""
+    x = torch.randn(4, 300)
+    smem = Config("smem", 1, 8192, 4, exp2=2, by_pid=True)
+    with pretend_gpu((9, 0), 132):
+        for tensors, backward, config in (
+            ([x, x.clone()], False, smem._replace(lead=2)),  # no lead_ns
+            ([x, x.clone()], False, smem._replace(lead_ns=1000)),  # no lead
+            ([x, x.clone()], False, smem._replace(by_pid=False, lead=2, lead_ns=1000)),
+            ([x, x.clone()], False, smem._replace(per_sm=1, lead=2, lead_ns=1000)),
+            ([x] * 3, True, smem._replace(lead=2, lead_ns=1000)),
+            ([x, x.clone()], False, Config("online", 1, 512, 4, lead=1, lead_ns=1000)),
+        ):  # fmt: skip
+            with pytest.raises(ValueError, match="lead .* knobs of the one-shot smem forward"):
                 softmax_module._launch_rows(direct, tensors, backward, config)
 
 
@@ -2435,6 +2480,26 @@ def test_round26_probe_smoke():
     """The probe's round 26 on the interpreter (the smem variants run as split2)."""
     out = _probe_smoke("--round26")
     assert "widen_1c" in out and " 70000 " in out
+
+
+def test_round27_probe_candidates_are_valid():
+    """Round 27, the forward past the tile only: the pick behind 1-3 lead programs an SM."""
+    with pretend_gpu((9, 0), 132):
+        for n, itemsize, cands in _long_row_round_candidates(27):
+            if n <= softmax_module.ONE_PASS_MAX_ELEMS:
+                continue  # none there (checked by the helper)
+            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
+                                               itemsize, smem_ok=True)  # fmt: skip
+            assert len(cands) == 6
+            for name, cfg in cands.items():
+                lead, _, us = name.removeprefix("lead").removesuffix("us").partition("_")
+                assert cfg == pick._replace(lead=int(lead), lead_ns=int(us) * 1000), name
+
+
+def test_round27_probe_smoke():
+    """The probe's round 27 on the interpreter (the smem variants run as split2)."""
+    out = _probe_smoke("--round27")
+    assert "lead3_3us" in out and " 70000 " in out
 
 
 def test_round23_probe_smoke():
