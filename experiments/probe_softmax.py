@@ -1174,7 +1174,7 @@ def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     if pick.design != "smem" or not pick.by_pid or pick.per_sm:
         return {}
     return {f"lead{k}_{t}us": pick._replace(lead=k, lead_ns=t * 1000)
-            for k, t in ((1, 2), (2, 1), (2, 2), (3, 1), (3, 2), (3, 3))}  # fmt: skip
+            for k, t in ((2, 2), (3, 2), (3, 3), (4, 1), (4, 2), (5, 1), (5, 2), (5, 3))}  # fmt: skip
 
 
 def _error_line(exc: Exception) -> str:

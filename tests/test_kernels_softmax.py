@@ -2483,14 +2483,14 @@ def test_round26_probe_smoke():
 
 
 def test_round27_probe_candidates_are_valid():
-    """Round 27, the forward past the tile only: the pick behind 1-3 lead programs an SM."""
+    """Round 27, the forward past the tile only: the pick behind 2-5 lead programs an SM."""
     with pretend_gpu((9, 0), 132):
         for n, itemsize, cands in _long_row_round_candidates(27):
             if n <= softmax_module.ONE_PASS_MAX_ELEMS:
                 continue  # none there (checked by the helper)
             pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
                                                itemsize, smem_ok=True)  # fmt: skip
-            assert len(cands) == 6
+            assert len(cands) == 8
             for name, cfg in cands.items():
                 lead, _, us = name.removeprefix("lead").removesuffix("us").partition("_")
                 assert cfg == pick._replace(lead=int(lead), lead_ns=int(us) * 1000), name
@@ -2499,7 +2499,7 @@ def test_round27_probe_candidates_are_valid():
 def test_round27_probe_smoke():
     """The probe's round 27 on the interpreter (the smem variants run as split2)."""
     out = _probe_smoke("--round27")
-    assert "lead3_3us" in out and " 70000 " in out
+    assert "lead5_3us" in out and " 70000 " in out
 
 
 def test_round23_probe_smoke():
