@@ -1162,6 +1162,7 @@ ROUND27_NAMES = {
     "lead{k}_{t}us": "forward: the pick behind k lead programs an SM that hold their slots, the "
     "i-th of an SM for i x t us (Config.lead, lead_ns), so that the first wave's chunk programs "
     "start 6 - k an SM and the rest in turn",
+    "lead4_2us_widen": "lead4_2us with Config.widen (bf16)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
@@ -1173,8 +1174,11 @@ def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
     if pick.design != "smem" or not pick.by_pid or pick.per_sm:
         return {}
-    return {f"lead{k}_{t}us": pick._replace(lead=k, lead_ns=t * 1000)
-            for k, t in ((2, 2), (3, 2), (3, 3), (4, 1), (4, 2), (5, 1), (5, 2), (5, 3))}  # fmt: skip
+    out = {f"lead{k}_{ns / 1000:g}us": pick._replace(lead=k, lead_ns=ns)
+           for k, ns in ((3, 2500), (4, 1500), (4, 2000), (4, 2500), (4, 3000), (6, 1500))}
+    if itemsize == 2:
+        out["lead4_2us_widen"] = pick._replace(lead=4, lead_ns=2000, widen=True)
+    return out
 
 
 def _error_line(exc: Exception) -> str:
