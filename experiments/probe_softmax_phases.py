@@ -74,11 +74,17 @@ if gluon is not None:
         CHUNK: gl.constexpr, PIECE: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
         MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
         POLICY: gl.constexpr, CLEAR: gl.constexpr, BY_PID: gl.constexpr = False,
+        LEAD: gl.constexpr = 0, LEAD_TIERS: gl.constexpr = 1, LEAD_NS: gl.constexpr = 0,
     ):  # fmt: skip
         """kernels.softmax_smem.softmax_smem_forward_kernel (FOLD 0, REGS 0), stamped. BY_PID:
         the ticket is the program id, no atomic (a probe of what the atomic costs: the wait is
         then deadlock-free only if the GPU starts programs in id order, as it does in practice
-        but does not promise)."""
+        but does not promise). LEAD, LEAD_TIERS, LEAD_NS: the lead programs ahead of the
+        chunks' (Config.lead; round 27), unstamped."""
+        if LEAD > 0:
+            if gl.program_id(0) < LEAD:
+                sk._lead_wait(gl.program_id(0), LEAD, LEAD_TIERS, LEAD_NS)
+                return
         PIECES: gl.constexpr = CHUNK // PIECE
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
         offs = gl.arange(0, PIECE, layout=layout)
@@ -86,7 +92,7 @@ if gluon is not None:
         g_entry = _stamp(pid, GLOBALTIMER)
         c_entry = _stamp(pid, CLOCK64)
         if BY_PID:
-            ticket = sk._pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR)
+            ticket = sk._pid_ticket(next_ptr, ticket_index, n_chunks, CLEAR, LEAD=LEAD)
         else:
             ticket = sk._take_ticket(ws_ptr, next_ptr, ticket_index, CLEAR)
         # each stamp stored at once: nothing held in registers across the phases
@@ -136,7 +142,8 @@ class _Stamping:
     (kernels.softmax._launch_rows); it adds the stamps, the ticket choice and the register cap,
     and drops FOLD (the probe refuses configs with fold) and the pick's BY_PID, LEAVE_POLLS,
     EVEN, POLL_WIDTH and TRANSPOSE (the probe's --by-pid chooses the ticket; the stamped kernel
-    masks and never leaves)."""
+    masks and never leaves). Lead programs (--lead) take no ticket: the chunks' programs take
+    the program id less the leads (--by-pid) or the atomic's."""
 
     def __init__(self, stamps: torch.Tensor, by_pid: bool):
         self.stamps, self.by_pid = stamps, by_pid
@@ -252,6 +259,10 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--save", default="", help="a folder for the raw stamps (.pt)")
     parser.add_argument(
+        "--lead", default="", help="K:NS, the pick behind K lead programs an SM in tiers of NS ns "
+        "(Config.lead, lead_ns; round 27)",
+    )  # fmt: skip
+    parser.add_argument(
         "--one-chunk", action="store_true",
         help="the long rows' smem pick on rows of N columns, one chunk a row (N: its chunk)",
     )  # fmt: skip
@@ -271,6 +282,9 @@ def main(argv=None) -> int:
                 long_pick = _pick_config(4 * n, 1, False, False, device, x.element_size(), 1,
                                          True)  # fmt: skip
                 config = long_pick._replace(block_cols=n)
+            if args.lead:
+                lead, _, lead_ns = args.lead.partition(":")
+                config = config._replace(lead=int(lead), lead_ns=int(lead_ns))
             if config.design != "smem" or config.per_sm or config.fold or config.regs:
                 print(f"{dtype_name} N={n}: the pick is not the one-shot smem forward: {config}")
                 continue

@@ -2483,26 +2483,26 @@ def test_round26_probe_smoke():
 
 
 def test_round27_probe_candidates_are_valid():
-    """Round 27, the forward past the tile only: the pick behind 3-6 lead programs an SM, in
-    1.5-3 us tiers; one of them with widen in bf16."""
+    """Round 27, the forward past the tile only: the pick behind 3-5 lead programs an SM, in
+    1-1.75 us tiers; one of them with the chunk copied in as one copy."""
     with pretend_gpu((9, 0), 132):
         for n, itemsize, cands in _long_row_round_candidates(27):
             if n <= softmax_module.ONE_PASS_MAX_ELEMS:
                 continue  # none there (checked by the helper)
             pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
                                                itemsize, smem_ok=True)  # fmt: skip
-            assert len(cands) == (7 if itemsize == 2 else 6)
+            assert len(cands) == 8
             for name, cfg in cands.items():
-                name, _, widen = name.partition("us_")
+                name, _, one_copy = name.partition("us_")
                 lead, _, us = name.removeprefix("lead").removesuffix("us").partition("_")
                 assert cfg == pick._replace(lead=int(lead), lead_ns=round(float(us) * 1000),
-                                            widen=widen == "widen"), name  # fmt: skip
+                                            one_copy=one_copy == "1c"), name  # fmt: skip
 
 
 def test_round27_probe_smoke():
     """The probe's round 27 on the interpreter (the smem variants run as split2)."""
     out = _probe_smoke("--round27")
-    assert "lead4_2.5us" in out and " 70000 " in out
+    assert "lead4_1.75us" in out and " 70000 " in out
 
 
 def test_round23_probe_smoke():
