@@ -1163,6 +1163,7 @@ ROUND27_NAMES = {
     "i-th of an SM for i x t us (Config.lead, lead_ns), so that the first wave's chunk programs "
     "start 6 - k an SM and the rest in turn",
     "lead4_1.5us_1c": "lead4_1.5us with the chunk copied in as one copy (Config.one_copy)",
+    "nolead": "the pick without lead programs (the default has them on grids of several waves)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
@@ -1178,6 +1179,7 @@ def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
            for k, ns in ((3, 1500), (4, 1000), (4, 1250), (4, 1500), (4, 1750), (5, 1250),
                          (5, 1500))}  # fmt: skip
     out["lead4_1.5us_1c"] = pick._replace(lead=4, lead_ns=1500, one_copy=True)
+    out["nolead"] = pick._replace(lead=0, lead_ns=0)  # one row's pick: no lead (a small grid)
     return out
 
 

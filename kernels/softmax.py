@@ -131,6 +131,13 @@ SMEM_ARCH_MAJOR = 9  # compute capability 9.x (Hopper): where the smem design wa
 # 46-48 registers uncapped, 5 programs of 8 warps an SM; at 40, 6 as with the atomic ticket,
 # spilling nothing. 4 warps take 40-44 uncapped: 6 programs, no cap.
 SMEM_PID_MAXNREG = 40
+# Lead programs of that forward (Config.lead, round 27): SMEM_LEAD_PER_SM an SM ahead of the
+# chunks' programs, the k-th of an SM holding its slot k x SMEM_LEAD_NS ns, on grids of 32 KB
+# programs at least SMEM_LEAD_MIN_PROGRAMS_PER_SM an SM (4 waves of 6): the last lead leaves
+# after 6 us, which a smaller grid could wait for at its end
+SMEM_LEAD_PER_SM = 4
+SMEM_LEAD_NS = 1500
+SMEM_LEAD_MIN_PROGRAMS_PER_SM = 24
 # Softmax over an outer dim leaves neighbouring rows, not columns, adjacent in memory; a program
 # then takes at least this many rows so each column load is one coalesced access across rows.
 ADJACENT_ROWS = 32
@@ -1364,10 +1371,15 @@ def _pick_config(
         # (Config.by_pid), without masks where rows are whole chunks (Config.even): bf16 91.0
         # / 88.4, fp32 95.8 / 95.1, against the atomic ticket's 84.4 / 80.4 and 90.3 / 82.9
         # (kernels/notes/softmax.md).
+        # Round 27 (H200, softmax_probe27*_h200.txt): lead programs (Config.lead) on grids of
+        # several waves, 4 an SM in 1.5 us tiers: bf16 N = 262144 88.3-88.9 -> 89.7-90.4.
         warps = min(16, SMEM_WARPS * smem_chunk // SMEM_CHUNK_ELEMS)
+        programs = rows_inner * rows_outer * cdiv(n_cols, smem_chunk)
+        many = programs >= SMEM_LEAD_MIN_PROGRAMS_PER_SM * _sm_count(device)
+        lead = SMEM_LEAD_PER_SM if many and smem_chunk == base_chunk else 0
         return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1,
-                      by_pid=True, even=True,
-                      maxnreg=SMEM_PID_MAXNREG if warps >= 8 else 0)  # fmt: skip
+                      by_pid=True, even=True, maxnreg=SMEM_PID_MAXNREG if warps >= 8 else 0,
+                      lead=lead, lead_ns=SMEM_LEAD_NS if lead else 0)  # fmt: skip
     # 16-bit backward rows one a program: chunks held as int32 pairs (where the strides let
     # them be read so; other rows take the plain kernel with the same chunk)
     pairs = backward and itemsize == 2 and min_rows == 1

@@ -1088,7 +1088,8 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
     design: the forward one 32 KB chunk a program (round 10) by program id without masks where
     rows are whole chunks (round 20; 8 warps capped at SMEM_PID_MAXNREG registers), the backward
     16 KB chunks of y and of dy a program by program id, with masks (round 21; round 11's
-    persistent kernels before); rows that do not fit keep coop."""
+    persistent kernels before); rows that do not fit keep coop. The forward's grids of several
+    waves of 32 KB programs go behind lead programs (round 27)."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     pid = dict(by_pid=True, even=True)
@@ -1100,10 +1101,24 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
         assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 8192, 4, by_pid=True
         )
-        assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
+        assert pick(262144, 64, False, False, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 8192, 4, exp2=1, **pid
         )
-        assert pick(65536, 512, False, False, cpu, 4, smem_ok=True) == Config(
+        # grids of 32 KB programs at least SMEM_LEAD_MIN_PROGRAMS_PER_SM an SM (24): behind
+        # lead programs (round 27), as the bench's rows (2^27 elements) are; 23 an SM: none
+        lead = dict(lead=softmax_module.SMEM_LEAD_PER_SM, lead_ns=softmax_module.SMEM_LEAD_NS)
+        assert softmax_module.SMEM_LEAD_MIN_PROGRAMS_PER_SM == 24
+        assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
+            "smem", 1, 8192, 4, exp2=1, **pid, **lead
+        )
+        assert pick(262144, 512, False, False, cpu, 2, smem_ok=True) == Config(
+            "smem", 1, 16384, 8, exp2=2, maxnreg=cap, **pid, **lead
+        )
+        assert pick(262144, 99, False, False, cpu, 2, 2, smem_ok=True).lead  # 198 rows: 24.0
+        assert not pick(262144, 97, False, False, cpu, 2, 2, smem_ok=True).lead  # 23.5
+        assert not pick(262144, 128, False, True, cpu, 4, smem_ok=True).lead  # the backward
+        assert not pick(2**22, 512, False, False, cpu, 2, smem_ok=True).lead  # 64 KB programs
+        assert pick(65536, 256, False, False, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 8192, 4, exp2=1, **pid
         )
         assert pick(262144, 128, False, True, cpu, 4, smem_ok=True) == Config(
@@ -2069,6 +2084,20 @@ def test_lead_programs_change_no_bits_on_gpu(lead, n, dtype_name):
     assert relative_error(y[keep], torch.softmax(x[keep].double(), -1)) < TOLERANCES[dtype_name]
 
 
+@pytest.mark.gpu
+def test_softmax_takes_lead_programs_on_a_big_grid_on_gpu():
+    """softmax() on rows of several waves of 32 KB programs (200 rows of 16 chunks: 24.2 an SM
+    on 132 SMs) launches the pick behind lead programs, and matches the float64 softmax."""
+    x = torch.randn(200, 262144, device="cuda", dtype=torch.bfloat16) * 4
+    x[7, 1000:200000] = -float("inf")
+    x[8, 5] = 1e4
+    pick = softmax_module._pick_config(262144, 200, False, False, x.device, 2, smem_ok=True)
+    if softmax_module._sm_count(x.device) == 132:
+        assert pick.lead == softmax_module.SMEM_LEAD_PER_SM, pick
+    y = softmax_module.softmax(x, -1)
+    assert relative_error(y, torch.softmax(x.double(), -1)) < TOLERANCES["bf16"]
+
+
 def test_lead_is_a_knob_of_the_smem_forward_by_program_id():
     """Config.lead (programs an SM) and lead_ns go together, on the one-shot smem forward by
     program id only: anything else is refused with a message naming the knob."""
@@ -2491,7 +2520,7 @@ def test_round27_probe_candidates_are_valid():
                 continue  # none there (checked by the helper)
             pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
                                                itemsize, smem_ok=True)  # fmt: skip
-            assert len(cands) == 8
+            assert len(cands) == 9 and cands.pop("nolead") == pick and not pick.lead
             for name, cfg in cands.items():
                 name, _, one_copy = name.partition("us_")
                 lead, _, us = name.removeprefix("lead").removesuffix("us").partition("_")
