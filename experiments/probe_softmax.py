@@ -1162,7 +1162,7 @@ ROUND27_NAMES = {
     "lead{k}_{t}us": "forward: the pick behind k lead programs an SM that hold their slots, the "
     "i-th of an SM for i x t us (Config.lead, lead_ns), so that the first wave's chunk programs "
     "start 6 - k an SM and the rest in turn",
-    "lead4_1.5us_1c": "lead4_1.5us with the chunk copied in as one copy (Config.one_copy)",
+    "lead4_1.5us_sS": "lead4_1.5us polling its row every S ns, not 200 (Config.sleep_ns)",
     "nolead": "the pick without lead programs (the default has them on grids of several waves)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
@@ -1176,9 +1176,9 @@ def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     if pick.design != "smem" or not pick.by_pid or pick.per_sm:
         return {}
     out = {f"lead{k}_{ns / 1000:g}us": pick._replace(lead=k, lead_ns=ns)
-           for k, ns in ((3, 1500), (4, 1000), (4, 1250), (4, 1500), (4, 1750), (5, 1250),
-                         (5, 1500))}  # fmt: skip
-    out["lead4_1.5us_1c"] = pick._replace(lead=4, lead_ns=1500, one_copy=True)
+           for k, ns in ((3, 1500), (4, 1250), (4, 1500), (4, 1750), (5, 1250))}
+    for sleep_ns in (100, 50):  # the row's polls closer together (the launch's end waits on them)
+        out[f"lead4_1.5us_s{sleep_ns}"] = pick._replace(lead=4, lead_ns=1500, sleep_ns=sleep_ns)
     out["nolead"] = pick._replace(lead=0, lead_ns=0)  # one row's pick: no lead (a small grid)
     return out
 
