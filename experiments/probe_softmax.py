@@ -1163,9 +1163,7 @@ ROUND27_NAMES = {
     "i-th of an SM for i x t us (Config.lead, lead_ns), so that the first wave's chunk programs "
     "start 6 - k an SM and the rest in turn",
     "lead4_1.5us_sS": "lead4_1.5us polling its row every S ns, not 200 (Config.sleep_ns)",
-    "lead4_1.5us_nl": "lead4_1.5us never leaving (Config.leave_polls = -1), each warp polling its "
-    "row alone: what the fallback's count and cross-warp poll cost (a probe; relies on start "
-    "order)",
+    "lead{k}_1.5us_r0": "lead{k}_1.5us without the register cap (16-bit: 5 programs an SM, not 6)",
     "nolead": "the pick without lead programs (the default has them on grids of several waves)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
@@ -1182,8 +1180,9 @@ def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
            for k, ns in ((3, 1500), (4, 1250), (4, 1500), (4, 1750), (5, 1250))}
     for sleep_ns in (100, 400):  # the row's polls closer together or further apart
         out[f"lead4_1.5us_s{sleep_ns}"] = pick._replace(lead=4, lead_ns=1500, sleep_ns=sleep_ns)
-    # never leaving, so each warp polls its row alone (a probe of the fallback's cost)
-    out["lead4_1.5us_nl"] = pick._replace(lead=4, lead_ns=1500, leave_polls=-1)
+    if pick.maxnreg:  # uncapped: 46-48 registers, 5 programs an SM (fewer loads in flight)
+        for k in (3, 4):
+            out[f"lead{k}_1.5us_r0"] = pick._replace(lead=k, lead_ns=1500, maxnreg=0)
     out["nolead"] = pick._replace(lead=0, lead_ns=0)  # one row's pick: no lead (a small grid)
     return out
 

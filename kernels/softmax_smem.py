@@ -1254,10 +1254,9 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
                          f"by_pid={by_pid}")  # fmt: skip
     if even:
         meta["EVEN"] = True
-    if by_pid:  # POLL_WIDTH: a slot a thread at most, one count across warps (_row_slots);
-        # never leaving (-1, a probe), each warp polls every slot alone, as the ticketed kernels
-        width = meta["MAX_CHUNKS"] if leave_polls == -1 else max(meta["MAX_CHUNKS"], 32 * warps)
-        meta.update(BY_PID=True, LEAVE_POLLS=leave_polls, POLL_WIDTH=width)
+    if by_pid:  # POLL_WIDTH: a slot a thread at most, one count across warps (_row_slots)
+        meta.update(BY_PID=True, LEAVE_POLLS=leave_polls,
+                    POLL_WIDTH=max(meta["MAX_CHUNKS"], 32 * warps))  # fmt: skip
         if programs == 0:
             meta["TRANSPOSE"] = transpose
     if poly and (backward or programs > 0 or fold or regs or poly not in (1, 2)

@@ -2513,8 +2513,8 @@ def test_round26_probe_smoke():
 
 def test_round27_probe_candidates_are_valid():
     """Round 27, the forward past the tile only: the pick behind 3-5 lead programs an SM, in
-    1.25-1.75 us tiers; 4 x 1.5 us with polls 100 and 400 ns apart, and never leaving; the pick
-    without leads."""
+    1.25-1.75 us tiers; 4 x 1.5 us with polls 100 and 400 ns apart; 3 and 4 x 1.5 us uncapped
+    (16-bit); the pick without leads."""
     with pretend_gpu((9, 0), 132):
         for n, itemsize, cands in _long_row_round_candidates(27):
             if n <= softmax_module.ONE_PASS_MAX_ELEMS:
@@ -2527,7 +2527,9 @@ def test_round27_probe_candidates_are_valid():
             for sleep_ns in (100, 400):
                 want[f"lead4_1.5us_s{sleep_ns}"] = pick._replace(lead=4, lead_ns=1500,
                                                                   sleep_ns=sleep_ns)  # fmt: skip
-            want["lead4_1.5us_nl"] = pick._replace(lead=4, lead_ns=1500, leave_polls=-1)
+            if itemsize == 2:  # the capped pick (8 warps)
+                for k in (3, 4):
+                    want[f"lead{k}_1.5us_r0"] = pick._replace(lead=k, lead_ns=1500, maxnreg=0)
             assert cands == {**want, "nolead": pick}
 
 
