@@ -1163,7 +1163,9 @@ ROUND27_NAMES = {
     "i-th of an SM for i x t us (Config.lead, lead_ns), so that the first wave's chunk programs "
     "start 6 - k an SM and the rest in turn",
     "lead4_1.5us_sS": "lead4_1.5us polling its row every S ns, not 200 (Config.sleep_ns)",
-    "lead{k}_1.5us_r0": "lead{k}_1.5us without the register cap (16-bit: 5 programs an SM, not 6)",
+    "lead4_1.5us_pfK": "lead4_1.5us, its first K leads an SM each prefetching one of the grid's "
+    "last chunks into L2 with evict_last (Config.tail_pf), so that the launch's last rows load "
+    "from L2",
     "nolead": "the pick without lead programs (the default has them on grids of several waves)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
@@ -1180,9 +1182,8 @@ def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
            for k, ns in ((3, 1500), (4, 1250), (4, 1500), (4, 1750), (5, 1250))}
     for sleep_ns in (100, 400):  # the row's polls closer together or further apart
         out[f"lead4_1.5us_s{sleep_ns}"] = pick._replace(lead=4, lead_ns=1500, sleep_ns=sleep_ns)
-    if pick.maxnreg:  # uncapped: 46-48 registers, 5 programs an SM (fewer loads in flight)
-        for k in (3, 4):
-            out[f"lead{k}_1.5us_r0"] = pick._replace(lead=k, lead_ns=1500, maxnreg=0)
+    for k in (1, 2, 4):  # the grid's last k chunks an SM prefetched into L2 by the leads
+        out[f"lead4_1.5us_pf{k}"] = pick._replace(lead=4, lead_ns=1500, tail_pf=k)
     out["nolead"] = pick._replace(lead=0, lead_ns=0)  # one row's pick: no lead (a small grid)
     return out
 
@@ -1219,7 +1220,7 @@ def _for_smoke(cfg: Config) -> Config:
     if cfg.design == "smem":
         return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
                             by_pid=False, even=False, poly=0, one_copy=False, leave_polls=0,
-                            left_group=1, widen=False, lead=0, lead_ns=0)  # fmt: skip
+                            left_group=1, widen=False, lead=0, lead_ns=0, tail_pf=0)  # fmt: skip
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 

@@ -296,6 +296,10 @@ class Config(NamedTuple):
     # first wave loads at once, then computes at once, and no row writes before 9.5 us)
     lead: int = 0
     lead_ns: int = 0
+    # with lead: the first tail_pf lead programs an SM each prefetch one of the grid's last
+    # chunks into L2 with the evict_last priority (softmax_smem._prefetch_tail), so that the
+    # launch's last rows load from L2 (round 27: their loads finish 4-6 us apart at the end)
+    tail_pf: int = 0
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1656,6 +1660,9 @@ def _launch_rows(
                                             or config.lead_ns < 1):  # fmt: skip
         raise ValueError(f"lead (programs an SM, at least 1) and lead_ns (positive) are knobs of "
                          f"the one-shot smem forward by program id, got {config}")  # fmt: skip
+    if config.tail_pf and not 0 < config.tail_pf <= config.lead:
+        raise ValueError(f"tail_pf is a knob of the lead programs (at most lead an SM), got "
+                         f"{config}")  # fmt: skip
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1860,6 +1867,8 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         one_copy=config.one_copy, left_group=config.left_group, widen=config.widen,
         lead=config.lead * _sm_count(moved[0].device), lead_tiers=max(config.lead, 1),
         lead_ns=config.lead_ns,
+        tail_pf=min(config.tail_pf * _sm_count(moved[0].device),
+                    rows_outer * rows_inner * n_chunks),
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

@@ -113,6 +113,25 @@ def _lead_wait(pid, LEAD: gl.constexpr, TIERS: gl.constexpr, LEAD_NS: gl.constex
         now = _globaltimer(_nanosleep(pid, 200))
 
 
+@gluon.jit(noinline=True)
+def _prefetch_tail(x_ptr, ws_ptr, ticket, rows_inner, n_vecs, n_chunks, x_vstride_outer,
+                   x_vstride_inner, CHUNK: gl.constexpr, VEC: gl.constexpr,
+                   WARPS: gl.constexpr):  # fmt: skip
+    """Prefetch the ticket's chunk into L2 with the evict_last priority, a 128-byte line a
+    thread at a time (Config.tail_pf): the launch's last programs then find their chunks in L2,
+    not queued behind every other program's loads at HBM. Not inlined: its registers stay out
+    of the chunk programs' allocation."""
+    outer, inner, start, limit, _, _ = _position(ws_ptr, ticket, rows_inner, n_vecs, n_chunks,
+                                                 CHUNK, VEC)  # fmt: skip
+    row_ptr = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
+    LINE: gl.constexpr = 128 * 8 // x_ptr.dtype.element_ty.primitive_bitwidth  # values a line
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    # lines past the row's end (a ragged last chunk) take its last value's line instead
+    offs = gl.minimum(gl.arange(0, CHUNK // LINE, layout=layout) * LINE, limit - 1)
+    gl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
+                              [row_ptr + offs], dtype=gl.int32, is_pure=False, pack=1)
+
+
 @gluon.jit
 def _globaltimer(after):
     """%globaltimer (ns, one clock for the GPU), read after `after` is computed."""
@@ -778,7 +797,7 @@ def softmax_smem_forward_kernel(
     LEAVE_POLLS: gl.constexpr = 0, TRANSPOSE: gl.constexpr = False, EVEN: gl.constexpr = False,
     POLL_WIDTH: gl.constexpr = 0, POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False,
     LEFT_GROUP: gl.constexpr = 1, WIDEN: gl.constexpr = False, LEAD: gl.constexpr = 0,
-    LEAD_TIERS: gl.constexpr = 1, LEAD_NS: gl.constexpr = 0,
+    LEAD_TIERS: gl.constexpr = 1, LEAD_NS: gl.constexpr = 0, TAIL_PF: gl.constexpr = 0,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
@@ -791,9 +810,16 @@ def softmax_smem_forward_kernel(
     pass's too (_exp2_poly). LEFT_GROUP: the pieces a step of the left chunks' write loads
     (_write_from_global; Config.left_group). WIDEN (Config.widen, bf16): the sum pass and the
     write widen by integer ops (_widen). LEAD (BY_PID; Config.lead): the grid's first LEAD
-    programs only hold their slots a while, in LEAD_TIERS tiers of LEAD_NS ns (_lead_wait)."""
+    programs only hold their slots a while, in LEAD_TIERS tiers of LEAD_NS ns (_lead_wait);
+    the first TAIL_PF of them first prefetch the grid's last TAIL_PF chunks into L2 to be kept
+    there (_prefetch_tail; Config.tail_pf)."""
     if LEAD > 0:
         if gl.program_id(0) < LEAD:
+            if TAIL_PF > 0:  # the grid's last TAIL_PF chunks into L2, kept there (Config.tail_pf)
+                if gl.program_id(0) < TAIL_PF:
+                    _prefetch_tail(x_ptr, ws_ptr, ticket_index - TAIL_PF + gl.program_id(0),
+                                   rows_inner, n_vecs, n_chunks, x_vstride_outer,
+                                   x_vstride_inner, CHUNK, VEC, WARPS)  # fmt: skip
             _lead_wait(gl.program_id(0), LEAD, LEAD_TIERS, LEAD_NS)
             return
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
@@ -1191,7 +1217,7 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
            regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False,
            poly=0, one_copy=False, left_group=1, widen=False, lead=0, lead_tiers=1,
-           lead_ns=0):  # fmt: skip
+           lead_ns=0, tail_pf=0):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -1210,7 +1236,8 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     commit group (Config.one_copy). left_group: the one-shot forward's left chunks written
     that many pieces a step (Config.left_group). widen: the one-shot bf16 forward's values
     widened by integer ops (Config.widen). lead: the one-shot forward by program id with that
-    many lead programs ahead of the chunks' (Config.lead), in lead_tiers tiers of lead_ns ns."""
+    many lead programs ahead of the chunks' (Config.lead), in lead_tiers tiers of lead_ns ns;
+    the first tail_pf of them prefetch the last tail_pf chunks into L2 (Config.tail_pf)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -1282,8 +1309,13 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
                          f"tiers of a positive lead_ns; got lead={lead}, "
                          f"lead_tiers={lead_tiers}, lead_ns={lead_ns}, backward={backward}, "
                          f"programs={programs}, by_pid={by_pid}")  # fmt: skip
+    if tail_pf and not 0 < tail_pf <= min(lead, n_slots):
+        raise ValueError(f"tail_pf is a knob of the lead programs, at most one chunk each (and "
+                         f"at most the grid's {n_slots}); got tail_pf={tail_pf}, lead={lead}")
     if lead:
         meta.update(LEAD=lead, LEAD_TIERS=lead_tiers, LEAD_NS=lead_ns)
+    if tail_pf:
+        meta["TAIL_PF"] = tail_pf
     if left_group != 1:
         power_of_2 = left_group >= 1 and not left_group & (left_group - 1)
         whole = (chunk // piece) % left_group == 0

@@ -1732,9 +1732,10 @@ LONG_ROW_DESIGNS = [
     # masks as the pick and with them
     Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, widen=True),
     Config("smem", 1, 8192, 4, exp2=2, by_pid=True, widen=True),
-    # round 27: lead programs ahead of the chunks' (3 an SM in 3 tiers; 1 an SM with masks)
+    # round 27: lead programs ahead of the chunks' (3 an SM in 3 tiers, 2 of them prefetching
+    # the last chunks into L2; 1 an SM with masks)
     Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, lead=3,
-           lead_ns=1000),
+           lead_ns=1000, tail_pf=2),
     Config("smem", 1, 4096, 4, exp2=1, by_pid=True, lead=1, lead_ns=500),
 ]
 
@@ -1768,7 +1769,7 @@ def _backward_design(config: Config) -> Config:
     on its one-shot smem kernel (round 21), not on its persistent one or another design's."""
     backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False,
                                left_group=1, lanes=0, store_default=False,
-                               widen=False, lead=0, lead_ns=0)  # fmt: skip
+                               widen=False, lead=0, lead_ns=0, tail_pf=0)  # fmt: skip
     if config.per_sm or config.design != "smem":
         backward = backward._replace(by_pid=False, even=False, int32=False)
     return backward
@@ -2063,12 +2064,15 @@ def test_widen_is_a_knob_of_the_bf16_smem_forward():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
-@pytest.mark.parametrize("lead, n", [(3, 262144), (1, 70000), (6, 65536)])
-def test_lead_programs_change_no_bits_on_gpu(lead, n, dtype_name):
+@pytest.mark.parametrize("lead, tail_pf, n", [(3, 0, 262144), (3, 2, 262144), (1, 1, 70000),
+                                               (6, 0, 65536)])  # fmt: skip
+def test_lead_programs_change_no_bits_on_gpu(lead, tail_pf, n, dtype_name):
     """Config.lead only adds programs that hold their slots ahead of the chunks' (the ticket is
-    the program id less the leads), so y must be the pick's bits: whole chunks and a ragged
-    last one, more lead programs an SM than fit beside a chunk program (6), -inf entries, an
-    all -inf row and 1e4; and within the dtype's tolerance of the float64 softmax."""
+    the program id less the leads), and tail_pf has some of them prefetch the last chunks into
+    L2, so y must be the pick's bits: whole chunks and a ragged last one (its prefetch stops at
+    the row's end, the tensor's last row too), more lead programs an SM than fit beside a chunk
+    program (6), -inf entries, an all -inf row and 1e4; and within the dtype's tolerance of the
+    float64 softmax."""
     dtype = DTYPES[dtype_name]
     x = torch.randn(9, n, device="cuda", dtype=dtype) * 4
     x[1, 5:9000] = -float("inf")
@@ -2077,7 +2081,7 @@ def test_lead_programs_change_no_bits_on_gpu(lead, n, dtype_name):
     pick = softmax_module._pick_config(n, 9, False, False, x.device, x.element_size(),
                                        smem_ok=True)  # fmt: skip
     assert pick.design == "smem" and pick.by_pid, pick
-    y = _forward(x, -1, direct, pick._replace(lead=lead, lead_ns=700))
+    y = _forward(x, -1, direct, pick._replace(lead=lead, lead_ns=700, tail_pf=tail_pf))
     y_pick = _forward(x, -1, direct, pick)
     assert torch.equal(y.view(torch.uint8), y_pick.view(torch.uint8))
     keep = [0, 1, 3, 4, 5, 6, 7, 8]
@@ -2100,7 +2104,8 @@ def test_softmax_takes_lead_programs_on_a_big_grid_on_gpu():
 
 def test_lead_is_a_knob_of_the_smem_forward_by_program_id():
     """Config.lead (programs an SM) and lead_ns go together, on the one-shot smem forward by
-    program id only: anything else is refused with a message naming the knob."""
+    program id only, and tail_pf takes at most lead: anything else is refused with a message
+    naming the knob."""
     x = torch.randn(4, 300)
     smem = Config("smem", 1, 8192, 4, exp2=2, by_pid=True)
     with pretend_gpu((9, 0), 132):
@@ -2114,6 +2119,9 @@ def test_lead_is_a_knob_of_the_smem_forward_by_program_id():
         ):  # fmt: skip
             with pytest.raises(ValueError, match="lead .* knobs of the one-shot smem forward"):
                 softmax_module._launch_rows(direct, tensors, backward, config)
+        for config in (smem._replace(tail_pf=1), smem._replace(lead=1, lead_ns=500, tail_pf=2)):
+            with pytest.raises(ValueError, match="tail_pf is a knob of the lead programs"):
+                softmax_module._launch_rows(direct, [x, x.clone()], False, config)
 
 
 # -- the first call's choice (softmax_module._tuned_config) --
@@ -2513,8 +2521,8 @@ def test_round26_probe_smoke():
 
 def test_round27_probe_candidates_are_valid():
     """Round 27, the forward past the tile only: the pick behind 3-5 lead programs an SM, in
-    1.25-1.75 us tiers; 4 x 1.5 us with polls 100 and 400 ns apart; 3 and 4 x 1.5 us uncapped
-    (16-bit); the pick without leads."""
+    1.25-1.75 us tiers; 4 x 1.5 us with polls 100 and 400 ns apart, and with 1, 2 or 4 of its
+    leads an SM prefetching the last chunks; the pick without leads."""
     with pretend_gpu((9, 0), 132):
         for n, itemsize, cands in _long_row_round_candidates(27):
             if n <= softmax_module.ONE_PASS_MAX_ELEMS:
@@ -2527,9 +2535,8 @@ def test_round27_probe_candidates_are_valid():
             for sleep_ns in (100, 400):
                 want[f"lead4_1.5us_s{sleep_ns}"] = pick._replace(lead=4, lead_ns=1500,
                                                                   sleep_ns=sleep_ns)  # fmt: skip
-            if itemsize == 2:  # the capped pick (8 warps)
-                for k in (3, 4):
-                    want[f"lead{k}_1.5us_r0"] = pick._replace(lead=k, lead_ns=1500, maxnreg=0)
+            for k in (1, 2, 4):
+                want[f"lead4_1.5us_pf{k}"] = pick._replace(lead=4, lead_ns=1500, tail_pf=k)
             assert cands == {**want, "nolead": pick}
 
 
