@@ -75,14 +75,21 @@ if gluon is not None:
         MAX_CHUNKS: gl.constexpr, SLEEP_NS: gl.constexpr, EXP2: gl.constexpr,
         POLICY: gl.constexpr, CLEAR: gl.constexpr, BY_PID: gl.constexpr = False,
         LEAD: gl.constexpr = 0, LEAD_TIERS: gl.constexpr = 1, LEAD_NS: gl.constexpr = 0,
+        TAIL_PF: gl.constexpr = 0,
     ):  # fmt: skip
         """kernels.softmax_smem.softmax_smem_forward_kernel (FOLD 0, REGS 0), stamped. BY_PID:
         the ticket is the program id, no atomic (a probe of what the atomic costs: the wait is
         then deadlock-free only if the GPU starts programs in id order, as it does in practice
         but does not promise). LEAD, LEAD_TIERS, LEAD_NS: the lead programs ahead of the
-        chunks' (Config.lead; round 27), unstamped."""
+        chunks' (Config.lead; round 27), unstamped; TAIL_PF: the first TAIL_PF of them prefetch
+        the last chunks into L2 (Config.tail_pf)."""
         if LEAD > 0:
             if gl.program_id(0) < LEAD:
+                if TAIL_PF > 0:
+                    if gl.program_id(0) < TAIL_PF:
+                        sk._prefetch_tail(x_ptr, ws_ptr, ticket_index - TAIL_PF + gl.program_id(0),
+                                          rows_inner, n_vecs, n_chunks, x_vstride_outer,
+                                          x_vstride_inner, CHUNK, VEC, WARPS)  # fmt: skip
                 sk._lead_wait(gl.program_id(0), LEAD, LEAD_TIERS, LEAD_NS)
                 return
         PIECES: gl.constexpr = CHUNK // PIECE
@@ -259,8 +266,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--save", default="", help="a folder for the raw stamps (.pt)")
     parser.add_argument(
-        "--lead", default="", help="K:NS, the pick behind K lead programs an SM in tiers of NS ns "
-        "(Config.lead, lead_ns; round 27)",
+        "--lead", default="", help="K:NS[:P], the pick behind K lead programs an SM in tiers of "
+        "NS ns, the first P an SM prefetching the last chunks (Config.lead, lead_ns, tail_pf; "
+        "round 27)",
     )  # fmt: skip
     parser.add_argument(
         "--one-chunk", action="store_true",
@@ -283,8 +291,8 @@ def main(argv=None) -> int:
                                          True)  # fmt: skip
                 config = long_pick._replace(block_cols=n)
             if args.lead:
-                lead, _, lead_ns = args.lead.partition(":")
-                config = config._replace(lead=int(lead), lead_ns=int(lead_ns))
+                lead, lead_ns, *tail_pf = (int(v) for v in args.lead.split(":"))
+                config = config._replace(lead=lead, lead_ns=lead_ns, tail_pf=sum(tail_pf))
             if config.design != "smem" or config.per_sm or config.fold or config.regs:
                 print(f"{dtype_name} N={n}: the pick is not the one-shot smem forward: {config}")
                 continue
