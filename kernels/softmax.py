@@ -298,7 +298,8 @@ class Config(NamedTuple):
     lead_ns: int = 0
     # with lead: the first tail_pf lead programs an SM each prefetch one of the grid's last
     # chunks into L2 with the evict_last priority (softmax_smem._prefetch_tail), so that the
-    # launch's last rows load from L2 (round 27: their loads finish 4-6 us apart at the end)
+    # launch's last rows load from L2 (round 27: their loads finish 4-6 us apart at the end). A
+    # probe knob: level on the H200 (1-2 an SM), 4 an SM lost 1.5 points
     tail_pf: int = 0
 
 

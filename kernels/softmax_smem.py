@@ -118,9 +118,9 @@ def _prefetch_tail(x_ptr, ws_ptr, ticket, rows_inner, n_vecs, n_chunks, x_vstrid
                    x_vstride_inner, CHUNK: gl.constexpr, VEC: gl.constexpr,
                    WARPS: gl.constexpr):  # fmt: skip
     """Prefetch the ticket's chunk into L2 with the evict_last priority, a 128-byte line a
-    thread at a time (Config.tail_pf): the launch's last programs then find their chunks in L2,
-    not queued behind every other program's loads at HBM. Not inlined: its registers stay out
-    of the chunk programs' allocation."""
+    thread at a time (Config.tail_pf), so that the launch's last programs find their chunks in
+    L2 (a probe knob: level on the H200 in round 27, where such chunks still took 5.5 us to
+    land). Not inlined: its registers stay out of the chunk programs' allocation."""
     outer, inner, start, limit, _, _ = _position(ws_ptr, ticket, rows_inner, n_vecs, n_chunks,
                                                  CHUNK, VEC)  # fmt: skip
     row_ptr = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
