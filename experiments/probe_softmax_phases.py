@@ -85,12 +85,9 @@ if gluon is not None:
         the last chunks into L2 (Config.tail_pf)."""
         if LEAD > 0:
             if gl.program_id(0) < LEAD:
-                if TAIL_PF > 0:
-                    if gl.program_id(0) < TAIL_PF:
-                        sk._prefetch_tail(x_ptr, ws_ptr, ticket_index - TAIL_PF + gl.program_id(0),
-                                          rows_inner, n_vecs, n_chunks, x_vstride_outer,
-                                          x_vstride_inner, CHUNK, VEC, WARPS)  # fmt: skip
-                sk._lead_wait(gl.program_id(0), LEAD, LEAD_TIERS, LEAD_NS)
+                sk._lead_program(x_ptr, ws_ptr, ticket_index, rows_inner, n_vecs, n_chunks,
+                                 x_vstride_outer, x_vstride_inner, CHUNK, VEC, WARPS, LEAD,
+                                 LEAD_TIERS, LEAD_NS, TAIL_PF)  # fmt: skip
                 return
         PIECES: gl.constexpr = CHUNK // PIECE
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])

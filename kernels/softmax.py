@@ -1851,14 +1851,14 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         ws, next_ws = torch.zeros(n_ws, device=moved[0].device, dtype=torch.int64), None
     else:
         ws, next_ws = pair[pair[2]], pair[1 - pair[2]]
-    programs = 0
+    programs, sms = 0, _sm_count(moved[0].device)
     if config.per_sm:
         per_sm = config.per_sm
         if per_sm < 0:  # two buffers of each input's chunk, and what the reductions take
             buffer_bytes = 2 * len(moved[:-1]) * config.block_cols * moved[0].element_size()
             per_sm = max(1, min(SMEM_PER_SM // (buffer_bytes + SMEM_PROGRAM_EXTRA),
                                 MAX_WARPS_PER_SM // config.num_warps))  # fmt: skip
-        programs = _sm_count(moved[0].device) * per_sm
+        programs = sms * per_sm
     softmax_smem.launch(
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
@@ -1866,10 +1866,8 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
         by_pid=config.by_pid, leave_polls=config.leave_polls or softmax_smem.LEAVE_POLLS,
         even=config.even and n_cols % config.block_cols == 0, poly=config.poly,
         one_copy=config.one_copy, left_group=config.left_group, widen=config.widen,
-        lead=config.lead * _sm_count(moved[0].device), lead_tiers=max(config.lead, 1),
-        lead_ns=config.lead_ns,
-        tail_pf=min(config.tail_pf * _sm_count(moved[0].device),
-                    rows_outer * rows_inner * n_chunks),
+        lead=config.lead * sms, lead_tiers=max(config.lead, 1), lead_ns=config.lead_ns,
+        tail_pf=min(config.tail_pf * sms, rows_outer * rows_inner * n_chunks),
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

@@ -113,6 +113,23 @@ def _lead_wait(pid, LEAD: gl.constexpr, TIERS: gl.constexpr, LEAD_NS: gl.constex
         now = _globaltimer(_nanosleep(pid, 200))
 
 
+@gluon.jit
+def _lead_program(x_ptr, ws_ptr, ticket_index, rows_inner, n_vecs, n_chunks, x_vstride_outer,
+                  x_vstride_inner, CHUNK: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
+                  LEAD: gl.constexpr, LEAD_TIERS: gl.constexpr, LEAD_NS: gl.constexpr,
+                  TAIL_PF: gl.constexpr):  # fmt: skip
+    """What a lead program (a program id below LEAD; Config.lead) does in place of a chunk: the
+    first TAIL_PF prefetch the grid's last TAIL_PF chunks into L2 (_prefetch_tail), then each
+    holds its slot for its tier (_lead_wait). The forward kernel and its stamped twin
+    (experiments.probe_softmax_phases) return after it."""
+    if TAIL_PF > 0:
+        if gl.program_id(0) < TAIL_PF:
+            _prefetch_tail(x_ptr, ws_ptr, ticket_index - TAIL_PF + gl.program_id(0), rows_inner,
+                           n_vecs, n_chunks, x_vstride_outer, x_vstride_inner, CHUNK, VEC,
+                           WARPS)  # fmt: skip
+    _lead_wait(gl.program_id(0), LEAD, LEAD_TIERS, LEAD_NS)
+
+
 @gluon.jit(noinline=True)
 def _prefetch_tail(x_ptr, ws_ptr, ticket, rows_inner, n_vecs, n_chunks, x_vstride_outer,
                    x_vstride_inner, CHUNK: gl.constexpr, VEC: gl.constexpr,
@@ -815,12 +832,9 @@ def softmax_smem_forward_kernel(
     there (_prefetch_tail; Config.tail_pf)."""
     if LEAD > 0:
         if gl.program_id(0) < LEAD:
-            if TAIL_PF > 0:  # the grid's last TAIL_PF chunks into L2, kept there (Config.tail_pf)
-                if gl.program_id(0) < TAIL_PF:
-                    _prefetch_tail(x_ptr, ws_ptr, ticket_index - TAIL_PF + gl.program_id(0),
-                                   rows_inner, n_vecs, n_chunks, x_vstride_outer,
-                                   x_vstride_inner, CHUNK, VEC, WARPS)  # fmt: skip
-            _lead_wait(gl.program_id(0), LEAD, LEAD_TIERS, LEAD_NS)
+            _lead_program(x_ptr, ws_ptr, ticket_index, rows_inner, n_vecs, n_chunks,
+                          x_vstride_outer, x_vstride_inner, CHUNK, VEC, WARPS, LEAD, LEAD_TIERS,
+                          LEAD_NS, TAIL_PF)  # fmt: skip
             return
     PIECES: gl.constexpr = CHUNK // PIECE - REGS
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
