@@ -47,7 +47,7 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from kernels import softmax_smem as sk
-    from kernels._coop import _pack
+    from kernels._coop import _nanosleep, _pack
 except ImportError:  # a Triton without Gluon's Hopper modules: main() says so
     gluon = None
 
@@ -203,12 +203,6 @@ if gluon is not None:
                                          dtype=(gl.float32, gl.float32), is_pure=False, pack=1)
 
     @gluon.jit
-    def _sleep_then(value, ns):
-        """value, after a nanosleep of about ns (PTX: anywhere in [0, 2 ns])."""
-        return gl.inline_asm_elementwise("nanosleep.u32 $2; mov.b32 $0, $1;", "=r,r,r",
-                                         [value, ns], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _l2_prefetch(ptrs):
         return gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
                                          [ptrs], dtype=gl.int32, is_pure=False, pack=1)
@@ -234,7 +228,7 @@ if gluon is not None:
             if (c < FIRST_WAVE) & ((c // n_chunks) % 2 == 1):
                 # a branch, not a sleep of 0 for the others: round 26's first run slept 0 in
                 # every program and lost 5-7 us whatever the stagger (ladder26c)
-                c = _sleep_then(c, c * 0 + STAGGER)
+                c = _nanosleep(c, STAGGER)
         base = c.to(gl.int64) * CHUNK
         if PREFETCH > 0:  # a 128-byte line a thread; past the last chunk: this one's again
             LINE: gl.constexpr = 128 // (dtype.primitive_bitwidth // 8)
