@@ -66,6 +66,11 @@ class Rung(NamedTuple):
     # round 26: the first wave's odd rows (its first FIRST_WAVE_PER_SM programs an SM) start
     # `stagger` ns late, so that half its rows land, and write, before the rest
     stagger: int = 0
+    # round 28: where a chunk's splits lie (0: contiguous; 1: interleaved with its row-mates',
+    # so that a row's chunks read and write one contiguous span a step; 2: the chunk's own
+    # splits in an order rotated by its index, so that programs in step touch different
+    # offsets of their 32 KB-aligned chunks)
+    order: int = 0
 
 
 # TMA loads only under the copy rungs: with the softmax's work after them (rungs local_tma,
@@ -101,6 +106,11 @@ RUNGS = {
     "row_cp_st2000": Rung(0, 2, 0, 0, stagger=2000),
     "row_cp_st4000": Rung(0, 2, 0, 0, stagger=4000),
     "row_cp_st8000": Rung(0, 2, 0, 0, stagger=8000),
+    # round 28: the DRAM access pattern (Rung.order)
+    "copy_cp_il": Rung(0, 0, 0, 0, order=1),
+    "copy_cp_rot": Rung(0, 0, 0, 0, order=2),
+    "row_cp_il": Rung(0, 2, 0, 0, order=1),
+    "row_cp_rot": Rung(0, 2, 0, 0, order=2),
 }
 # the programs an SM holds at once (32 KB of shared memory each, 40 registers at 8 warps)
 FIRST_WAVE_PER_SM = 6
@@ -208,14 +218,36 @@ if gluon is not None:
                                          [ptrs], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
+    def _chunk_first(c, n_chunks, CHUNK: gl.constexpr, SPLIT: gl.constexpr, ORDER: gl.constexpr):
+        """The first value of chunk c's first split (Rung.order)."""
+        if ORDER == 1:
+            k = c % n_chunks
+            return (c - k).to(gl.int64) * CHUNK + k * SPLIT
+        else:
+            return c.to(gl.int64) * CHUNK
+
+    @gluon.jit
+    def _split_at(first, c, s, n_chunks, SPLIT: gl.constexpr, SPLITS: gl.constexpr,
+                  ORDER: gl.constexpr):
+        """The first value of chunk c's split s, from _chunk_first's `first` (Rung.order)."""
+        if ORDER == 1:  # the row's chunks' splits in turn
+            return first + s * (n_chunks * SPLIT)
+        elif ORDER == 2:
+            return first + ((s + c) % SPLITS) * SPLIT
+        else:
+            return first + s * SPLIT
+
+    @gluon.jit
     def ladder_kernel(
         x_ptr, y_ptr, x_desc, y_desc, ws_ptr, next_ptr, n_chunks, ticket_index,
         CHUNK: gl.constexpr, SPLITS: gl.constexpr, VEC: gl.constexpr, WARPS: gl.constexpr,
         MAX_CHUNKS: gl.constexpr, TICKET: gl.constexpr, WORK: gl.constexpr,
         LOAD: gl.constexpr, STORE: gl.constexpr, SLEEP_NS: gl.constexpr = 200,
         PREFETCH: gl.constexpr = 0, STAGGER: gl.constexpr = 0, FIRST_WAVE: gl.constexpr = 0,
+        ORDER: gl.constexpr = 0,
     ):  # fmt: skip
         R: gl.constexpr = CHUNK // (SPLITS * COLS_C)  # rows of the view a split
+        SPLIT: gl.constexpr = R * COLS_C
         layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS, 1], [1, 0])
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         if WORK == 4:
@@ -229,7 +261,6 @@ if gluon is not None:
                 # a branch, not a sleep of 0 for the others: round 26's first run slept 0 in
                 # every program and lost 5-7 us whatever the stagger (ladder26c)
                 c = _nanosleep(c, STAGGER)
-        base = c.to(gl.int64) * CHUNK
         if PREFETCH > 0:  # a 128-byte line a thread; past the last chunk: this one's again
             LINE: gl.constexpr = 128 // (dtype.primitive_bitwidth // 8)
             ahead = gl.where(c + PREFETCH < ticket_index, c + PREFETCH, c).to(gl.int64) * CHUNK
@@ -239,12 +270,14 @@ if gluon is not None:
         cols = gl.arange(0, COLS_C, layout=gl.SliceLayout(0, layout))
         offs = rows[:, None] * COLS_C + cols[None, :]
         view_row = c * (CHUNK // COLS_C)  # the chunk's first row of the (rows, 256) view
+        first = _chunk_first(c, n_chunks, CHUNK, SPLIT, ORDER)
         bars = gl.allocate_shared_memory(gl.int64, [SPLITS, 1], mbarrier.MBarrierLayout())
         if LOAD == 0:
             smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C],
                                              gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
             for s in gl.static_range(SPLITS):
-                cp.async_copy_global_to_shared(smem.index(s), x_ptr + base + s * R * COLS_C + offs)
+                at = _split_at(first, c, s, n_chunks, SPLIT, SPLITS, ORDER)
+                cp.async_copy_global_to_shared(smem.index(s), x_ptr + at + offs)
                 cp.commit_group()
         else:
             smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C], x_desc.layout)
@@ -264,7 +297,8 @@ if gluon is not None:
                 _landed(bars, s, LOAD, SPLITS)
                 if STORE == 0:
                     v = smem.index(s).load(layout)
-                    gl.store(y_ptr + base + s * R * COLS_C + offs, v)
+                    at = _split_at(first, c, s, n_chunks, SPLIT, SPLITS, ORDER)
+                    gl.store(y_ptr + at + offs, v)
                 else:
                     if LOAD == 0:  # written by the threads' copies: visible to the TMA unit
                         fence_async_shared()
@@ -304,7 +338,8 @@ if gluon is not None:
                     v = smem.index(s).load(layout).to(gl.float32)
                     y = sk._exp_shifted(v, row_max, 2) * inv_sum
                 if STORE == 0:
-                    gl.store(y_ptr + base + s * R * COLS_C + offs, y.to(dtype))
+                    at = _split_at(first, c, s, n_chunks, SPLIT, SPLITS, ORDER)
+                    gl.store(y_ptr + at + offs, y.to(dtype))
                 else:
                     smem.index(s).store(y.to(dtype))
             if STORE == 1:
@@ -386,6 +421,10 @@ class Ladder:
         check_shape(n, itemsize)
         if rung.load and rung.work:
             raise ValueError("TMA copies under the copy rungs only (see RUNGS)")
+        if rung.order and (rung.load or rung.store or rung.work not in (0, 2) or rung.tail
+                           or rung.stagger or rung.prefetch):  # fmt: skip
+            raise ValueError(f"an order of splits takes the plain cp.async copy or row rungs; "
+                             f"got {rung}")  # fmt: skip
         self.rung, self.x, self.y = rung, x, y
         self.chunk = chunk_for(itemsize)
         self.n_chunks = n // self.chunk
@@ -440,11 +479,12 @@ class Ladder:
             CHUNK=self.chunk, SPLITS=self.splits, VEC=16 // self.x.element_size(), WARPS=warps,
             MAX_CHUNKS=max_chunks, TICKET=self.rung.ticket,
             WORK=self.rung.work, LOAD=self.rung.load, STORE=self.rung.store, num_warps=warps,
-            PREFETCH=self.rung.prefetch,
+            PREFETCH=self.rung.prefetch, ORDER=self.rung.order,
             **({"STAGGER": self.rung.stagger, "FIRST_WAVE": self.first_wave()}
                if self.rung.stagger else {}),
             **({"maxnreg": MAXNREG_8_WARPS}
-               if warps == 8 and (self.rung[1:3] == (1, 0) or cluster or self.rung.stagger)
+               if warps == 8 and (self.rung[1:3] == (1, 0) or cluster or self.rung.stagger
+                                  or self.rung.order)
                else {}),
         )  # fmt: skip
         grid = (self.slots,)

@@ -54,6 +54,18 @@ def test_a_tail_takes_the_last_rows_in_smaller_chunks():
         ladder.Ladder(ladder.Rung(0, 4, 0, 0, 0, 2, 10), x, x)
 
 
+def test_an_order_of_splits_takes_the_plain_copy_or_row_rungs():
+    """Round 28's interleaved and rotated splits (Rung.order): a permutation of the chunk's
+    splits within its row, on the cp.async copy and row rungs only."""
+    x = torch.empty(2, 2 * ladder.chunk_for(2), dtype=torch.bfloat16)
+    for name in ("copy_cp_il", "copy_cp_rot", "row_cp_il", "row_cp_rot"):
+        assert ladder.Ladder(ladder.RUNGS[name], x, x).rung.order in (1, 2)
+    for rung in (ladder.Rung(0, 1, 0, 0, order=1), ladder.Rung(0, 0, 1, 1, order=2),
+                 ladder.Rung(0, 2, 0, 0, 0, 2, 10, order=1)):  # fmt: skip
+        with pytest.raises(ValueError, match="an order of splits takes"):
+            ladder.Ladder(rung, x, x)
+
+
 def test_rows_must_be_whole_chunks():
     ladder.check_shape(65536, 2)
     with pytest.raises(ValueError, match="multiple of 16384 columns"):
