@@ -120,6 +120,9 @@ names in ROUND26_NAMES.
 a while ahead of the chunks' (Config.lead), so that the first wave starts in turn; names in
 ROUND27_NAMES.
     python -m experiments.probe_softmax --round27 --budget 150 --elems 134217728
+`--round28` times the smem forward's 32 KB chunks on half (and in fp32 twice) the pick's warps,
+with and without leads; names in ROUND28_NAMES.
+    python -m experiments.probe_softmax --round28 --budget 150 --elems 134217728
 
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
 next one in while it waits for the previous one's row) against round 10's one-shot kernels, at
@@ -1188,6 +1191,32 @@ def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     return out
 
 
+# What each round 28 name means (printed at the start of a --round28 run).
+ROUND28_NAMES = {
+    "default": ROUND22_NAMES["default"],
+    "lead_wW": "forward: the pick behind its leads (4 x 1.5 us) on W warps, not its own, and no "
+    "register cap (W = half the pick's: each thread takes twice the values of the 32 KB chunk; "
+    "twice: half of them, capped at 40 registers for 6 programs an SM)",
+    "wW_nolead": "lead_wW without lead programs",
+    "same_bytes": ROUND5_NAMES["same_bytes"],
+}
+
+
+def round28_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
+    """Round 28, the forward past the tile: the pick's 32 KB chunks on other warp counts."""
+    if n <= ONE_PASS_MAX_ELEMS or backward:
+        return {}
+    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem" or not pick.by_pid or pick.per_sm:
+        return {}
+    half = pick.num_warps // 2
+    out = {f"lead_w{half}": pick._replace(lead=4, lead_ns=1500, num_warps=half, maxnreg=0),
+           f"w{half}_nolead": pick._replace(num_warps=half, maxnreg=0)}  # fmt: skip
+    if pick.num_warps < 8:  # 6 programs of 8 warps an SM at most: 40 registers a thread
+        out["lead_w8"] = pick._replace(lead=4, lead_ns=1500, num_warps=8, maxnreg=40)
+    return out
+
+
 def _error_line(exc: Exception) -> str:
     msg = "".join(traceback.format_exception_only(exc)).strip().splitlines()
     return msg[-1][:160] if msg else repr(exc)
@@ -1201,6 +1230,7 @@ ROUND_CANDIDATES = {
     17: round17_candidates, 18: round18_candidates, 19: round19_candidates,
     20: round20_candidates, 21: round21_candidates, 22: round22_candidates,
     23: round23_candidates, 26: round26_candidates, 27: round27_candidates,
+    28: round28_candidates,
 }  # fmt: skip
 ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAMES,
                7: ROUND7_NAMES, 8: ROUND8_NAMES, 9: ROUND9_NAMES,
@@ -1209,7 +1239,7 @@ ROUND_NAMES = {3: ROUND3_NAMES, 4: ROUND4_NAMES, 5: ROUND5_NAMES, 6: ROUND6_NAME
                16: ROUND16_NAMES, 17: ROUND17_NAMES, 18: ROUND18_NAMES,
                19: ROUND19_NAMES, 20: ROUND20_NAMES, 21: ROUND21_NAMES,
                22: ROUND22_NAMES, 23: ROUND23_NAMES, 26: ROUND26_NAMES,
-               27: ROUND27_NAMES}  # fmt: skip
+               27: ROUND27_NAMES, 28: ROUND28_NAMES}  # fmt: skip
 # rows that time something else than our kernels: never the "best Triton variant"
 REFERENCES = ("eager", "same_bytes", "inductor", "inductor_mac")
 
@@ -1378,12 +1408,14 @@ def main() -> int:
     parser.add_argument("--round23", action="store_true", help="smem forward leaving early")
     parser.add_argument("--round26", action="store_true", help="bf16 smem forward widening")
     parser.add_argument("--round27", action="store_true", help="smem forward behind lead programs")
+    parser.add_argument("--round28", action="store_true", help="smem forward on other warp counts")
     parser.add_argument(
         "--timer", choices=("gpu", "do_bench"), default="gpu",
         help="gpu: the benchmark's GpuTimer (median, CPU path hidden); do_bench: rounds 1-7's",
     )  # fmt: skip
     args = parser.parse_args()
-    round_no = max([r for r in (*range(3, 24), 26, 27) if getattr(args, f"round{r}")], default=0)
+    rounds = (*range(3, 24), 26, 27, 28)
+    round_no = max([r for r in rounds if getattr(args, f"round{r}")], default=0)
     bench = bench_gpu if args.timer == "gpu" else bench_do_bench
     if args.round6:  # the short rows, where the tile meets Inductor's kernel
         ROWS = [(m, n) for m, n in ROWS if n <= 4096]
@@ -1397,7 +1429,7 @@ def main() -> int:
             BAND_UNIT = 2**10
             ROWS = [(7, 9000), (11, 4500), (3, 20000)]
         bench = lambda fn: 1.0  # noqa: E731
-        if round_no in (5, 7, 8, 9, 10, 11, *range(17, 24), 26, 27):  # a long row of several chunks
+        if round_no in (5, 7, 8, 9, 10, 11, *range(17, 24), 26, 27, 28):  # a long row, chunks
             ROWS = [(2, 70000), (5, 128)]
         if round_no == 11:
             ROWS.append((3, 16384))
@@ -1411,7 +1443,7 @@ def main() -> int:
             ROWS = [(5, 128), (3, 1000)]
     elif round_no == 18:  # the long rows, and N = 16384 (smem on rows of one chunk)
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]
-    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21, 22, 23, 26):  # the long rows only
+    elif round_no in (7, 8, 9, 10, 17, 19, 20, 21, 22, 23, 26, 28):  # the long rows only
         ROWS = [(m, n) for m, n in ROWS if n > ONE_PASS_MAX_ELEMS]
     elif round_no == 11:  # the longest tile rows, and the long rows
         ROWS = [(m, n) for m, n in ROWS if n >= ONE_PASS_MAX_ELEMS]

@@ -2552,6 +2552,33 @@ def test_round27_probe_smoke():
     assert "lead4_1.5us_s400" in out and " 70000 " in out
 
 
+def test_round28_probe_candidates_are_valid():
+    """Round 28, the forward past the tile only: the pick's 32 KB chunks on half its warps
+    uncapped, with and without leads, and (fp32) on 8 warps capped at 40 registers."""
+    with pretend_gpu((9, 0), 132):
+        for n, itemsize, cands in _long_row_round_candidates(28):
+            if n <= softmax_module.ONE_PASS_MAX_ELEMS:
+                continue  # none there (checked by the helper)
+            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
+                                               itemsize, smem_ok=True)  # fmt: skip
+            half = pick.num_warps // 2
+            want = {f"lead_w{half}": pick._replace(lead=4, lead_ns=1500, num_warps=half,
+                                                   maxnreg=0),
+                    f"w{half}_nolead": pick._replace(num_warps=half, maxnreg=0)}  # fmt: skip
+            if itemsize == 4:
+                assert pick.num_warps == 4
+                want["lead_w8"] = pick._replace(lead=4, lead_ns=1500, num_warps=8, maxnreg=40)
+            assert cands == want
+            for cfg in cands.values():  # whole 16-byte vectors a thread, a piece at a time
+                assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
+
+
+def test_round28_probe_smoke():
+    """The probe's round 28 on the interpreter (the smem variants run as split2)."""
+    out = _probe_smoke("--round28")
+    assert "w4_nolead" in out and " 70000 " in out
+
+
 def test_round23_probe_smoke():
     """The probe's round 23 on the interpreter (the smem variants run as split2)."""
     out = _probe_smoke("--round23")
