@@ -67,9 +67,10 @@ class Rung(NamedTuple):
     # `stagger` ns late, so that half its rows land, and write, before the rest
     stagger: int = 0
     # round 28: where a chunk's splits lie (0: contiguous; 1: interleaved with its row-mates',
-    # so that a row's chunks read and write one contiguous span a step; 2: the chunk's own
-    # splits in an order rotated by its index, so that programs in step touch different
-    # offsets of their 32 KB-aligned chunks)
+    # so that a row's chunks read and write one contiguous span a step; 3: the same in two
+    # halves of the chunk; 2: the chunk's own splits in an order rotated by its index, so that
+    # programs in step touch different offsets of their 32 KB-aligned chunks; in the row
+    # rungs, 4: rotated reads, writes in order; 5: reads in order, rotated writes)
     order: int = 0
 
 
@@ -111,6 +112,10 @@ RUNGS = {
     "copy_cp_rot": Rung(0, 0, 0, 0, order=2),
     "row_cp_il": Rung(0, 2, 0, 0, order=1),
     "row_cp_rot": Rung(0, 2, 0, 0, order=2),
+    "copy_cp_il2": Rung(0, 0, 0, 0, order=3),
+    "row_cp_il2": Rung(0, 2, 0, 0, order=3),
+    "row_cp_rotr": Rung(0, 2, 0, 0, order=4),
+    "row_cp_rotw": Rung(0, 2, 0, 0, order=5),
 }
 # the programs an SM holds at once (32 KB of shared memory each, 40 registers at 8 warps)
 FIRST_WAVE_PER_SM = 6
@@ -218,24 +223,44 @@ if gluon is not None:
                                          [ptrs], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _chunk_first(c, n_chunks, CHUNK: gl.constexpr, SPLIT: gl.constexpr, ORDER: gl.constexpr):
+    def _chunk_first(c, n_chunks, CHUNK: gl.constexpr, SPLIT: gl.constexpr, ORDER: gl.constexpr,
+                     SPLITS: gl.constexpr):
         """The first value of chunk c's first split (Rung.order)."""
-        if ORDER == 1:
+        if (ORDER == 1) | (ORDER == 3):
             k = c % n_chunks
-            return (c - k).to(gl.int64) * CHUNK + k * SPLIT
+            return (c - k).to(gl.int64) * CHUNK + k * (SPLIT * _group(ORDER, SPLITS))
         else:
             return c.to(gl.int64) * CHUNK
+
+    @gluon.constexpr_function
+    def _group(order, splits):
+        """The splits of a chunk that lie together in the interleaved orders 1 and 3."""
+        return splits // 2 if order == 3 else 1
 
     @gluon.jit
     def _split_at(first, c, s, n_chunks, SPLIT: gl.constexpr, SPLITS: gl.constexpr,
                   ORDER: gl.constexpr):
-        """The first value of chunk c's split s, from _chunk_first's `first` (Rung.order)."""
-        if ORDER == 1:  # the row's chunks' splits in turn
-            return first + s * (n_chunks * SPLIT)
-        elif ORDER == 2:
+        """The first value of the split that chunk c's shared-memory slot s holds, from
+        _chunk_first's `first` (Rung.order)."""
+        if (ORDER == 1) | (ORDER == 3):  # the row's chunks' groups of splits in turn
+            G: gl.constexpr = _group(ORDER, SPLITS)
+            return first + (s // G) * (n_chunks * G * SPLIT) + (s % G) * SPLIT
+        elif (ORDER == 2) | (ORDER == 4):  # the slots hold the splits rotated by c
             return first + ((s + c) % SPLITS) * SPLIT
         else:
             return first + s * SPLIT
+
+    @gluon.jit
+    def _write_slot(c, u, SPLITS: gl.constexpr, ORDER: gl.constexpr):
+        """The slot the row rungs' u-th write takes: in order 4 the one holding split u (the
+        writes in order after rotated reads), in order 5 slot (u + c) % SPLITS (rotated writes
+        after reads in order), else slot u."""
+        if ORDER == 4:
+            return (u + SPLITS - c % SPLITS) % SPLITS
+        elif ORDER == 5:
+            return (u + c) % SPLITS
+        else:
+            return u
 
     @gluon.jit
     def ladder_kernel(
@@ -270,7 +295,7 @@ if gluon is not None:
         cols = gl.arange(0, COLS_C, layout=gl.SliceLayout(0, layout))
         offs = rows[:, None] * COLS_C + cols[None, :]
         view_row = c * (CHUNK // COLS_C)  # the chunk's first row of the (rows, 256) view
-        first = _chunk_first(c, n_chunks, CHUNK, SPLIT, ORDER)
+        first = _chunk_first(c, n_chunks, CHUNK, SPLIT, ORDER, SPLITS)
         bars = gl.allocate_shared_memory(gl.int64, [SPLITS, 1], mbarrier.MBarrierLayout())
         if LOAD == 0:
             smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C],
@@ -331,7 +356,8 @@ if gluon is not None:
                                            MAX_CHUNKS, SLEEP_NS, WARPS)  # fmt: skip
                 row_max, inv_sum = sk._row_stats(packed, ok)
             scale = gl.exp2((chunk_max - row_max) * sk.LOG2E) * inv_sum
-            for s in range(SPLITS):
+            for u in range(SPLITS):
+                s = _write_slot(c, u, SPLITS, ORDER)
                 if WORK == 3:
                     y = smem.index(s).load(layout).to(gl.float32) * scale
                 else:
@@ -422,7 +448,8 @@ class Ladder:
         if rung.load and rung.work:
             raise ValueError("TMA copies under the copy rungs only (see RUNGS)")
         if rung.order and (rung.load or rung.store or rung.work not in (0, 2) or rung.tail
-                           or rung.stagger or rung.prefetch):  # fmt: skip
+                           or rung.stagger or rung.prefetch
+                           or (rung.order > 3 and rung.work != 2)):  # fmt: skip
             raise ValueError(f"an order of splits takes the plain cp.async copy or row rungs; "
                              f"got {rung}")  # fmt: skip
         self.rung, self.x, self.y = rung, x, y

@@ -56,12 +56,15 @@ def test_a_tail_takes_the_last_rows_in_smaller_chunks():
 
 def test_an_order_of_splits_takes_the_plain_copy_or_row_rungs():
     """Round 28's interleaved and rotated splits (Rung.order): a permutation of the chunk's
-    splits within its row, on the cp.async copy and row rungs only."""
+    splits within its row, on the cp.async copy and row rungs only (reads and writes in
+    different orders on the row rungs only)."""
     x = torch.empty(2, 2 * ladder.chunk_for(2), dtype=torch.bfloat16)
-    for name in ("copy_cp_il", "copy_cp_rot", "row_cp_il", "row_cp_rot"):
-        assert ladder.Ladder(ladder.RUNGS[name], x, x).rung.order in (1, 2)
+    for name in ("copy_cp_il", "copy_cp_rot", "row_cp_il", "row_cp_rot", "copy_cp_il2",
+                 "row_cp_il2", "row_cp_rotr", "row_cp_rotw"):  # fmt: skip
+        assert ladder.Ladder(ladder.RUNGS[name], x, x).rung.order in (1, 2, 3, 4, 5)
     for rung in (ladder.Rung(0, 1, 0, 0, order=1), ladder.Rung(0, 0, 1, 1, order=2),
-                 ladder.Rung(0, 2, 0, 0, 0, 2, 10, order=1)):  # fmt: skip
+                 ladder.Rung(0, 2, 0, 0, 0, 2, 10, order=1),
+                 ladder.Rung(0, 0, 0, 0, order=4)):  # rotated reads alone: the row rungs only
         with pytest.raises(ValueError, match="an order of splits takes"):
             ladder.Ladder(rung, x, x)
 
