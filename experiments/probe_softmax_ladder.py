@@ -269,7 +269,7 @@ if gluon is not None:
         MAX_CHUNKS: gl.constexpr, TICKET: gl.constexpr, WORK: gl.constexpr,
         LOAD: gl.constexpr, STORE: gl.constexpr, SLEEP_NS: gl.constexpr = 200,
         PREFETCH: gl.constexpr = 0, STAGGER: gl.constexpr = 0, FIRST_WAVE: gl.constexpr = 0,
-        ORDER: gl.constexpr = 0,
+        ORDER: gl.constexpr = 0, ROW_CHUNKS: gl.constexpr = 0,
     ):  # fmt: skip
         R: gl.constexpr = CHUNK // (SPLITS * COLS_C)  # rows of the view a split
         SPLIT: gl.constexpr = R * COLS_C
@@ -295,6 +295,8 @@ if gluon is not None:
         cols = gl.arange(0, COLS_C, layout=gl.SliceLayout(0, layout))
         offs = rows[:, None] * COLS_C + cols[None, :]
         view_row = c * (CHUNK // COLS_C)  # the chunk's first row of the (rows, 256) view
+        if ROW_CHUNKS > 0:  # a row's chunks known to the compiler: the splits' strides are
+            n_chunks = ROW_CHUNKS  # immediates, as the contiguous order's are (fewer registers)
         first = _chunk_first(c, n_chunks, CHUNK, SPLIT, ORDER, SPLITS)
         bars = gl.allocate_shared_memory(gl.int64, [SPLITS, 1], mbarrier.MBarrierLayout())
         if LOAD == 0:
@@ -507,6 +509,7 @@ class Ladder:
             MAX_CHUNKS=max_chunks, TICKET=self.rung.ticket,
             WORK=self.rung.work, LOAD=self.rung.load, STORE=self.rung.store, num_warps=warps,
             PREFETCH=self.rung.prefetch, ORDER=self.rung.order,
+            ROW_CHUNKS=self.n_chunks if self.rung.order in (1, 3) else 0,
             **({"STAGGER": self.rung.stagger, "FIRST_WAVE": self.first_wave()}
                if self.rung.stagger else {}),
             **({"maxnreg": MAXNREG_8_WARPS}
