@@ -116,6 +116,9 @@ RUNGS = {
     "row_cp_il2": Rung(0, 2, 0, 0, order=3),
     "row_cp_rotr": Rung(0, 2, 0, 0, order=4),
     "row_cp_rotw": Rung(0, 2, 0, 0, order=5),
+    # and y sent out by TMA stores from shared memory after cp.async loads
+    "copy_cp_ts": Rung(0, 0, 0, 1),
+    "row_cp_ts": Rung(0, 2, 0, 1),
 }
 # the programs an SM holds at once (32 KB of shared memory each, 40 registers at 8 warps)
 FIRST_WAVE_PER_SM = 6
@@ -300,8 +303,11 @@ if gluon is not None:
         first = _chunk_first(c, n_chunks, CHUNK, SPLIT, ORDER, SPLITS)
         bars = gl.allocate_shared_memory(gl.int64, [SPLITS, 1], mbarrier.MBarrierLayout())
         if LOAD == 0:
-            smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C],
-                                             gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+            if STORE == 0:
+                smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C],
+                                                 gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+            else:  # TMA stores read the descriptor's layout (unswizzled: the same bytes)
+                smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C], y_desc.layout)
             for s in gl.static_range(SPLITS):
                 at = _split_at(first, c, s, n_chunks, SPLIT, SPLITS, ORDER)
                 cp.async_copy_global_to_shared(smem.index(s), x_ptr + at + offs)
