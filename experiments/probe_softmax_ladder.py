@@ -19,6 +19,10 @@ warps in 16-bit and 4 in fp32), and times each rung beside the copy of the same 
     PREFETCH  D > 0: at its start a program asks L2 for chunk c + D (prefetch.global.L2, a
             128-byte line a thread), the chunk of a program that starts about D programs later,
             so that its copies hit L2 (round 25)
+    ORDER   where a chunk's splits lie and in what order they move (round 28): 0 contiguous;
+            1 interleaved with its row-mates' (a row's chunks read one contiguous span a step);
+            3 the same by halves of the chunk; 2 rotated by the chunk's index; 4 / 5 (row rungs)
+            reads rotated and writes in order / reads in order and writes rotated
 
 Rows are contiguous and N a multiple of the chunk, so a chunk is CHUNK consecutive values and
 there are no masks (the shipped kernel masks; its time is printed beside). A chunk is viewed as
