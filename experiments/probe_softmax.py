@@ -1124,12 +1124,22 @@ ROUND23_NAMES = {
 }
 
 
+def _by_pid_forward_pick(n: int, itemsize: int, backward: bool) -> Config | None:
+    """The pick for one row of n past the tile, where it is the one-shot smem forward by
+    program id (the kernel rounds 23-28 vary); None elsewhere (the backward, short rows, a GPU
+    without the smem design)."""
+    if n <= ONE_PASS_MAX_ELEMS or backward:
+        return None
+    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
+    if pick.design != "smem" or not pick.by_pid or pick.per_sm:
+        return None
+    return pick
+
+
 def round23_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
     """Round 23, the forward past the tile: the one-shot pick leaving its chunk early."""
-    if n <= ONE_PASS_MAX_ELEMS or backward:
-        return {}
-    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
-    if pick.design != "smem" or not pick.by_pid:
+    pick = _by_pid_forward_pick(n, itemsize, backward)
+    if pick is None:
         return {}
     out = {f"lp{polls}": pick._replace(leave_polls=polls) for polls in (4, 8, 16, 32)}
     for polls, group in ((8, 4), (16, 4), (8, 8)):
@@ -1150,10 +1160,8 @@ ROUND26_NAMES = {
 
 def round26_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
     """Round 26, the bf16 forward past the tile: the pick widening by integer ops."""
-    if n <= ONE_PASS_MAX_ELEMS or backward or itemsize != 2:
-        return {}
-    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
-    if pick.design != "smem" or not pick.by_pid:
+    pick = _by_pid_forward_pick(n, itemsize, backward)
+    if pick is None or itemsize != 2:
         return {}
     return {"widen": pick._replace(widen=True),
             "widen_1c": pick._replace(widen=True, one_copy=True)}  # fmt: skip
@@ -1176,10 +1184,8 @@ ROUND27_NAMES = {
 
 def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
     """Round 27, the forward past the tile: the pick behind lead programs (Config.lead)."""
-    if n <= ONE_PASS_MAX_ELEMS or backward:
-        return {}
-    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
-    if pick.design != "smem" or not pick.by_pid or pick.per_sm:
+    pick = _by_pid_forward_pick(n, itemsize, backward)
+    if pick is None:
         return {}
     out = {f"lead{k}_{ns / 1000:g}us": pick._replace(lead=k, lead_ns=ns)
            for k, ns in ((3, 1500), (4, 1250), (4, 1500), (4, 1750), (5, 1250))}
@@ -1204,10 +1210,8 @@ ROUND28_NAMES = {
 
 def round28_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Config]:
     """Round 28, the forward past the tile: the pick's 32 KB chunks on other warp counts."""
-    if n <= ONE_PASS_MAX_ELEMS or backward:
-        return {}
-    pick = _pick_config(n, 1, False, backward, torch.device(DEVICE), itemsize, smem_ok=True)
-    if pick.design != "smem" or not pick.by_pid or pick.per_sm:
+    pick = _by_pid_forward_pick(n, itemsize, backward)
+    if pick is None:
         return {}
     half = pick.num_warps // 2
     out = {f"lead_w{half}": pick._replace(lead=4, lead_ns=1500, num_warps=half, maxnreg=0),

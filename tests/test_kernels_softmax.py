@@ -2457,6 +2457,16 @@ def _long_row_round_candidates(round_no: int, itemsizes=(2, 4)):
             yield n, itemsize, cands
 
 
+def _long_row_round_picks(round_no: int, itemsizes=(2, 4)):
+    """(itemsize, candidates, the one-row pick) of _long_row_round_candidates past the tile
+    only. Run inside pretend_gpu."""
+    for n, itemsize, cands in _long_row_round_candidates(round_no, itemsizes):
+        if n > softmax_module.ONE_PASS_MAX_ELEMS:  # none at the tile's (checked by the helper)
+            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
+                                               itemsize, smem_ok=True)  # fmt: skip
+            yield itemsize, cands, pick
+
+
 def test_round19_probe_candidates_are_valid():
     """Round 19: forward only, past the tile; the pick's chunks by program id on other chunks,
     poll intervals, without the fallback or the cap; earlier rounds' smem knobs keep the
@@ -2493,9 +2503,7 @@ def test_round23_probe_candidates_are_valid():
     """Round 23, the forward past the tile only: the one-shot pick leaving after fewer polls,
     some with the left chunks written several pieces a step."""
     with pretend_gpu((9, 0), 132):
-        for n, itemsize, cands in _long_row_round_candidates(23):
-            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
-                                               itemsize, smem_ok=True)  # fmt: skip
+        for itemsize, cands, pick in _long_row_round_picks(23):
             for name, cfg in cands.items():
                 polls, _, group = name.removeprefix("lp").partition("_g")
                 assert cfg == pick._replace(leave_polls=int(polls),
@@ -2508,11 +2516,7 @@ def test_round26_probe_candidates_are_valid():
     """Round 26, the bf16 forward past the tile only: the pick widening by integer ops, and
     that with the chunk copied in as one copy; nothing for fp32."""
     with pretend_gpu((9, 0), 132):
-        for n, itemsize, cands in _long_row_round_candidates(26, itemsizes=(2,)):
-            if n <= softmax_module.ONE_PASS_MAX_ELEMS:
-                continue  # none there (checked by the helper)
-            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
-                                               itemsize, smem_ok=True)  # fmt: skip
+        for _, cands, pick in _long_row_round_picks(26, itemsizes=(2,)):
             assert cands == {"widen": pick._replace(widen=True),
                              "widen_1c": pick._replace(widen=True, one_copy=True)}
         probe = importlib.import_module("experiments.probe_softmax")
@@ -2530,11 +2534,7 @@ def test_round27_probe_candidates_are_valid():
     1.25-1.75 us tiers; 4 x 1.5 us with polls 100 and 400 ns apart, and with 1, 2 or 4 of its
     leads an SM prefetching the last chunks; the pick without leads."""
     with pretend_gpu((9, 0), 132):
-        for n, itemsize, cands in _long_row_round_candidates(27):
-            if n <= softmax_module.ONE_PASS_MAX_ELEMS:
-                continue  # none there (checked by the helper)
-            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
-                                               itemsize, smem_ok=True)  # fmt: skip
+        for _, cands, pick in _long_row_round_picks(27):
             assert not pick.lead  # one row: a small grid
             want = {f"lead{k}_{ns / 1000:g}us": pick._replace(lead=k, lead_ns=ns)
                     for k, ns in ((3, 1500), (4, 1250), (4, 1500), (4, 1750), (5, 1250))}
@@ -2556,11 +2556,7 @@ def test_round28_probe_candidates_are_valid():
     """Round 28, the forward past the tile only: the pick's 32 KB chunks on half its warps
     uncapped, with and without leads, and (fp32) on 8 warps capped at 40 registers."""
     with pretend_gpu((9, 0), 132):
-        for n, itemsize, cands in _long_row_round_candidates(28):
-            if n <= softmax_module.ONE_PASS_MAX_ELEMS:
-                continue  # none there (checked by the helper)
-            pick = softmax_module._pick_config(n, 1, False, False, torch.device("cuda"),
-                                               itemsize, smem_ok=True)  # fmt: skip
+        for itemsize, cands, pick in _long_row_round_picks(28):
             half = pick.num_warps // 2
             want = {f"lead_w{half}": pick._replace(lead=4, lead_ns=1500, num_warps=half,
                                                    maxnreg=0),
