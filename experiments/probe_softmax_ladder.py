@@ -15,7 +15,8 @@ warps in 16-bit and 4 in fp32), and times each rung beside the copy of the same 
                program's shared memory (st.shared::cluster) and one cluster barrier stands for
                the publish and the polls (no workspace, no atomics, no reliance on start order)
     LOAD    0: cp.async, 16 bytes a thread; 1: TMA, one bulk copy a split of the chunk
-    STORE   0: st.global from registers; 1: y written into shared memory, then TMA stores
+    STORE   0: st.global from registers; 1: y written into shared memory, then TMA stores;
+            2 (row rungs): each split's TMA store issued as soon as its y is in shared memory
     PREFETCH  D > 0: at its start a program asks L2 for chunk c + D (prefetch.global.L2, a
             128-byte line a thread), the chunk of a program that starts about D programs later,
             so that its copies hit L2 (round 25)
@@ -123,6 +124,7 @@ RUNGS = {
     # and y sent out by TMA stores from shared memory after cp.async loads
     "copy_cp_ts": Rung(0, 0, 0, 1),
     "row_cp_ts": Rung(0, 2, 0, 1),
+    "row_cp_ts2": Rung(0, 2, 0, 2),
 }
 # the programs an SM holds at once (32 KB of shared memory each, 40 registers at 8 warps)
 FIRST_WAVE_PER_SM = 6
@@ -307,7 +309,7 @@ if gluon is not None:
         first = _chunk_first(c, n_chunks, CHUNK, SPLIT, ORDER, SPLITS)
         bars = gl.allocate_shared_memory(gl.int64, [SPLITS, 1], mbarrier.MBarrierLayout())
         if LOAD == 0:
-            if STORE == 0:
+            if STORE == 0:  # (TMA stores below read the descriptor's layout)
                 smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C],
                                                  gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
             else:  # TMA stores read the descriptor's layout (unswizzled: the same bytes)
@@ -380,12 +382,17 @@ if gluon is not None:
                     gl.store(y_ptr + at + offs, y.to(dtype))
                 else:
                     smem.index(s).store(y.to(dtype))
+                    if STORE == 2:  # this split's TMA store now, the next split's y meanwhile
+                        fence_async_shared()
+                        gl.thread_barrier()
+                        tma.async_copy_shared_to_global(y_desc, [view_row + s * R, 0],
+                                                        smem.index(s))  # fmt: skip
             if STORE == 1:
                 fence_async_shared()
                 gl.thread_barrier()
                 for s in range(SPLITS):
                     tma.async_copy_shared_to_global(y_desc, [view_row + s * R, 0], smem.index(s))
-        if STORE == 1:
+        if STORE != 0:
             tma.store_wait(0)
 
 
