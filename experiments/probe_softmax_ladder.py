@@ -570,6 +570,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--elems", type=int, default=2**27, help="elements a tensor")
     parser.add_argument("--rungs", default=",".join(RUNGS), help="comma list of rung names")
+    parser.add_argument("--profile", action="store_true",
+                        help="each rung's two checked calls and no timing (run under ncu)")
     args = parser.parse_args(argv)
     if gluon is None or not torch.cuda.is_available():
         print("needs a CUDA GPU and a Triton with Gluon's Hopper modules")
@@ -590,10 +592,14 @@ def main(argv=None) -> int:
             def pct(ms: float, nbytes=nbytes) -> str:
                 return f"{100 * nbytes / (ms * 1e-3) / 1e9 / copy_gbs:6.1f}"
 
-            same = bench_gpu(lambda x=x, y=y: y.copy_(x))
-            shipped = bench_gpu(functools.partial(softmax, x, -1))
-            print(f"{dtype_name} {x.shape[0]}x{n}: same-bytes copy {pct(same)}, shipped softmax() "
-                  f"{pct(shipped)}")  # fmt: skip
+            if args.profile:
+                softmax(x, -1)
+                print(f"{dtype_name} {x.shape[0]}x{n}: profile")
+            else:
+                same = bench_gpu(lambda x=x, y=y: y.copy_(x))
+                shipped = bench_gpu(functools.partial(softmax, x, -1))
+                print(f"{dtype_name} {x.shape[0]}x{n}: same-bytes copy {pct(same)}, shipped "
+                      f"softmax() {pct(shipped)}")  # fmt: skip
             for name in names:
                 rung = RUNGS[name]
                 try:
@@ -602,6 +608,9 @@ def main(argv=None) -> int:
                         y.zero_()
                         run()
                         check(rung, x, y)
+                    if args.profile:
+                        print(f"  {name:<14} checked")
+                        continue
                     ms = bench_gpu(run)
                     print(f"  {name:<14} {pct(ms)}  ({ms * 1e3:7.1f} us, {run.splits} splits, "
                           f"{run.registers} registers, {run.spills} spilled)")  # fmt: skip
