@@ -139,7 +139,10 @@ CHUNK_BYTES = 32 * 1024
 
 
 # 6 programs of 8 warps an SM, as the bf16 pick (32 registers) has: the local rungs on cp.async
-# take 44 registers uncapped (40 with a 4-byte spill); the others fit 40 uncapped
+# take 44 registers uncapped (40 with a 4-byte spill); the others fit 40 uncapped, but for the
+# rotated orders (44 uncapped; 40 capped, with no spill but in row_cp_rotr's a stray local load
+# that ncu saw reach DRAM: 8 MB a launch, 3% more reads). The interleaved orders are not capped:
+# capped, they carried that stray load too (round 28)
 MAXNREG_8_WARPS = 40
 
 
@@ -531,7 +534,7 @@ class Ladder:
                if self.rung.stagger else {}),
             **({"maxnreg": MAXNREG_8_WARPS}
                if warps == 8 and (self.rung[1:3] == (1, 0) or cluster or self.rung.stagger
-                                  or self.rung.order)
+                                  or self.rung.order in (2, 4, 5))
                else {}),
         )  # fmt: skip
         grid = (self.slots,)
