@@ -121,7 +121,7 @@ a while ahead of the chunks' (Config.lead), so that the first wave starts in tur
 ROUND27_NAMES.
     python -m experiments.probe_softmax --round27 --budget 150 --elems 134217728
 `--round28` times the smem forward's 32 KB chunks on half (and in fp32 twice) the pick's warps,
-with and without leads; names in ROUND28_NAMES.
+with and without leads, and with a row's chunks interleaved; names in ROUND28_NAMES.
     python -m experiments.probe_softmax --round28 --budget 150 --elems 134217728
 
 `--round11` times the persistent smem kernels (a program takes chunks in turn and copies the
@@ -1204,6 +1204,10 @@ ROUND28_NAMES = {
     "register cap (W = half the pick's: each thread takes twice the values of the 32 KB chunk; "
     "twice: half of them, capped at 40 registers for 6 programs an SM)",
     "wW_nolead": "lead_wW without lead programs",
+    "il": "forward: the pick behind its leads (4 x 1.5 us) with a row's chunks interleaved piece "
+    "by piece (Config.interleave: chunk k's piece p at the row's piece p x chunks + k), so that "
+    "a row's programs read and write one contiguous span a step (the ladder's row_cp_il)",
+    "il_nolead": "il without lead programs",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
@@ -1218,6 +1222,8 @@ def round28_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
            f"w{half}_nolead": pick._replace(num_warps=half, maxnreg=0)}  # fmt: skip
     if pick.num_warps < 8:  # 6 programs of 8 warps an SM at most: 40 registers a thread
         out["lead_w8"] = pick._replace(lead=4, lead_ns=1500, num_warps=8, maxnreg=40)
+    out["il"] = pick._replace(lead=4, lead_ns=1500, interleave=True)
+    out["il_nolead"] = pick._replace(interleave=True)
     return out
 
 
@@ -1254,7 +1260,8 @@ def _for_smoke(cfg: Config) -> Config:
     if cfg.design == "smem":
         return cfg._replace(design="split2", evict=False, per_sm=0, fold=0, regs=0,
                             by_pid=False, even=False, poly=0, one_copy=False, leave_polls=0,
-                            left_group=1, widen=False, lead=0, lead_ns=0, tail_pf=0)  # fmt: skip
+                            left_group=1, widen=False, lead=0, lead_ns=0, tail_pf=0,
+                            interleave=False)  # fmt: skip
     return cfg._replace(design="split2") if cfg.design == "coop" else cfg
 
 

@@ -301,6 +301,13 @@ class Config(NamedTuple):
     # launch's last rows load from L2 (round 27: their loads finish 4-6 us apart at the end). A
     # probe knob: level on the H200 (1-2 an SM), 4 an SM lost 1.5 points
     tail_pf: int = 0
+    # -- round 28 --
+    # one-shot smem forward by program id, where rows are whole chunks: a row's chunks
+    # interleaved piece by piece (chunk k's piece p at the row's piece p x chunks + k), so that
+    # the row's programs, which start together, read and write one contiguous span a step, not
+    # pieces a chunk apart (the ladder's row_cp_il: +2.2 points in bf16 on the H200); elsewhere
+    # (masked rows) the chunks stay whole
+    interleave: bool = False
 
 
 def softmax_reference(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -1664,6 +1671,13 @@ def _launch_rows(
     if config.tail_pf and not 0 < config.tail_pf <= config.lead:
         raise ValueError(f"tail_pf is a knob of the lead programs (at most lead an SM), got "
                          f"{config}")  # fmt: skip
+    if config.interleave and (backward or config.design != "smem" or config.per_sm
+                              or not config.by_pid or config.regs or config.fold
+                              or config.one_copy or config.tail_pf
+                              or config.left_group != 1):  # fmt: skip
+        raise ValueError(f"interleave is a knob of the one-shot smem forward by program id "
+                         f"(no regs, fold, one_copy, tail_pf or left_group), got "
+                         f"{config}")  # fmt: skip
 
     if config.design == "tile":
         if config.block_cols < n_cols:
@@ -1859,15 +1873,17 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
             per_sm = max(1, min(SMEM_PER_SM // (buffer_bytes + SMEM_PROGRAM_EXTRA),
                                 MAX_WARPS_PER_SM // config.num_warps))  # fmt: skip
         programs = sms * per_sm
+    even = config.even and n_cols % config.block_cols == 0
     softmax_smem.launch(
         launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
         config.num_warps, sleep_ns=config.sleep_ns, exp2=config.exp2, evict=config.evict,
         maxnreg=config.maxnreg, programs=programs, fold=config.fold, regs=config.regs,
         by_pid=config.by_pid, leave_polls=config.leave_polls or softmax_smem.LEAVE_POLLS,
-        even=config.even and n_cols % config.block_cols == 0, poly=config.poly,
+        even=even, poly=config.poly,
         one_copy=config.one_copy, left_group=config.left_group, widen=config.widen,
         lead=config.lead * sms, lead_tiers=max(config.lead, 1), lead_ns=config.lead_ns,
         tail_pf=min(config.tail_pf * sms, rows_outer * rows_inner * n_chunks),
+        interleave=config.interleave and even,  # masked rows keep whole chunks
     )  # fmt: skip
     if pair is not None:
         pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch

@@ -370,20 +370,27 @@ def _leave(count, left, n_chunks, WARPS: gl.constexpr):
 @gluon.jit
 def _write_from_global(x_chunk, y_chunk, limit, row_max, inv_sum, CHUNK: gl.constexpr,
                        VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
-                       POLICY: gl.constexpr, GROUP: gl.constexpr = 1):  # fmt: skip
+                       POLICY: gl.constexpr, GROUP: gl.constexpr = 1,
+                       STRIDE: gl.constexpr = 0):  # fmt: skip
     """y of a chunk another program left (_row_slots), read from global memory: a cold path,
     a step at a time (not unrolled: few registers), the same arithmetic as _forward_write so
     that the bits match the owner's. A step is GROUP pieces (a piece: 16 bytes a thread), all
-    loaded before any is stored (Config.left_group: more of the chunk's loads in flight)."""
+    loaded before any is stored (Config.left_group: more of the chunk's loads in flight).
+    STRIDE > 0 (Config.interleave; GROUP 1, a whole chunk): its pieces STRIDE columns apart."""
     THREADS: gl.constexpr = 32 * WARPS
     STEP: gl.constexpr = THREADS * VEC * GROUP
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     offs = gl.arange(0, STEP, layout=layout)
     for p in tl.range(CHUNK // STEP, loop_unroll_factor=1):
-        ok = p * STEP + offs < limit
-        v = gl.load(x_chunk + p * STEP + offs, mask=ok, other=0.0).to(gl.float32)
-        y = (_exp_shifted(v, row_max, EXP2) * inv_sum).to(y_chunk.dtype.element_ty)
-        gl.store(y_chunk + p * STEP + offs, y, mask=ok, eviction_policy=POLICY)
+        if STRIDE > 0:
+            v = gl.load(x_chunk + p * STRIDE + offs).to(gl.float32)
+            y = (_exp_shifted(v, row_max, EXP2) * inv_sum).to(y_chunk.dtype.element_ty)
+            gl.store(y_chunk + p * STRIDE + offs, y, eviction_policy=POLICY)
+        else:
+            ok = p * STEP + offs < limit
+            v = gl.load(x_chunk + p * STEP + offs, mask=ok, other=0.0).to(gl.float32)
+            y = (_exp_shifted(v, row_max, EXP2) * inv_sum).to(y_chunk.dtype.element_ty)
+            gl.store(y_chunk + p * STEP + offs, y, mask=ok, eviction_policy=POLICY)
 
 
 @gluon.jit
@@ -391,19 +398,23 @@ def _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inn
                         x_vstride_outer, x_vstride_inner, y_vstride_outer, y_vstride_inner,
                         row_max, inv_sum, CHUNK: gl.constexpr, VEC: gl.constexpr,
                         WARPS: gl.constexpr, EXP2: gl.constexpr,
-                        POLICY: gl.constexpr, GROUP: gl.constexpr = 1):  # fmt: skip
+                        POLICY: gl.constexpr, GROUP: gl.constexpr = 1,
+                        STRIDE: gl.constexpr = 0):  # fmt: skip
     """The row's last publisher (ticket; _last_with_leavers) writes every chunk of its row
     whose flag says its program left it (_row_slots), from global memory, GROUP pieces a step
-    (_write_from_global)."""
+    (_write_from_global). STRIDE > 0 (Config.interleave): chunk j's pieces start at column j x
+    a piece, STRIDE apart."""
     flags = _row_left_flags(left, ticket, n_chunks)
     row_limit = n_vecs.to(gl.int64) * VEC
     x_row0 = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, 0, VEC)
     y_row0 = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, 0, VEC)
+    # where chunk j starts: its first piece (STRIDE: the row's pieces interleaved by chunk)
+    FIRST: gl.constexpr = 32 * WARPS * VEC if STRIDE > 0 else CHUNK
     for j in range(n_chunks):
         if gl.load(flags + j, volatile=True) == 1:
-            _write_from_global(x_row0 + j * CHUNK, y_row0 + j * CHUNK, row_limit - j * CHUNK,
+            _write_from_global(x_row0 + j * FIRST, y_row0 + j * FIRST, row_limit - j * CHUNK,
                                row_max, inv_sum, CHUNK, VEC, WARPS, EXP2, POLICY,
-                               GROUP)  # fmt: skip
+                               GROUP, STRIDE)  # fmt: skip
 
 
 @gluon.jit
@@ -414,11 +425,15 @@ def _chunk_start(ptr, outer, inner, vstride_outer, vstride_inner, start, VEC: gl
 
 @gluon.jit
 def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, POLICY: gl.constexpr,
-             base=0, EVEN: gl.constexpr = False):  # fmt: skip
+             base=0, EVEN: gl.constexpr = False, STRIDE: gl.constexpr = 0):  # fmt: skip
     """Start copying piece p of the chunk at row_ptr into smem.index(base + p) (cp.async, 16
     bytes a thread; columns past the row's end are filled with 0). EVEN: the row is whole
-    chunks, no mask."""
-    if EVEN:
+    chunks, no mask. STRIDE > 0 (with EVEN; Config.interleave): the chunk's pieces lie STRIDE
+    columns apart, not PIECE."""
+    if STRIDE > 0:
+        cp.async_copy_global_to_shared(smem.index(base + p), row_ptr + p * STRIDE + offs,
+                                       eviction_policy=POLICY)  # fmt: skip
+    elif EVEN:
         cp.async_copy_global_to_shared(smem.index(base + p), row_ptr + p * PIECE + offs,
                                        eviction_policy=POLICY)  # fmt: skip
     else:
@@ -611,10 +626,11 @@ def _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_v
                    y_vstride_inner, offs, limit, PIECES: gl.constexpr, PIECE: gl.constexpr,
                    VEC: gl.constexpr, WARPS: gl.constexpr, EXP2: gl.constexpr,
                    POLICY: gl.constexpr, EVEN: gl.constexpr = False,
-                   POLY: gl.constexpr = 0, WIDEN: gl.constexpr = False):  # fmt: skip
+                   POLY: gl.constexpr = 0, WIDEN: gl.constexpr = False,
+                   STRIDE: gl.constexpr = 0):  # fmt: skip
     """Write y from the chunk held in smem.index(base + p), given the row's (max, 1 / sum)
     (_row_stats). POLY > 0: the odd pieces' exp2 on the FMA pipe (_exp2_poly). WIDEN: bf16
-    widened by integer ops (_widen)."""
+    widened by integer ops (_widen). STRIDE: as _copy_in's."""
     layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [WARPS], [0])
     y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
     if POLY > 0:
@@ -624,26 +640,29 @@ def _forward_write(y_ptr, smem, base, row_max, inv_sum, outer, inner, start, y_v
     else:
         for p in range(PIECES):
             _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit, PIECE,
-                                 layout, EXP2, POLICY, EVEN, False, WIDEN)  # fmt: skip
+                                 layout, EXP2, POLICY, EVEN, False, WIDEN, STRIDE)  # fmt: skip
 
 
 @gluon.jit
 def _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit,
                          PIECE: gl.constexpr, layout: gl.constexpr, EXP2: gl.constexpr,
                          POLICY: gl.constexpr, EVEN: gl.constexpr,
-                         POLY: gl.constexpr = False, WIDEN: gl.constexpr = False):  # fmt: skip
+                         POLY: gl.constexpr = False, WIDEN: gl.constexpr = False,
+                         STRIDE: gl.constexpr = 0):  # fmt: skip
     """Piece p of _forward_write."""
     e = _exp_shifted(_widen(smem.index(base + p).load(layout), WIDEN), row_max, EXP2, POLY)
     _store_piece(y_row, p, (e * inv_sum).to(y_row.dtype.element_ty), offs, limit, PIECE, POLICY,
-                 EVEN)  # fmt: skip
+                 EVEN, STRIDE)  # fmt: skip
 
 
 @gluon.jit
 def _store_piece(row, p, value, offs, limit, PIECE: gl.constexpr, POLICY: gl.constexpr,
-                 EVEN: gl.constexpr):  # fmt: skip
+                 EVEN: gl.constexpr, STRIDE: gl.constexpr = 0):  # fmt: skip
     """Store piece p of a chunk's output from its first column `row` (no mask where EVEN: the
-    row is whole chunks)."""
-    if EVEN:
+    row is whole chunks; STRIDE > 0: pieces STRIDE columns apart, as _copy_in)."""
+    if STRIDE > 0:
+        gl.store(row + p * STRIDE + offs, value, eviction_policy=POLICY)
+    elif EVEN:
         gl.store(row + p * PIECE + offs, value, eviction_policy=POLICY)
     else:
         gl.store(row + p * PIECE + offs, value, mask=p * PIECE + offs < limit,
@@ -815,6 +834,7 @@ def softmax_smem_forward_kernel(
     POLL_WIDTH: gl.constexpr = 0, POLY: gl.constexpr = 0, ONE_COPY: gl.constexpr = False,
     LEFT_GROUP: gl.constexpr = 1, WIDEN: gl.constexpr = False, LEAD: gl.constexpr = 0,
     LEAD_TIERS: gl.constexpr = 1, LEAD_NS: gl.constexpr = 0, TAIL_PF: gl.constexpr = 0,
+    STRIDE: gl.constexpr = 0,
 ):  # fmt: skip
     """One program per (row, chunk of CHUNK columns), rows of unit column stride. The
     chunk's last REGS pieces (Config.regs) are held in registers, the rest in shared memory;
@@ -829,7 +849,11 @@ def softmax_smem_forward_kernel(
     write widen by integer ops (_widen). LEAD (BY_PID; Config.lead): the grid's first LEAD
     programs only hold their slots a while, in LEAD_TIERS tiers of LEAD_NS ns (_lead_wait);
     the first TAIL_PF of them first prefetch the grid's last TAIL_PF chunks into L2 to be kept
-    there (_prefetch_tail; Config.tail_pf)."""
+    there (_prefetch_tail; Config.tail_pf). STRIDE > 0 (EVEN, BY_PID; Config.interleave): the
+    row's chunks interleaved piece by piece, chunk k's piece p at column (p x the row's chunks
+    + k) x PIECE, STRIDE = PIECE x the row's chunks (a constexpr: the pieces' offsets are
+    immediates), so that a row's programs, which start together, read and write one
+    contiguous span a step."""
     if LEAD > 0:
         if gl.program_id(0) < LEAD:
             _lead_program(x_ptr, ws_ptr, ticket_index, rows_inner, n_vecs, n_chunks,
@@ -846,6 +870,8 @@ def softmax_smem_forward_kernel(
     outer, inner, start, limit, slots, _ = _position(
         ws_ptr, ticket, rows_inner, n_vecs, n_chunks, CHUNK, VEC
     )  # fmt: skip
+    if STRIDE > 0:  # chunk k's first piece is the row's k-th
+        start = start // CHUNK * PIECE
     x_row = _chunk_start(x_ptr, outer, inner, x_vstride_outer, x_vstride_inner, start, VEC)
     # every piece's copy in flight at once, one commit group each (ONE_COPY: one copy of the
     # whole chunk, one group)
@@ -862,7 +888,7 @@ def softmax_smem_forward_kernel(
             x_ptr.dtype.element_ty, [PIECES, PIECE], gl.SwizzledSharedLayout(1, 1, 1, [0])
         )  # fmt: skip
         for p in gl.static_range(PIECES):
-            _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, 0, EVEN)
+            _copy_in(smem, x_row, offs, limit, p, PIECE, POLICY, 0, EVEN, STRIDE)
             cp.commit_group()
     if REGS > 0:  # loads in flight beside the copies; first used once the smem pieces are in
         held_ptrs, held_ok = _held_words(x_row, limit, 0, PIECES, REGS, PIECE, WARPS)
@@ -879,13 +905,13 @@ def softmax_smem_forward_kernel(
     if gone == 0:
         _forward_write(y_ptr, smem, 0, row_max, inv_sum, outer, inner, start, y_vstride_outer,
                        y_vstride_inner, offs, limit, PIECES, PIECE, VEC, WARPS, EXP2, POLICY,
-                       EVEN, POLY, WIDEN)  # fmt: skip
+                       EVEN, POLY, WIDEN, STRIDE)  # fmt: skip
     if BY_PID:  # the row's last publisher writes the chunks that programs left (_row_slots)
         if _last_with_leavers(counted, first, n_chunks):
             _forward_write_left(x_ptr, y_ptr, left, ticket, n_chunks, n_vecs, outer, inner,
                                 x_vstride_outer, x_vstride_inner, y_vstride_outer,
                                 y_vstride_inner, row_max, inv_sum, CHUNK, VEC, WARPS, EXP2,
-                                POLICY, LEFT_GROUP)  # fmt: skip
+                                POLICY, LEFT_GROUP, STRIDE)  # fmt: skip
     if REGS > 0:
         y_row = _chunk_start(y_ptr, outer, inner, y_vstride_outer, y_vstride_inner, start, VEC)
         _held_store(y_row, held, limit, n_vecs >> 31, row_max, inv_sum, x_ptr.dtype.element_ty,
@@ -1231,7 +1257,7 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
            sleep_ns=200, exp2=0, evict=False, maxnreg=0, programs=0, fold=False,
            regs=0, by_pid=False, leave_polls=LEAVE_POLLS, transpose=False, even=False,
            poly=0, one_copy=False, left_group=1, widen=False, lead=0, lead_tiers=1,
-           lead_ns=0, tail_pf=0):  # fmt: skip
+           lead_ns=0, tail_pf=0, interleave=False):  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (kernels.softmax._smem_fits). ws is zeroed; the kernel zeroes
@@ -1251,7 +1277,9 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
     that many pieces a step (Config.left_group). widen: the one-shot bf16 forward's values
     widened by integer ops (Config.widen). lead: the one-shot forward by program id with that
     many lead programs ahead of the chunks' (Config.lead), in lead_tiers tiers of lead_ns ns;
-    the first tail_pf of them prefetch the last tail_pf chunks into L2 (Config.tail_pf)."""
+    the first tail_pf of them prefetch the last tail_pf chunks into L2 (Config.tail_pf).
+    interleave: the one-shot forward by program id on rows of whole chunks with a row's chunks
+    interleaved piece by piece (Config.interleave)."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -1330,6 +1358,17 @@ def launch(launcher, backward, tensors, ws, next_ws, rows, strides, chunk, warps
         meta.update(LEAD=lead, LEAD_TIERS=lead_tiers, LEAD_NS=lead_ns)
     if tail_pf:
         meta["TAIL_PF"] = tail_pf
+    if interleave and (backward or programs > 0 or not by_pid or not even or regs or fold
+                       or one_copy or tail_pf or left_group != 1
+                       or piece != vec * 32 * warps):  # fmt: skip
+        raise ValueError(f"interleave is a knob of the one-shot forward by program id on rows "
+                         f"of whole chunks (even), without regs, fold, one_copy, tail_pf, "
+                         f"left_group or a piece of its own; got backward={backward}, "
+                         f"programs={programs}, by_pid={by_pid}, even={even}, regs={regs}, "
+                         f"fold={fold}, one_copy={one_copy}, tail_pf={tail_pf}, "
+                         f"left_group={left_group}, piece={piece}")  # fmt: skip
+    if interleave:
+        meta["STRIDE"] = piece * n_chunks
     if left_group != 1:
         power_of_2 = left_group >= 1 and not left_group & (left_group - 1)
         whole = (chunk // piece) % left_group == 0

@@ -1737,6 +1737,11 @@ LONG_ROW_DESIGNS = [
     Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, lead=3,
            lead_ns=1000, tail_pf=2),
     Config("smem", 1, 4096, 4, exp2=1, by_pid=True, lead=1, lead_ns=500),
+    # round 28: a row's chunks interleaved piece by piece (behind 3 leads an SM; on rows that
+    # are not whole chunks the chunks stay whole)
+    Config("smem", 1, 16384, 8, exp2=2, by_pid=True, maxnreg=40, even=True, lead=3,
+           lead_ns=1000, interleave=True),
+    Config("smem", 1, 8192, 4, exp2=1, by_pid=True, even=True, interleave=True),
 ]
 
 
@@ -1761,6 +1766,8 @@ def _design_id(c: Config) -> str:
         + (f"_lanes{int(c.lanes)}" if c.lanes else "")
         + ("_st" if c.store_default else "")
         + ("_widen" if c.widen else "")
+        + (f"_lead{c.lead}" if c.lead else "")
+        + ("_il" if c.interleave else "")
     )
 
 
@@ -1769,7 +1776,8 @@ def _backward_design(config: Config) -> Config:
     on its one-shot smem kernel (round 21), not on its persistent one or another design's."""
     backward = config._replace(rescale=False, fold=0, regs=0, poly=0, one_copy=False,
                                left_group=1, lanes=0, store_default=False,
-                               widen=False, lead=0, lead_ns=0, tail_pf=0)  # fmt: skip
+                               widen=False, lead=0, lead_ns=0, tail_pf=0,
+                               interleave=False)  # fmt: skip
     if config.per_sm or config.design != "smem":
         backward = backward._replace(by_pid=False, even=False, int32=False)
     return backward
@@ -1939,14 +1947,17 @@ def test_persistent_forward_by_program_id_on_gpu(dtype_name, n, rows_per_sm, lea
 @pytest.mark.parametrize("backward", [False, True], ids=["fwd", "bwd"])
 @pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
 @pytest.mark.parametrize(
-    "n, rows_per_sm, leave_polls, transpose, left_group",
-    [(70000, 0, 1, False, 1), (65536, 5, 1, False, 1), (65536, 8, 0, True, 1),
-     (70000, 0, 1, False, 4), (65536, 5, 1, False, 8)],
+    "n, rows_per_sm, leave_polls, transpose, left_group, interleave",
+    [(70000, 0, 1, False, 1, False), (65536, 5, 1, False, 1, False),
+     (65536, 8, 0, True, 1, False), (70000, 0, 1, False, 4, False),
+     (65536, 5, 1, False, 8, False), (65536, 5, 1, False, 1, True),
+     (262144, 2, 1, False, 1, True), (65536, 8, 0, True, 1, True)],
     ids=["leave_at_once", "leave_at_once_many", "transposed", "leave_at_once_g4",
-         "leave_at_once_many_g8"],
+         "leave_at_once_many_g8", "leave_at_once_many_il", "leave_at_once_il_16",
+         "transposed_il"],
 )  # fmt: skip
 def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_polls, transpose,
-                                           left_group, backward):  # fmt: skip
+                                           left_group, interleave, backward):  # fmt: skip
     """Config.by_pid's leaving, forward and (round 21) backward. leave_at_once: every program
     that finds its row incomplete at its first poll leaves its chunk to the row's last
     publisher, which writes it from global memory (6 rows of 70000 columns: a last chunk of
@@ -1956,9 +1967,11 @@ def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_pol
     rows an SM, more than the SMs hold programs; the GPU's first programs then wait for chunks
     it starts only after them, and only leaving ends the launch. _gG: the forward's left
     chunks written G pieces a step (Config.left_group, round 23; the ragged last chunk of
-    70000 columns masked within a step)."""
-    if backward and left_group > 1:
-        pytest.skip("left_group is a knob of the forward")
+    70000 columns masked within a step). _il: a row's chunks interleaved piece by piece
+    (Config.interleave, round 28), so the left chunks' pieces are read and written a row's
+    chunks apart; y is also the bits of the same launch where nobody leaves."""
+    if backward and (left_group > 1 or interleave):
+        pytest.skip("left_group and interleave are knobs of the forward")
     smem = softmax_module.softmax_smem
     x, config = _by_pid_rows(dtype_name, n, rows_per_sm)
     rows, device, dtype = x.shape[0], x.device, x.dtype
@@ -1975,13 +1988,22 @@ def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_pol
     n_chunks = triton.cdiv(n, config.block_cols)
     ws = torch.zeros(smem.workspace_words(rows * n_chunks, n_chunks, True), device=device,
                      dtype=torch.int64)  # fmt: skip
-    smem.launch(
-        direct, backward, tensors, ws, None, (1, rows), [(rows * n, n, 1)] * len(tensors),
-        config.block_cols, config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg,
-        by_pid=True, leave_polls=leave_polls or smem.LEAVE_POLLS, transpose=transpose,
-        even=n % config.block_cols == 0, left_group=left_group,
-    )  # fmt: skip
-    out = tensors[-1]
+    def run(leave_polls):
+        smem.launch(
+            direct, backward, tensors, ws, None, (1, rows), [(rows * n, n, 1)] * len(tensors),
+            config.block_cols, config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg,
+            by_pid=True, leave_polls=leave_polls, transpose=transpose,
+            even=n % config.block_cols == 0, left_group=left_group, interleave=interleave,
+        )  # fmt: skip
+        return tensors[-1]
+
+    if interleave:  # the bits where nobody leaves (-1: never; programs start in id order)
+        stay = run(-1).clone()
+        ws.zero_()
+        tensors[-1].fill_(float("nan"))
+    out = run(leave_polls or smem.LEAVE_POLLS)
+    if interleave:
+        assert torch.equal(out.view(torch.uint8), stay.view(torch.uint8))
     assert relative_error(out, ref) < TOLERANCES[dtype_name]
     if not backward:
         ones = torch.ones(rows, device=device, dtype=torch.float64)
@@ -2128,6 +2150,66 @@ def test_lead_is_a_knob_of_the_smem_forward_by_program_id():
         for config in (smem._replace(tail_pf=1), smem._replace(lead=1, lead_ns=500, tail_pf=2)):
             with pytest.raises(ValueError, match="tail_pf is a knob of the lead programs"):
                 softmax_module._launch_rows(direct, [x, x.clone()], False, config)
+
+
+def test_interleave_is_a_knob_of_the_smem_forward_by_program_id():
+    """Config.interleave (round 28) on the one-shot smem forward by program id only, without
+    the knobs that place a chunk's pieces themselves: anything else is refused with a message
+    naming the knob, in _launch_rows and in softmax_smem.launch (which also wants rows of
+    whole chunks)."""
+    x = torch.randn(4, 300)
+    smem = Config("smem", 1, 8192, 4, exp2=2, by_pid=True, interleave=True)
+    with pretend_gpu((9, 0), 132):
+        for tensors, backward, config in (
+            ([x, x.clone()], False, smem._replace(by_pid=False)),
+            ([x, x.clone()], False, smem._replace(per_sm=1)),
+            ([x, x.clone()], False, smem._replace(one_copy=True)),
+            ([x, x.clone()], False, smem._replace(fold=2)),
+            ([x, x.clone()], False, smem._replace(left_group=2)),
+            ([x, x.clone()], False, smem._replace(lead=1, lead_ns=500, tail_pf=1)),
+            ([x] * 3, True, smem),
+            ([x, x.clone()], False, Config("online", 1, 512, 4, interleave=True)),
+        ):  # fmt: skip
+            with pytest.raises(ValueError, match="interleave is a knob of the one-shot smem"):
+                softmax_module._launch_rows(direct, tensors, backward, config)
+        smem_module = softmax_module.softmax_smem
+        ws = torch.zeros(smem_module.workspace_words(6, 3, True), dtype=torch.int64)
+        for n, extra in ((8192 * 2 + 8, {}),  # rows not whole chunks (so not even)
+                         (8192 * 2, dict(even=True, one_copy=True)),
+                         (8192 * 2, dict(even=True, piece=256)),  # not the 512-wide piece
+                         (8192 * 2, dict(even=True, transpose=True, backward=True))):
+            x = torch.randn(2, n)
+            with pytest.raises(ValueError, match="interleave is a knob of the one-shot forward"):
+                smem_module.launch(direct, extra.pop("backward", False), [x, x.clone()], ws,
+                                   None, (1, 2), [(x.numel(), n, 1)] * 2, 8192, 4, by_pid=True,
+                                   interleave=True, **extra)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("n, lead", [(32768, 0), (65536, 0), (262144, 0), (262144, 3),
+                                     (70000, 0)])  # fmt: skip
+def test_interleaved_chunks_on_gpu(dtype_name, n, lead):
+    """Config.interleave (round 28): a row's chunks interleaved piece by piece give the float64
+    softmax within the dtype's tolerance, rows of 2, 4 and 16 chunks (and behind leads), -inf
+    entries, an all -inf row (NaN, as torch), 1e4; every row sums to 1. On rows that are not
+    whole chunks (70000) the chunks stay whole: the pick's bits."""
+    x = _rows_with_extremes(9, n, DTYPES[dtype_name])
+    pick = softmax_module._pick_config(n, 9, False, False, x.device, x.element_size(),
+                                       smem_ok=True)  # fmt: skip
+    assert pick.design == "smem" and pick.by_pid, pick
+    config = pick._replace(interleave=True, lead=lead, lead_ns=700 if lead else 0)
+    if n % pick.block_cols:
+        _assert_same_bits(x, pick._replace(interleave=False), config, dtype_name)
+        return
+    y = _forward(x, -1, direct, config)
+    keep = [row for row in range(x.shape[0]) if row != 2]
+    ref = torch.softmax(x[keep].double(), -1)
+    assert relative_error(y[keep], ref) < TOLERANCES[dtype_name]
+    assert torch.isnan(y[2]).all()
+    ones = torch.ones(len(keep), device=x.device, dtype=torch.float64)
+    torch.testing.assert_close(y[keep].double().sum(-1), ones, rtol=0,
+                               atol=TOLERANCES[dtype_name])  # fmt: skip
 
 
 # -- the first call's choice (softmax_module._tuned_config) --
@@ -2554,7 +2636,8 @@ def test_round27_probe_smoke():
 
 def test_round28_probe_candidates_are_valid():
     """Round 28, the forward past the tile only: the pick's 32 KB chunks on half its warps
-    uncapped, with and without leads, and (fp32) on 8 warps capped at 40 registers."""
+    uncapped, with and without leads, (fp32) on 8 warps capped at 40 registers, and with a
+    row's chunks interleaved, with and without leads."""
     with pretend_gpu((9, 0), 132):
         for itemsize, cands, pick in _long_row_round_picks(28):
             half = pick.num_warps // 2
@@ -2564,6 +2647,8 @@ def test_round28_probe_candidates_are_valid():
             if itemsize == 4:
                 assert pick.num_warps == 4
                 want["lead_w8"] = pick._replace(lead=4, lead_ns=1500, num_warps=8, maxnreg=40)
+            want["il"] = pick._replace(lead=4, lead_ns=1500, interleave=True)
+            want["il_nolead"] = pick._replace(interleave=True)
             assert cands == want
             for cfg in cands.values():  # whole 16-byte vectors a thread, a piece at a time
                 assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
