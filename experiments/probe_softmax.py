@@ -1142,8 +1142,9 @@ def round23_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     if pick is None:
         return {}
     out = {f"lp{polls}": pick._replace(leave_polls=polls) for polls in (4, 8, 16, 32)}
-    for polls, group in ((8, 4), (16, 4), (8, 8)):
-        out[f"lp{polls}_g{group}"] = pick._replace(leave_polls=polls, left_group=group)
+    for polls, group in ((8, 4), (16, 4), (8, 8)):  # whole chunks (not with interleave)
+        out[f"lp{polls}_g{group}"] = pick._replace(leave_polls=polls, left_group=group,
+                                                   interleave=False)  # fmt: skip
     return out
 
 
@@ -1192,7 +1193,8 @@ def round27_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
     for sleep_ns in (100, 400):  # the row's polls closer together or further apart
         out[f"lead4_1.5us_s{sleep_ns}"] = pick._replace(lead=4, lead_ns=1500, sleep_ns=sleep_ns)
     for k in (1, 2, 4):  # the grid's last k chunks an SM prefetched into L2 by the leads
-        out[f"lead4_1.5us_pf{k}"] = pick._replace(lead=4, lead_ns=1500, tail_pf=k)
+        out[f"lead4_1.5us_pf{k}"] = pick._replace(lead=4, lead_ns=1500, tail_pf=k,
+                                                  interleave=False)  # whole chunks  # fmt: skip
     out["nolead"] = pick._replace(lead=0, lead_ns=0)  # one row's pick: no lead (a small grid)
     return out
 
@@ -1208,6 +1210,7 @@ ROUND28_NAMES = {
     "by piece (Config.interleave: chunk k's piece p at the row's piece p x chunks + k), so that "
     "a row's programs read and write one contiguous span a step (the ladder's row_cp_il)",
     "il_nolead": "il without lead programs",
+    "whole": "il with whole chunks (round 27's pick)",
     "same_bytes": ROUND5_NAMES["same_bytes"],
 }
 
@@ -1224,6 +1227,7 @@ def round28_candidates(n: int, itemsize: int, backward: bool) -> dict[str, Confi
         out["lead_w8"] = pick._replace(lead=4, lead_ns=1500, num_warps=8, maxnreg=40)
     out["il"] = pick._replace(lead=4, lead_ns=1500, interleave=True)
     out["il_nolead"] = pick._replace(interleave=True)
+    out["whole"] = pick._replace(lead=4, lead_ns=1500, interleave=False)
     return out
 
 

@@ -145,9 +145,10 @@ class _Stamping:
     one-shot smem forward, so the rows, strides, workspace and meta are the production path's
     (kernels.softmax._launch_rows); it adds the stamps, the ticket choice and the register cap,
     and drops FOLD (the probe refuses configs with fold) and the pick's BY_PID, LEAVE_POLLS,
-    EVEN, POLL_WIDTH and TRANSPOSE (the probe's --by-pid chooses the ticket; the stamped kernel
-    masks and never leaves). Lead programs (--lead) take no ticket: the chunks' programs take
-    the program id less the leads (--by-pid) or the atomic's."""
+    EVEN, POLL_WIDTH, TRANSPOSE and STRIDE (the probe's --by-pid chooses the ticket; the stamped
+    kernel masks, never leaves and takes whole chunks, not Config.interleave's). Lead programs
+    (--lead) take no ticket: the chunks' programs take the program id less the leads (--by-pid)
+    or the atomic's."""
 
     def __init__(self, stamps: torch.Tensor, by_pid: bool):
         self.stamps, self.by_pid = stamps, by_pid
@@ -159,7 +160,7 @@ class _Stamping:
 
     def __getitem__(self, grid):
         def call(x, y, ws, next_ws, *args, FOLD=0, BY_PID=False, LEAVE_POLLS=0, EVEN=False,
-                 POLL_WIDTH=0, TRANSPOSE=False, **meta):
+                 POLL_WIDTH=0, TRANSPOSE=False, STRIDE=0, **meta):
             stamped_forward_kernel[grid](
                 x, y, ws, next_ws, self.stamps, *args, BY_PID=self.by_pid,
                 **{**meta, "maxnreg": STAMPED_MAXNREG},

@@ -1089,14 +1089,16 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
     rows are whole chunks (round 20; 8 warps capped at SMEM_PID_MAXNREG registers), the backward
     16 KB chunks of y and of dy a program by program id, with masks (round 21; round 11's
     persistent kernels before); rows that do not fit keep coop. The forward's grids of several
-    waves of 32 KB programs go behind lead programs (round 27)."""
+    waves of 32 KB programs go behind lead programs (round 27), and 16-bit rows' chunks are
+    interleaved (round 28)."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     pid = dict(by_pid=True, even=True)
+    il = dict(interleave=True)  # 16-bit forward
     cap = softmax_module.SMEM_PID_MAXNREG
     with pretend_gpu((9, 0), 132):
         assert pick(65536, 512, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 16384, 8, exp2=2, maxnreg=cap, **pid
+            "smem", 1, 16384, 8, exp2=2, maxnreg=cap, **pid, **il
         )
         assert pick(65536, 512, False, True, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 8192, 4, by_pid=True
@@ -1112,7 +1114,7 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
             "smem", 1, 8192, 4, exp2=1, **pid, **lead
         )
         assert pick(262144, 512, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 16384, 8, exp2=2, maxnreg=cap, **pid, **lead
+            "smem", 1, 16384, 8, exp2=2, maxnreg=cap, **pid, **lead, **il
         )
         assert pick(262144, 99, False, False, cpu, 2, 2, smem_ok=True).lead  # 198 rows: 24.0
         assert not pick(262144, 97, False, False, cpu, 2, 2, smem_ok=True).lead  # 23.5
@@ -1129,7 +1131,7 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
         assert pick(65536, 512, False, True, cpu, 2) == Config("coop", 1, 4096, 4, pairs=True)
         # rows past MAX_SPLIT_CHUNKS chunks: bigger chunks, warps in proportion
         assert pick(2**22, 2, False, False, cpu, 2, smem_ok=True) == Config(
-            "smem", 1, 32768, 16, exp2=2, maxnreg=cap, **pid
+            "smem", 1, 32768, 16, exp2=2, maxnreg=cap, **pid, **il
         )
         assert pick(2**21, 2, False, True, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 16384, 8, by_pid=True
@@ -2112,6 +2114,8 @@ def test_lead_programs_change_no_bits_on_gpu(lead, tail_pf, n, dtype_name):
     pick = softmax_module._pick_config(n, 9, False, False, x.device, x.element_size(),
                                        smem_ok=True)  # fmt: skip
     assert pick.design == "smem" and pick.by_pid, pick
+    if tail_pf:  # the prefetch reads whole chunks: not with interleave (16-bit picks)
+        pick = pick._replace(interleave=False)
     _assert_same_bits(x, pick, pick._replace(lead=lead, lead_ns=700, tail_pf=tail_pf),
                       dtype_name)  # fmt: skip
 
@@ -2588,8 +2592,8 @@ def test_round23_probe_candidates_are_valid():
         for itemsize, cands, pick in _long_row_round_picks(23):
             for name, cfg in cands.items():
                 polls, _, group = name.removeprefix("lp").partition("_g")
-                assert cfg == pick._replace(leave_polls=int(polls),
-                                            left_group=int(group or 1)), name
+                assert cfg == pick._replace(leave_polls=int(polls), left_group=int(group or 1),
+                                            interleave=pick.interleave and not group), name
                 pieces = cfg.block_cols * itemsize // (16 * 32 * cfg.num_warps)
                 assert pieces % cfg.left_group == 0, name
 
@@ -2624,7 +2628,8 @@ def test_round27_probe_candidates_are_valid():
                 want[f"lead4_1.5us_s{sleep_ns}"] = pick._replace(lead=4, lead_ns=1500,
                                                                   sleep_ns=sleep_ns)  # fmt: skip
             for k in (1, 2, 4):
-                want[f"lead4_1.5us_pf{k}"] = pick._replace(lead=4, lead_ns=1500, tail_pf=k)
+                want[f"lead4_1.5us_pf{k}"] = pick._replace(lead=4, lead_ns=1500, tail_pf=k,
+                                                           interleave=False)  # fmt: skip
             assert cands == {**want, "nolead": pick}
 
 
@@ -2649,6 +2654,7 @@ def test_round28_probe_candidates_are_valid():
                 want["lead_w8"] = pick._replace(lead=4, lead_ns=1500, num_warps=8, maxnreg=40)
             want["il"] = pick._replace(lead=4, lead_ns=1500, interleave=True)
             want["il_nolead"] = pick._replace(interleave=True)
+            want["whole"] = pick._replace(lead=4, lead_ns=1500, interleave=False)
             assert cands == want
             for cfg in cands.values():  # whole 16-byte vectors a thread, a piece at a time
                 assert cfg.block_cols * itemsize % (16 * 32 * cfg.num_warps) == 0
