@@ -1389,13 +1389,14 @@ def _pick_config(
         programs = rows_inner * rows_outer * cdiv(n_cols, smem_chunk)
         many = programs >= SMEM_LEAD_MIN_PROGRAMS_PER_SM * _sm_count(device)
         lead = SMEM_LEAD_PER_SM if many and smem_chunk == base_chunk else 0
-        # Round 28 (H200, softmax_probe28*_h200.txt): 16-bit rows' chunks interleaved piece by
-        # piece (Config.interleave), where rows are whole chunks: bf16 N = 262144 ROUND28_IL;
-        # fp32 and the H100 level
+        # Round 28 (H200, softmax_probe28i_h200.txt): a row's chunks interleaved piece by
+        # piece (Config.interleave), where rows are whole chunks, % of copy at N = 65536 /
+        # 262144: bf16 92.7 / 90.7 against whole chunks' 92.0 / 90.0, fp32 98.2 / 96.2
+        # against 96.2 / 95.7; the H100 level (softmax_probe28h_h100.txt)
         return Config("smem", 1, smem_chunk, warps, exp2=2 if itemsize == 2 else 1,
                       by_pid=True, even=True, maxnreg=SMEM_PID_MAXNREG if warps >= 8 else 0,
                       lead=lead, lead_ns=SMEM_LEAD_NS if lead else 0,
-                      interleave=itemsize == 2)  # fmt: skip
+                      interleave=True)  # fmt: skip
     # 16-bit backward rows one a program: chunks held as int32 pairs (where the strides let
     # them be read so; other rows take the plain kernel with the same chunk)
     pairs = backward and itemsize == 2 and min_rows == 1

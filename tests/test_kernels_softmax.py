@@ -1089,12 +1089,12 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
     rows are whole chunks (round 20; 8 warps capped at SMEM_PID_MAXNREG registers), the backward
     16 KB chunks of y and of dy a program by program id, with masks (round 21; round 11's
     persistent kernels before); rows that do not fit keep coop. The forward's grids of several
-    waves of 32 KB programs go behind lead programs (round 27), and 16-bit rows' chunks are
-    interleaved (round 28)."""
+    waves of 32 KB programs go behind lead programs (round 27), and a row's chunks are
+    interleaved (round 28; the launch keeps whole chunks on rows that are not)."""
     pick = softmax_module._pick_config
     cpu = torch.device("cpu")
     pid = dict(by_pid=True, even=True)
-    il = dict(interleave=True)  # 16-bit forward
+    il = dict(interleave=True)  # the forward
     cap = softmax_module.SMEM_PID_MAXNREG
     with pretend_gpu((9, 0), 132):
         assert pick(65536, 512, False, False, cpu, 2, smem_ok=True) == Config(
@@ -1104,14 +1104,14 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
             "smem", 1, 8192, 4, by_pid=True
         )
         assert pick(262144, 64, False, False, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, exp2=1, **pid
+            "smem", 1, 8192, 4, exp2=1, **pid, **il
         )
         # grids of 32 KB programs at least SMEM_LEAD_MIN_PROGRAMS_PER_SM an SM (24): behind
         # lead programs (round 27), as the bench's rows (2^27 elements) are; 23 an SM: none
         lead = dict(lead=softmax_module.SMEM_LEAD_PER_SM, lead_ns=softmax_module.SMEM_LEAD_NS)
         assert softmax_module.SMEM_LEAD_MIN_PROGRAMS_PER_SM == 24
         assert pick(262144, 128, False, False, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, exp2=1, **pid, **lead
+            "smem", 1, 8192, 4, exp2=1, **pid, **lead, **il
         )
         assert pick(262144, 512, False, False, cpu, 2, smem_ok=True) == Config(
             "smem", 1, 16384, 8, exp2=2, maxnreg=cap, **pid, **lead, **il
@@ -1121,7 +1121,7 @@ def test_pick_config_takes_smem_where_the_rows_fit_it():
         assert not pick(262144, 128, False, True, cpu, 4, smem_ok=True).lead  # the backward
         assert not pick(2**22, 512, False, False, cpu, 2, smem_ok=True).lead  # 64 KB programs
         assert pick(65536, 256, False, False, cpu, 4, smem_ok=True) == Config(
-            "smem", 1, 8192, 4, exp2=1, **pid
+            "smem", 1, 8192, 4, exp2=1, **pid, **il
         )
         assert pick(262144, 128, False, True, cpu, 4, smem_ok=True) == Config(
             "smem", 1, 4096, 4, by_pid=True
