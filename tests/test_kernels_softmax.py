@@ -1990,7 +1990,7 @@ def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_pol
     n_chunks = triton.cdiv(n, config.block_cols)
     ws = torch.zeros(smem.workspace_words(rows * n_chunks, n_chunks, True), device=device,
                      dtype=torch.int64)  # fmt: skip
-    def run(leave_polls):
+    def run(leave_polls, transpose):
         smem.launch(
             direct, backward, tensors, ws, None, (1, rows), [(rows * n, n, 1)] * len(tensors),
             config.block_cols, config.num_warps, exp2=config.exp2, maxnreg=config.maxnreg,
@@ -1999,11 +1999,12 @@ def test_chunks_by_program_id_leave_on_gpu(dtype_name, n, rows_per_sm, leave_pol
         )  # fmt: skip
         return tensors[-1]
 
-    if interleave:  # the bits where nobody leaves (-1: never; programs start in id order)
-        stay = run(-1).clone()
+    if interleave:  # the bits where nobody leaves (-1: never), program ids in row order (a
+        # transposed grid of more rows than the GPU holds would never end without leaving)
+        stay = run(-1, False).clone()
         ws.zero_()
         tensors[-1].fill_(float("nan"))
-    out = run(leave_polls or smem.LEAVE_POLLS)
+    out = run(leave_polls or smem.LEAVE_POLLS, transpose)
     if interleave:
         assert torch.equal(out.view(torch.uint8), stay.view(torch.uint8))
     assert relative_error(out, ref) < TOLERANCES[dtype_name]
