@@ -312,7 +312,7 @@ if gluon is not None:
         first = _chunk_first(c, n_chunks, CHUNK, SPLIT, ORDER, SPLITS)
         bars = gl.allocate_shared_memory(gl.int64, [SPLITS, 1], mbarrier.MBarrierLayout())
         if LOAD == 0:
-            if STORE == 0:  # (TMA stores below read the descriptor's layout)
+            if STORE == 0:
                 smem = gl.allocate_shared_memory(dtype, [SPLITS, R, COLS_C],
                                                  gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
             else:  # TMA stores read the descriptor's layout (unswizzled: the same bytes)
@@ -583,9 +583,13 @@ def main(argv=None) -> int:
     unknown = [name for name in names if name not in RUNGS]
     if unknown:
         parser.error(f"unknown rungs {unknown}; known: {', '.join(RUNGS)}")
-    copy_gbs = copy_bandwidth()
-    print(f"# {torch.cuda.get_device_name()}; copy {copy_gbs:.0f} GB/s (1 GB, read + write); "
-          f"rows of {args.elems} elements; % of that copy")  # fmt: skip
+    if args.profile:  # nothing is timed: no copy to divide by
+        copy_gbs = float("nan")
+        print(f"# {torch.cuda.get_device_name()}; rows of {args.elems} elements; profile")
+    else:
+        copy_gbs = copy_bandwidth()
+        print(f"# {torch.cuda.get_device_name()}; copy {copy_gbs:.0f} GB/s (1 GB, read + write); "
+              f"rows of {args.elems} elements; % of that copy")  # fmt: skip
     for dtype_name in args.dtypes.split(","):
         for n in (int(v) for v in args.only.split(",")):
             x = torch.randn(args.elems // n, n, device="cuda", dtype=DTYPES[dtype_name])

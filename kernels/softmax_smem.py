@@ -423,6 +423,13 @@ def _chunk_start(ptr, outer, inner, vstride_outer, vstride_inner, start, VEC: gl
     return ptr + (outer * vstride_outer + inner * vstride_inner) * VEC + start
 
 
+@gluon.constexpr_function
+def _piece_step(piece, stride):
+    """The columns between a chunk's pieces: `stride` where Config.interleave sets one (> 0),
+    else the piece's own width."""
+    return stride if stride > 0 else piece
+
+
 @gluon.jit
 def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, POLICY: gl.constexpr,
              base=0, EVEN: gl.constexpr = False, STRIDE: gl.constexpr = 0):  # fmt: skip
@@ -430,11 +437,9 @@ def _copy_in(smem, row_ptr, offs, limit, p: gl.constexpr, PIECE: gl.constexpr, P
     bytes a thread; columns past the row's end are filled with 0). EVEN: the row is whole
     chunks, no mask. STRIDE > 0 (with EVEN; Config.interleave): the chunk's pieces lie STRIDE
     columns apart, not PIECE."""
-    if STRIDE > 0:
-        cp.async_copy_global_to_shared(smem.index(base + p), row_ptr + p * STRIDE + offs,
-                                       eviction_policy=POLICY)  # fmt: skip
-    elif EVEN:
-        cp.async_copy_global_to_shared(smem.index(base + p), row_ptr + p * PIECE + offs,
+    if EVEN:
+        cp.async_copy_global_to_shared(smem.index(base + p),
+                                       row_ptr + p * _piece_step(PIECE, STRIDE) + offs,
                                        eviction_policy=POLICY)  # fmt: skip
     else:
         cp.async_copy_global_to_shared(
@@ -659,11 +664,9 @@ def _forward_write_piece(y_row, smem, base, p, row_max, inv_sum, offs, limit,
 def _store_piece(row, p, value, offs, limit, PIECE: gl.constexpr, POLICY: gl.constexpr,
                  EVEN: gl.constexpr, STRIDE: gl.constexpr = 0):  # fmt: skip
     """Store piece p of a chunk's output from its first column `row` (no mask where EVEN: the
-    row is whole chunks; STRIDE > 0: pieces STRIDE columns apart, as _copy_in)."""
-    if STRIDE > 0:
-        gl.store(row + p * STRIDE + offs, value, eviction_policy=POLICY)
-    elif EVEN:
-        gl.store(row + p * PIECE + offs, value, eviction_policy=POLICY)
+    row is whole chunks; STRIDE > 0, with EVEN: pieces STRIDE columns apart, as _copy_in)."""
+    if EVEN:
+        gl.store(row + p * _piece_step(PIECE, STRIDE) + offs, value, eviction_policy=POLICY)
     else:
         gl.store(row + p * PIECE + offs, value, mask=p * PIECE + offs < limit,
                  eviction_policy=POLICY)  # fmt: skip

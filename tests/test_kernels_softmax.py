@@ -2179,14 +2179,16 @@ def test_interleave_is_a_knob_of_the_smem_forward_by_program_id():
                 softmax_module._launch_rows(direct, tensors, backward, config)
         smem_module = softmax_module.softmax_smem
         ws = torch.zeros(smem_module.workspace_words(6, 3, True), dtype=torch.int64)
-        for n, extra in ((8192 * 2 + 8, {}),  # rows not whole chunks (so not even)
-                         (8192 * 2, dict(even=True, one_copy=True)),
-                         (8192 * 2, dict(even=True, piece=256)),  # not the 512-wide piece
-                         (8192 * 2, dict(even=True, transpose=True, backward=True))):
+        for n, backward, extra in (
+            (8192 * 2 + 8, False, {}),  # rows not whole chunks (so not even)
+            (8192 * 2, False, dict(even=True, one_copy=True)),
+            (8192 * 2, False, dict(even=True, piece=256)),  # not the 512-wide piece
+            (8192 * 2, True, dict(even=True)),
+        ):  # fmt: skip
             x = torch.randn(2, n)
             with pytest.raises(ValueError, match="interleave is a knob of the one-shot forward"):
-                smem_module.launch(direct, extra.pop("backward", False), [x, x.clone()], ws,
-                                   None, (1, 2), [(x.numel(), n, 1)] * 2, 8192, 4, by_pid=True,
+                smem_module.launch(direct, backward, [x, x.clone()], ws, None, (1, 2),
+                                   [(x.numel(), n, 1)] * 2, 8192, 4, by_pid=True,
                                    interleave=True, **extra)  # fmt: skip
 
 
