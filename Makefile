@@ -37,35 +37,8 @@ experiment: $(SETUP) ## One run: make experiment kernel=matmul mode=max-autotune
 sweep: $(SETUP) ## Hydra multirun over comma lists: make sweep kernel=matmul,softmax mode=eager,triton
 	$(PY) -m experiments.run --multirun $(OVERRIDES)
 
-# The grids behind each kernel issue's speed targets (one quoted Hydra multirun each). Eager is
-# measured inside every job (speedup_vs_eager pairs the mode's calls with eager's), so no eager job.
-# "Best compile mode" means the best of the compile modes listed here: default and
-# max-autotune-no-cudagraphs (the CUDA-graph modes add input copies in the default view).
-BENCH_matmul = "kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm"
-BENCH_linear = "kernel=linear mode=triton,default,max-autotune-no-cudagraphs pass=fwd dtype=bf16,fp16" \
-               "kernel=linear mode=triton pass=fwd_bwd dtype=bf16,fp16"
-BENCH_softmax = "kernel=softmax mode=triton,default,max-autotune-no-cudagraphs dtype=bf16,fp32 shapes=rows" \
-                "kernel=softmax mode=triton pass=fwd_bwd dtype=bf16,fp32 shapes=rows" \
-                "kernel=softmax mode=eager,triton,default,reduce-overhead shapes=small"
-BENCH_conv = "kernel=conv mode=triton kernel.bias=true,false shapes=resnet50" \
-             "kernel=conv mode=triton shapes=resnet50_b128" \
-             "kernel=conv kernel.activation=relu mode=triton,default,max-autotune-no-cudagraphs shapes=resnet50_core"
-# Paired runs after the grids (softmax: ours and both compile modes in one process, interleaved
-# round by round; analysis.targets --paired reads them as the paired "vs best compile" target)
-PAIRED_softmax = experiments.probe_softmax_ab --rounds 7 --only 128,512,1024,4096,16384 --keep none
-BENCH_STAMP := $(shell date +%Y-%m-%d_%H-%M-%S)
-BENCH_DIR ?= multirun/bench-$(kernel)/$(BENCH_STAMP)
-
-bench: $(SETUP) ## A kernel's speed-target sweeps + ratio table: make bench kernel=matmul|linear|softmax|conv
-	@$(if $(BENCH_$(kernel)),,echo "error: make bench needs kernel=matmul|linear|softmax|conv" >&2; exit 2)
-	@rc=0; i=0; for grid in $(BENCH_$(kernel)); do i=$$((i+1)); \
-	  echo "bench $(kernel) [$$i]: $$grid $(ARGS)"; \
-	  $(PY) -m experiments.run --multirun $$grid hydra.sweep.dir=$(BENCH_DIR)/$$i $(ARGS) || rc=$$?; \
-	done; $(if $(PAIRED_$(kernel)),echo "bench $(kernel) [paired]: $(PAIRED_$(kernel))"; \
-	  $(PY) -m $(PAIRED_$(kernel)) --jsonl $(BENCH_DIR)/paired_ab.jsonl | tee $(BENCH_DIR)/paired_ab.txt; \
-	  test $${PIPESTATUS[0]} -eq 0 || rc=1;) \
-	$(PY) -m analysis.targets $(BENCH_DIR) --kernel $(kernel) \
-	  $(if $(PAIRED_$(kernel)),--paired $(BENCH_DIR)/paired_ab.jsonl) | tee $(BENCH_DIR)/targets.txt; exit $$rc
+bench: $(SETUP) ## An op's speed-target grids + ratio table (grids: experiments/registry.py): make bench kernel=<op>
+	$(PY) -m experiments.bench $(kernel) $(if $(BENCH_DIR),--dir $(BENCH_DIR)) $(ARGS)
 
 resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
 	$(PY) -m experiments.resume $(SWEEP) $(ARGS)
@@ -75,10 +48,9 @@ resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<dat
 TRITON ?=
 TRITON_DIR = .triton-$(TRITON)
 
-resources: $(SETUP) ## Registers/spills/smem of each kernel a GPU would launch, compiled offline: make resources kernel=conv [dtype=fp16] [pass=fwd_bwd] [TRITON=3.6.0] [ARGS="--shapes resnet50 --arch 90 --sms 132"]
-	@$(if $(filter matmul linear softmax conv,$(kernel)),,echo "error: make resources needs kernel=matmul|linear|softmax|conv" >&2; exit 2)
+resources: $(SETUP) ## Registers/spills/smem/PTX hash of each kernel a GPU would launch, compiled offline: make resources kernel=conv [dtype=fp16] [pass=fwd_bwd] [TRITON=3.6.0] [ARGS="--shapes resnet50 --arch 90 --sms 132"]
 	$(if $(TRITON),test -d $(TRITON_DIR)/triton || $(PY) -m pip install -q --no-deps --target $(TRITON_DIR) triton==$(TRITON))
-	TRITON_INTERPRET=0 $(if $(TRITON),PYTHONPATH=$(TRITON_DIR)) $(PY) -m experiments.resources --kernel $(kernel) $(if $(dtype),--dtype $(dtype)) $(if $(pass),--pass $(pass)) $(ARGS)
+	TRITON_INTERPRET=0 $(if $(TRITON),PYTHONPATH=$(TRITON_DIR)) $(PY) -m experiments.resources $(if $(kernel),--kernel $(kernel)) $(if $(dtype),--dtype $(dtype)) $(if $(pass),--pass $(pass)) $(ARGS)
 
 test: $(SETUP) ## CPU test suite (what CI runs): kernels in the Triton interpreter, Inductor on CPU
 	$(PY) -m pytest -m "not gpu" $(ARGS)

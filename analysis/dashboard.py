@@ -19,16 +19,15 @@ import dataclasses
 import json
 import os
 import sys
-from pathlib import Path
 
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 from wandb_workspaces import expr
 
+from experiments import registry
 from experiments.records import FIELDS
 
 DEFAULT_PROJECT = "triton-vs-compile"  # conf/wandb/default.yaml
-KERNEL_CONF_DIR = Path(__file__).resolve().parent.parent / "conf" / "kernel"
 
 # Config keys: the run config is the resolved Hydra config, so groups are nested dicts.
 KERNEL_KEY = "kernel.name"
@@ -56,8 +55,8 @@ MAX_GROUPS = 64
 
 
 def kernel_names() -> list[str]:
-    """The kernels Hydra can run, one conf/kernel/*.yaml each."""
-    return sorted(p.stem for p in KERNEL_CONF_DIR.glob("*.yaml"))
+    """The kernels Hydra can run: the registry's ops."""
+    return sorted(registry.OPS)
 
 
 def per_shape_regex(field: str) -> str:

@@ -25,6 +25,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from analysis.load import caption, geomean, load_results  # noqa: E402
+from experiments import registry  # noqa: E402
 
 matplotlib.rcParams["svg.hashsalt"] = "triton-vs-compile"  # SVG ids stay the same across reruns
 
@@ -71,7 +72,6 @@ MODES = [  # plot order: the baseline, the compilers, then the hand-written kern
 ]
 _TAB10 = sns.color_palette("tab10").as_hex()
 MODE_COLORS = dict(zip(MODES, [_TAB10[i] for i in (7, 5, 0, 1, 2, 4, 3, 6)], strict=True))
-KERNEL_MARKERS = {"matmul": "o", "linear": "s", "softmax": "^", "conv": "D"}
 SMALL_MS = 0.1  # latency_vs_gpu_time: calls shorter than this are where launch overhead shows
 SPEEDUP_TICKS = [0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 20, 50]
 
@@ -79,6 +79,11 @@ SPEEDUP_TICKS = [0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 20, 50]
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
+def _marker(kernel: str) -> str:
+    spec = registry.OPS.get(kernel)
+    return spec.markers.get("marker", "o") if spec else "o"
+
+
 def default_view(frame: pd.DataFrame) -> pd.DataFrame:
     """ok rows measured with the activations as ordinary inputs."""
     return frame[(frame["status"] == "ok") & (frame["activations"] == "inputs")]
@@ -217,7 +222,7 @@ def _scatter_by_kernel_and_mode(ax, rows: pd.DataFrame, x: pd.Series, y: pd.Seri
             pick = (rows["kernel"] == kernel) & (rows["mode"] == mode)
             if pick.any():
                 ax.scatter(x[pick], y[pick], s=28, alpha=0.85, color=mode_color(mode),
-                           marker=KERNEL_MARKERS.get(kernel, "o"), edgecolors="white",
+                           marker=_marker(kernel), edgecolors="white",
                            linewidths=0.4, gid=f"{kernel}:{mode}")
 
 
@@ -225,7 +230,7 @@ def _mode_and_kernel_handles(rows: pd.DataFrame) -> list:
     """Legend entries matching _scatter_by_kernel_and_mode."""
     handles = [Line2D([], [], ls="", marker="o", color=mode_color(m), label=m)
                for m in ordered_modes(rows["mode"])]
-    handles += [Line2D([], [], ls="", marker=KERNEL_MARKERS.get(k, "o"), color="0.4", label=k)
+    handles += [Line2D([], [], ls="", marker=_marker(k), color="0.4", label=k)
                 for k in sorted(rows["kernel"].unique())]
     return handles
 
@@ -267,7 +272,7 @@ def roofline(frame: pd.DataFrame):
 # ---------------------------------------------------------------------------------------------
 def scaling_axes(kernel: str) -> tuple[str, str, str, str]:
     """(size column, size label, throughput column, throughput label) for a kernel."""
-    if kernel == "softmax":  # memory-bound: bytes moved and GB/s
+    if registry.is_memory_bound(kernel):  # bytes moved and GB/s
         return "min_bytes", "minimum bytes moved", "gbps", "achieved GB/s"
     return "flops", "FLOPs per call", "tflops", "achieved TFLOP/s"
 

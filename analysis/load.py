@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments import registry
 from experiments.records import FIELDS, geomean, validate
-from experiments.workloads import WORKLOADS
 
 __all__ = [
     "ENV_COLUMNS", "Results", "caption", "geomean", "load_results", "load_wandb", "records_frame",
@@ -80,10 +80,10 @@ def epilogue(kernel_cfg: dict):
 
 
 def activations(kernel: str, static_inputs) -> str:
-    workload = WORKLOADS.get(kernel)
-    if workload is None or not isinstance(static_inputs, list | tuple):
+    spec = registry.OPS.get(kernel)
+    if spec is None or not isinstance(static_inputs, list | tuple):
         return "inputs"
-    return "static" if set(workload.input_names) <= set(static_inputs) else "inputs"
+    return "static" if set(spec.workload.input_names) <= set(static_inputs) else "inputs"
 
 
 def records_frame(rows: list[dict]) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """The kernel issues' speed targets, checked against the records of a benchmark sweep.
 
-    make bench-matmul                                   # runs the sweep below, then prints this
+    make bench kernel=matmul                            # runs the op's grids, then prints this
     python -m analysis.targets multirun/bench-matmul/2026-11-22_10-00-00 --kernel matmul
 
 Every figure is a ratio measured in the same run or a rate against the device's own measured
@@ -12,11 +12,10 @@ peaks (env.json), never a number typed in:
   measured on that device.
 
 Where Triton and the best compile mode both run at the copy's rate, jobs of their own differ by
-more than the kernels do (0.3-0.7% for one kernel between runs, kernels/notes/softmax.md round
-23). --paired FILE adds softmax's paired reading: the JSONL of `python -m
-experiments.probe_softmax_ab --jsonl FILE`, which times ours and both compile modes in one
-process, interleaved, round by round; the check takes each N's median ratio over the rounds,
-from the records of the sweep's own GPU.
+more than the kernels do (0.3-0.7% for one kernel between runs, docs/kernels/softmax.md).
+--paired FILE adds softmax's paired reading: the JSONL of `python -m experiments.paired --jsonl
+FILE`, which times ours and both compile modes in one process, interleaved, round by round; the
+check takes each N's median ratio over the rounds, from the records of the sweep's own GPU.
 
 A target prints its value, its threshold and PASS or MISS; one with no rows prints "n/a" and counts
 as a miss. These are benchmarks: the exit status is 0 unless --strict is given.
@@ -175,8 +174,8 @@ def _row_length(frame: pd.DataFrame) -> pd.Series:
 
 
 def load_paired(paths: list[Path]) -> list[dict]:
-    """The records of probe_softmax_ab --jsonl files (one JSON object a line). A missing file
-    (the probe did not run, e.g. `make bench` without a GPU) is said on stderr and reads as no
+    """The records of experiments.paired --jsonl files (one JSON object a line). A missing file
+    (the paired run did not run, e.g. `make bench` without a GPU) is said on stderr and reads as no
     records, so its targets read n/a."""
     records = []
     for path in paths:
@@ -194,7 +193,7 @@ def paired_check(paired: list[dict], dtype: str, gpus: list[str]) -> Check:
     sweep's GPU: the worst N's median ratio over its rounds (n/a where there are none)."""
     mine = [r for r in paired if r.get("kernel") == "softmax" and r.get("dtype") == dtype
             and r.get("gpu_name") in gpus]  # fmt: skip
-    target = f"softmax {dtype} fwd: triton vs best compile mode, paired (probe_softmax_ab), every N"
+    target = f"softmax {dtype} fwd: triton vs best compile mode, paired, every N"
     if not mine:
         return Check(target, None, 1.0, f" (no paired records of {', '.join(gpus) or '?'})")
     worst = min(mine, key=lambda r: r["median_ratio"])
@@ -338,7 +337,7 @@ def main(argv=None) -> None:
                         help="which kernel's targets (repeatable; default: those with rows)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--paired", type=Path, action="append", default=None,
-                        help="a probe_softmax_ab --jsonl file (repeatable): softmax's paired "
+                        help="an experiments.paired --jsonl file (repeatable): softmax's paired "
                         "vs-best-compile reading")
     args = parser.parse_args(argv)
     frame = load_rows(args.results)

@@ -18,7 +18,7 @@ import torch
 from experiments import faults, modes, timing
 from experiments.correctness import relative_error, tolerance
 from experiments.records import Record
-from experiments.workloads import TORCH_OPS, Workload
+from experiments.workloads import Workload, eager_ops
 from kernels._common import TUNING_LOG, reset_tuning
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class Job:
 
 def base_record(job: Job, shape: dict) -> Record:
     cfg = job.cfg
-    static = [name for name, _ in job.workload.make_module(shape, TORCH_OPS).named_parameters()]
+    static = [name for name, _ in job.workload.make_module(shape, eager_ops()).named_parameters()]
     if cfg.bench.static_inputs:
         static += list(job.workload.input_names)
     return Record(
@@ -68,6 +68,13 @@ def base_record(job: Job, shape: dict) -> Record:
         job_id=job.job_id,
         config_hash=job.config_hash,
     )
+
+
+def skipped_record(job: Job, shape: dict, reason: str) -> Record:
+    """The row of a shape that this job's mode cannot run (experiments.registry.unsupported)."""
+    record = base_record(job, shape)
+    record.status, record.reason = "skipped", reason
+    return record
 
 
 def make_step(module, inputs, grad_out, grad_tensors, cudagraphs) -> Callable:
@@ -156,7 +163,7 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
     torch.compiler.reset()
     torch._dynamo.utils.counters.clear()
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    eager = workload.make_module(shape, TORCH_OPS).to(device=device, dtype=job.dtype)
+    eager = workload.make_module(shape, eager_ops()).to(device=device, dtype=job.dtype)
     workload.init_parameters(eager, generator)
     params = list(eager.parameters())
     inputs = workload.make_inputs(shape, job.dtype, device, generator)

@@ -24,9 +24,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments import env, faults, modes, timing, worker
+from experiments import env, faults, modes, registry, timing, worker
 from experiments.errors import ConfigError
-from experiments.measure import Job, measure_shape
+from experiments.measure import Job, measure_shape, skipped_record
 from experiments.records import JsonlWriter, format_table, geomean, recorded_keys
 from experiments.tracking import Tracker, find_secret_keys, redact, run_group, scrub_hydra_dir
 from experiments.workloads import make_workload, resolve_shapes
@@ -261,6 +261,7 @@ def measure_job(plan: Plan) -> list[dict]:
 
     writer = JsonlWriter(results_path)
     rows, started, poisoned = [], time.perf_counter(), False
+    unsupported = registry.unsupported(cfg.mode, workload.name)
     bar = tqdm(
         todo,
         desc=f"{workload.name}/{cfg.mode.name}/{cfg.dtype.name}",
@@ -271,12 +272,17 @@ def measure_job(plan: Plan) -> list[dict]:
     try:
         for step, (index, shape) in enumerate(bar):
             label = workload.label(shape)
-            record = measure_shape(
-                job,
-                shape,
-                index,
-                lambda stage, label=label: bar.set_postfix_str(f"{label} [{stage}]", refresh=True),
-            )
+            if unsupported:
+                record = skipped_record(job, shape, unsupported)
+            else:
+                record = measure_shape(
+                    job,
+                    shape,
+                    index,
+                    lambda stage, label=label: bar.set_postfix_str(
+                        f"{label} [{stage}]", refresh=True
+                    ),
+                )
             row = writer.write(record)
             rows.append(row)
             tracker.log_row(row, step)

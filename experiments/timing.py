@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from kernels._common import FLUSH_BYTES  # the first-call tuners flush L2 with the same size
+from kernels._timing import event_samples, flush_buffer, sleep_cycles
 
 QUANTILES = (50, 20, 80)
 MAX_SAMPLES = 1000
@@ -83,22 +83,15 @@ def cpu_time_ms(fn, warmup_ms: float, rep_ms: float) -> dict:
 
 
 class GpuTimer:
-    """Event-timed GPU time per call, with the L2 flushed and the CPU path kept off the clock."""
+    """Event-timed GPU time per call, with the L2 flushed and the CPU path kept off the clock
+    (the samples come from kernels._timing, the timer the kernels' own tuners use)."""
 
     def __init__(self, device: torch.device, flush_l2: bool):
         self.device = device
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device) if flush_l2 else None
-        self.cycles_per_us = self._calibrate_sleep()
-
-    def _calibrate_sleep(self) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        cycles = 10_000_000
-        torch.cuda._sleep(1000)  # load the sleep kernel before timing it
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        torch.cuda.synchronize(self.device)
-        return cycles / (start.elapsed_time(end) * 1e3)
+        self.flush_l2 = flush_l2
+        if flush_l2:
+            flush_buffer(device)
+        sleep_cycles(1.0)  # calibrate the sleep kernel's clock before any timing
 
     def measure(self, fn, warmup_ms: float, rep_ms: float, lead_us: float) -> dict:
         """GPU time per call; `lead_us` should exceed the CPU time of one call.
@@ -122,7 +115,7 @@ class GpuTimer:
         for retry in range(LEAD_RETRIES + 1):
             lead_us = min(lead_us, MAX_LEAD_US)
             n = calls_for_budget(estimate_ms + 0.1 + lead_us / 1e3, rep_ms, lowest=10)
-            samples, host_us = self._samples(fn, n, int(lead_us * self.cycles_per_us))
+            samples, host_us = event_samples(fn, n, lead_us, flush=self.flush_l2)
             missed = sum(h > lead_us for h in host_us) / n
             if missed <= LEAD_MISS_SHARE or lead_us >= MAX_LEAD_US or retry == LEAD_RETRIES:
                 break
@@ -133,23 +126,6 @@ class GpuTimer:
             "lead_retries": retry,
             "lead_miss_share": float(missed),
         }
-
-    def _samples(self, fn, n: int, lead_cycles: int) -> tuple[list[float], list[float]]:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        host_us = []
-        for i in range(n):
-            torch.cuda._sleep(lead_cycles)
-            queued = time.perf_counter()
-            if self.flush is not None:
-                self.flush.zero_()
-            starts[i].record()
-            fn()
-            ends[i].record()
-            host_us.append((time.perf_counter() - queued) * 1e6)
-        torch.cuda.synchronize(self.device)
-        samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-        return samples, host_us
 
 
 def do_bench_ms(fn, warmup_ms: float, rep_ms: float) -> dict:

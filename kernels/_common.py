@@ -13,6 +13,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+# The GPU timer of the first-call tuners, re-exported for the kernels that import it from here.
+from kernels._timing import FLUSH_BYTES, gpu_ms_flushed, gpu_ms_per_call  # noqa: F401
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Activation names accepted by linear and conv2d; the id is the constexpr the kernels branch on.
@@ -177,70 +180,3 @@ def reset_tuning() -> None:
     for cache in TUNING_CACHES:
         cache.clear()
 
-
-_CYCLES_PER_US: list[float] = []
-
-
-def _sleep_cycles(us: float) -> int:
-    """GPU clock cycles for torch.cuda._sleep to hold the GPU about `us` microseconds."""
-    if not _CYCLES_PER_US:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        torch.cuda.synchronize()
-        _CYCLES_PER_US.append(1_000_000 / (start.elapsed_time(end) * 1e3))
-    return int(us * _CYCLES_PER_US[0])
-
-
-# An L2 flush: a write over more bytes than any current L2 holds (H100: 50 MB, H200: 60 MB); the
-# benchmark's timer (experiments.timing.GpuTimer) flushes with this size too, as does do_bench
-FLUSH_BYTES = 256 * 1024 * 1024
-_FLUSH_BUFFERS: dict = {}
-
-
-def gpu_ms_flushed(fn: Callable[[], object], calls: int, cpu_us_per_call: float = 100.0) -> float:
-    """Median GPU time of one call of `fn` (ms) over `calls` calls, each after an L2 flush and
-    between its own two events, all enqueued behind a sleep kernel that holds the GPU while the
-    CPU enqueues them (`cpu_us_per_call` each, at most): how the benchmark's timer times a call
-    (experiments.timing.GpuTimer). Back-to-back batches (gpu_ms_per_call) ranked the softmax
-    forward's candidates within 0.1% where this ranks them 1% apart (round 24)."""
-    fn()
-    torch.cuda.synchronize()
-    device = torch.cuda.current_device()
-    flush = _FLUSH_BUFFERS.get(device)
-    if flush is None:
-        flush = _FLUSH_BUFFERS[device] = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(calls)
-    ]  # fmt: skip
-    torch.cuda._sleep(_sleep_cycles(calls * cpu_us_per_call))
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(start.elapsed_time(end) for start, end in events)
-    return times[len(times) // 2]
-
-
-def gpu_ms_per_call(fn: Callable[[], object], calls: int, cpu_us_per_call: float = 100.0) -> float:
-    """GPU time per call of `fn` (ms) over `calls` back-to-back calls, enqueued behind a sleep
-    kernel that holds the GPU while the CPU enqueues them all (`cpu_us_per_call` each, at most).
-    triton's do_bench times each call between two events, which counts the CPU path whenever it
-    outlasts the kernel: for kernels of a few microseconds it ranks configs by Python overhead."""
-    fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(_sleep_cycles(calls * cpu_us_per_call))
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls

@@ -8,6 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.errors import ConfigError
+from experiments.registry import OPS
 from experiments.workloads import make_workload, resolve_shapes
 from tests.conftest import CONF_DIR, REPO_ROOT
 
@@ -50,7 +51,7 @@ def test_every_option_composes(group, option):
          resolved["pass"]["name"]])
 
 
-@pytest.mark.parametrize("kernel", ["matmul", "linear", "softmax", "conv"])
+@pytest.mark.parametrize("kernel", list(OPS))
 def test_every_shape_set_parses(kernel):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"kernel={kernel}"])
@@ -130,7 +131,7 @@ def test_the_h100_experiment_sweeps_every_kernel_and_mode():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["+experiment=h100_bf16"], return_hydra_config=True)
     params = cfg.hydra.sweeper.params
-    assert params.kernel.split(",") == ["matmul", "linear", "softmax", "conv"]
+    assert params.kernel.split(",") == list(OPS)
     modes = {o for g, o in OPTIONS if g == "mode"}
     assert set(params.mode.split(",")) == modes
     assert (cfg.dtype.name, cfg.dtype.torch_dtype, cfg.bench.rep_ms) == ("bf16", "bfloat16", 50)

@@ -17,7 +17,7 @@ from wandb_workspaces import expr
 from analysis import dashboard
 from experiments.run import summarize
 from experiments.tracking import Tracker
-from experiments.workloads import WORKLOADS
+from experiments.registry import OPS
 
 SECTIONS = [
     "Speedup vs eager by kernel and mode",
@@ -129,11 +129,11 @@ def test_workspace_groups_runs_by_kernel_then_mode(workspace):
 
 
 def test_report_has_one_filtered_speedup_grid_per_kernel(report):
-    assert dashboard.kernel_names() == sorted(WORKLOADS)
+    assert dashboard.kernel_names() == sorted(OPS)
     grids = [b for b in report.blocks if isinstance(b, wr.PanelGrid)]
     headings = [b.text for b in report.blocks if isinstance(b, wr.H2)]
-    assert headings == [f"Speedup: {k}" for k in sorted(WORKLOADS)]
-    for kernel, grid in zip(sorted(WORKLOADS), grids, strict=True):
+    assert headings == [f"Speedup: {k}" for k in sorted(OPS)]
+    for kernel, grid in zip(sorted(OPS), grids, strict=True):
         (run_set,) = grid.runsets
         v2 = expr.filters_tree_to_v2(expr.expr_to_filters(run_set.filters))
         assert [(f["key"], f["op"], f["value"]) for f in v2["filters"]] == [

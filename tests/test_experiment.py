@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from experiments.records import read_jsonl, validate
+from experiments.registry import OPS
 from tests.conftest import REPO_ROOT
 
 ENV_KEYS = {
@@ -69,7 +70,7 @@ def check_job_dir(job_dir, kernel, mode, pass_name="fwd"):
     return rows
 
 
-@pytest.mark.parametrize("kernel", ["matmul", "linear", "softmax", "conv"])
+@pytest.mark.parametrize("kernel", list(OPS))
 @pytest.mark.parametrize("mode", ["eager", "default", "triton"])
 def test_make_experiment(tmp_path, kernel, mode):
     result = make("experiment", tmp_path, f"kernel={kernel}", f"mode={mode}", "dtype=fp32")
@@ -81,7 +82,7 @@ def test_make_experiment(tmp_path, kernel, mode):
         assert list((tmp_path / "run" / "inductor_code").glob("*.py")), "no Inductor code saved"
 
 
-@pytest.mark.parametrize("kernel", ["linear", "softmax"])
+@pytest.mark.parametrize("kernel", [n for n, s in OPS.items() if "fwd_bwd" in s.passes])
 def test_fwd_bwd(tmp_path, kernel):
     make("sweep", tmp_path, f"kernel={kernel}", "mode=triton,default", "pass=fwd_bwd", "dtype=fp32")
     for job_dir, mode in zip(sweep_jobs(tmp_path), ["triton", "default"], strict=True):

@@ -5,6 +5,7 @@ import torch
 
 from experiments import run
 from experiments.records import validate
+from experiments.registry import OPS
 
 pytestmark = pytest.mark.gpu
 
@@ -17,13 +18,13 @@ def run_job(compose_job, *overrides):
     return rows
 
 
-@pytest.mark.parametrize("kernel", ["matmul", "linear", "softmax", "conv"])
+@pytest.mark.parametrize("kernel", list(OPS))
 def test_triton_compiled_has_no_graph_break(compose_job, kernel):
     rows = run_job(compose_job, f"kernel={kernel}", "mode=triton-compiled")
     assert all(r["graph_breaks"] == 0 for r in rows)
 
 
-@pytest.mark.parametrize("kernel", ["linear", "softmax"])
+@pytest.mark.parametrize("kernel", [n for n, s in OPS.items() if "fwd_bwd" in s.passes])
 def test_triton_compiled_fwd_bwd(compose_job, kernel):
     run_job(compose_job, f"kernel={kernel}", "mode=triton-compiled", "pass=fwd_bwd")
 

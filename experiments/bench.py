@@ -1,0 +1,68 @@
+"""`make bench kernel=<op>`: an op's speed-target grids, then its targets table.
+
+    python -m experiments.bench softmax [--dir multirun/bench-softmax/<stamp>] [HYDRA OVERRIDES]
+
+Runs each of the op's bench grids (experiments/registry.py, OpSpec.bench) as one Hydra multirun
+into <dir>/<i>, then its paired run if it has one (experiments.paired, into
+<dir>/paired_ab.jsonl), then prints analysis.targets over <dir> and writes it to
+<dir>/targets.txt. Eager is measured inside every job (speedup_vs_eager pairs the mode's calls
+with eager's), so no grid needs an eager job. A grid that fails leaves its rows and the rest run;
+the exit status is then 1.
+"""
+
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from experiments import registry
+
+
+def main(argv=None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0].startswith("-") or "=" in args[0]:
+        print(f"error: make bench needs kernel=<op>; one of {' '.join(registry.OPS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    name, overrides = args[0], args[1:]
+    if name not in registry.OPS:
+        print(f"error: unknown kernel {name!r}; choose one of {' '.join(registry.OPS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    spec = registry.OPS[name]
+    out = Path(f"multirun/bench-{name}/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+    if "--dir" in overrides:
+        at = overrides.index("--dir")
+        out = Path(overrides[at + 1])
+        del overrides[at : at + 2]
+    rc = 0
+    for i, grid in enumerate(spec.bench, 1):
+        print(f"bench {name} [{i}]: {grid} {' '.join(overrides)}", flush=True)
+        command = [sys.executable, "-m", "experiments.run", "--multirun", *shlex.split(grid),
+                   f"hydra.sweep.dir={out}/{i}", *overrides]  # fmt: skip
+        rc |= subprocess.run(command).returncode != 0
+    paired = []
+    if spec.paired:
+        print(f"bench {name} [paired]: {spec.paired}", flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        jsonl = out / "paired_ab.jsonl"
+        command = [sys.executable, "-m", "experiments.paired", *shlex.split(spec.paired),
+                   "--jsonl", str(jsonl)]  # fmt: skip
+        with (out / "paired_ab.txt").open("w") as log:
+            result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+            log.write(result.stdout)
+        print(result.stdout, end="")
+        rc |= result.returncode != 0
+        paired = ["--paired", str(jsonl)]
+    targets = subprocess.run(
+        [sys.executable, "-m", "analysis.targets", str(out), "--kernel", name, *paired],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    print(targets.stdout, end="")
+    (out / "targets.txt").write_text(targets.stdout)
+    return 1 if rc or targets.returncode else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

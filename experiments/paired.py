@@ -1,0 +1,133 @@
+"""Our kernel against torch.compile's modes, timed in one process, interleaved round by round.
+
+    python -m experiments.paired --kernel softmax --shapes rows --only-n 128,4096 \
+        --rounds 7 --dtypes bf16,fp32 [--jsonl FILE]
+
+`make bench` times each mode in a job of its own, and the target "Triton at least 1.0x the best
+compile mode" reads their ratio. Where both sides run at the copy's rate, separate jobs differ by
+more than the kernels do (docs/kernels/softmax.md). This run asks whether such a gap is real:
+for each shape it times our kernel and each compile mode ROUNDS times, every round on fresh
+inputs (a new allocation) and in a rotated order, and prints per round the ratio best compile
+mode / ours by GPU time (above 1: ours is faster), with its median and range.
+
+Every implementation is checked against float64 before it is timed; the timer is the
+benchmark's (experiments.timing.GpuTimer: median GPU time, L2 flushed, the CPU path off the
+clock). --jsonl appends one record a shape, which `python -m analysis.targets RESULTS --paired
+FILE` reads as the paired form of the "vs best compile mode" target.
+"""
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from omegaconf import OmegaConf
+
+from experiments import registry
+from experiments.correctness import TOLERANCES, relative_error
+from experiments.workloads import make_workload, resolve_shapes, triton_ops, with_ops
+
+MODES = ("default", "max-autotune-no-cudagraphs")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CONF = Path(__file__).resolve().parent.parent / "conf" / "kernel"
+LEAD_US = 400.0
+
+
+def implementations(eager_module) -> dict:
+    """Ours and a fresh torch.compile of the eager module per mode (dynamic=False, as the
+    benchmark's compile config). Dynamo's caches are reset first: its recompile limit would
+    otherwise run later shapes eagerly."""
+    torch._dynamo.reset()
+    impls = {"triton": with_ops(eager_module, triton_ops())}
+    for mode in MODES:
+        impls[mode] = torch.compile(eager_module, mode=mode, dynamic=False)
+    return impls
+
+
+def ratios(times: dict[str, list[float]]) -> list[float]:
+    """Per round: the best compile mode's GPU time over ours (above 1: ours is faster)."""
+    return [min(times[m][r] for m in MODES) / times["triton"][r] for r in range(len(times["triton"]))]
+
+
+def run_shape(workload, shape, dtype_name: str, rounds: int, timer) -> tuple[str, dict | None]:
+    """One shape's printed line and its record (None where a check failed)."""
+    dtype, device = DTYPES[dtype_name], torch.device("cuda")
+    generator = torch.Generator(device=device).manual_seed(0)
+    eager = workload.make_module(shape, registry.namespace("eager")).to(device=device, dtype=dtype)
+    workload.init_parameters(eager, generator)
+    impls = implementations(eager)
+    label = workload.label(shape)
+    inputs = workload.make_inputs(shape, dtype, device, generator)
+    reference = copy.deepcopy(eager).to(torch.float64)(*(t.to(torch.float64) for t in inputs))
+    for name, impl in impls.items():  # correct before timed (this also compiles)
+        err = relative_error(impl(*inputs), reference)
+        if not err < TOLERANCES[dtype_name]:
+            return f"{dtype_name:5} {label:>16}  {name} FAILED: relative error {err:.1e}", None
+    del reference
+    names = list(impls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        inputs = workload.make_inputs(shape, dtype, device, generator)  # a new allocation
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            call = lambda impl=impls[name], inputs=inputs: impl(*inputs)  # noqa: E731
+            times[name].append(timer.measure(call, warmup_ms=10, rep_ms=50, lead_us=LEAD_US)["p50"])
+    ratio = ratios(times)
+    record = {
+        "kernel": workload.name, "pass": "fwd", "dtype": dtype_name, **shape,
+        "shape_label": label, "rounds": rounds, "ratios": ratio,
+        "median_ratio": statistics.median(ratio),
+        "time_ms_p50": {name: statistics.median(times[name]) for name in names},
+    }  # fmt: skip
+    medians = " ".join(f"{statistics.median(times[n]) * 1e3:9.2f}" for n in names)
+    spread = f"{statistics.median(ratio):7.4f} {min(ratio):7.4f} {max(ratio):7.4f}"
+    per_round = " ".join(f"{v:.4f}" for v in ratio)
+    return f"{dtype_name:5} {label:>16} {medians} {spread}  {per_round}", record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", required=True, choices=sorted(registry.OPS))
+    parser.add_argument("--shapes", default="default", help="a shape set of conf/kernel/<op>.yaml")
+    parser.add_argument("--only-n", default="", help="keep the shapes whose n is listed (a,b,c)")
+    parser.add_argument("--rounds", type=int, default=7, help="fresh inputs a shape")
+    parser.add_argument("--dtypes", default="bf16")
+    parser.add_argument("--jsonl", type=Path, default=None, help="append each shape's record here")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if not torch.cuda.is_available():
+        print("error: no CUDA device: the paired run times on a GPU", file=sys.stderr)
+        return 1
+    from experiments.timing import GpuTimer
+
+    kernel_cfg = OmegaConf.load(CONF / f"{args.kernel}.yaml")
+    workload = make_workload(kernel_cfg)
+    _, shapes = resolve_shapes(workload, kernel_cfg, args.shapes, on_gpu=True)
+    only = {int(v) for v in args.only_n.split(",") if v}
+    shapes = [s for s in shapes if not only or s.get("n") in only]
+    timer = GpuTimer(torch.device("cuda"), flush_l2=True)
+    gpu_name = torch.cuda.get_device_name()
+    print(f"# {gpu_name} torch {torch.__version__}: {args.rounds} rounds a shape, fresh inputs "
+          "each, order rotated; us: medians over rounds; ratio: best compile / ours, per round")
+    print(f"{'dtype':5} {'shape':>16} {'triton':>9} {'default':>9} {'mac-nocg':>9} "
+          f"{'ratio':>7} {'min':>7} {'max':>7}  per round")  # fmt: skip
+    failed = False
+    for dtype_name in args.dtypes.split(","):
+        for shape in shapes:
+            line, record = run_shape(workload, shape, dtype_name, args.rounds, timer)
+            print(line, flush=True)
+            failed |= record is None
+            if record is not None and args.jsonl is not None:
+                record.update(gpu_name=gpu_name, torch=torch.__version__,
+                              triton=triton.__version__)  # fmt: skip
+                with args.jsonl.open("a") as out:
+                    out.write(json.dumps(record) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The op registry: every workload the harness can run, declared once.
+
+An entry (`OpSpec`) names the op as `kernel=<name>` selects it, the function its module calls on
+the ops namespace, its Workload (shapes, inputs, float64 reference, costs), its eager function,
+our Triton function and the custom op that `mode=triton-compiled` compiles, whether it is
+memory- or compute-bound, the passes it supports and the grids behind `make bench`. The harness
+(experiments.run, experiments.bench, experiments.resources), the analysis (figures, targets) and
+the parametrised tests read this module; nothing else lists the ops.
+
+Adding an op (README.md, "Extending"): a kernel package under kernels/, an entry here (its
+nn.Module, Workload and `register(OpSpec(...))`), conf/kernel/<name>.yaml with its shape sets,
+and tests/test_kernels_<name>.py.
+
+    python -m experiments.registry            # the ops, one line each
+"""
+
+import importlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from experiments.errors import ConfigError
+from experiments.workloads import Workload
+from kernels._common import TORCH_ACTIVATIONS
+
+BOUNDS = ("compute", "memory")
+PASSES = ("fwd", "fwd_bwd")
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op. `triton` and `triton_compiled` are "module:attribute" strings, imported on first
+    use, so that reading the registry compiles and imports no kernel."""
+
+    name: str  # kernel=<name>; the records' `kernel` column
+    function: str  # what the workload's module calls: self.ops.<function>(...)
+    workload: type[Workload]
+    eager: Callable  # the baseline: torch ops only
+    triton: str | None  # our kernel, called directly (mode=triton); None: not written yet
+    triton_compiled: str | None  # our kernel as a torch.library custom op (triton-compiled)
+    bound: str  # "memory" (judged by bytes moved) or "compute" (by FLOP/s)
+    passes: tuple[str, ...] = ("fwd",)
+    # `make bench kernel=<name>`: Hydra multirun grids, each one quoted set of overrides
+    bench: tuple[str, ...] = ()
+    # extra arguments of `python -m experiments.paired` run after the grids, if any
+    paired: str | None = None
+    markers: dict = field(default_factory=dict)  # plot styling: {"marker": "o"}
+
+    def __post_init__(self):
+        if self.bound not in BOUNDS:
+            raise ValueError(f"op {self.name}: bound must be one of {BOUNDS}")
+        if not set(self.passes) <= set(PASSES):
+            raise ValueError(f"op {self.name}: passes must be among {PASSES}")
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add an op (a second op of the same name replaces the first, as a test's op may)."""
+    OPS[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    OPS.pop(name, None)
+
+
+def get(name: str) -> OpSpec:
+    if name not in OPS:
+        raise KeyError(f"unknown kernel {name!r}; choose one of {sorted(OPS)}")
+    return OPS[name]
+
+
+def resolve(target: str) -> Callable:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def namespace(impl: str) -> SimpleNamespace:
+    """The ops namespace of one implementation ("eager", "triton" or "triton_compiled"): each
+    registered op's function under its `function` name."""
+    if impl == "eager":
+        return SimpleNamespace(**{s.function: s.eager for s in OPS.values()})
+    return SimpleNamespace(
+        **{s.function: resolve(getattr(s, impl)) for s in OPS.values() if getattr(s, impl)}
+    )
+
+
+def unsupported(mode_cfg, name: str) -> str | None:
+    """Why `mode_cfg` cannot run op `name` (a skipped row's reason), or None when it can."""
+    listed = mode_cfg.get("ops", "all")
+    if listed != "all" and name not in listed:
+        return f"unsupported: mode {mode_cfg.name} does not implement {name}"
+    impl = {"triton": "triton", "triton_compiled": "triton_compiled"}.get(mode_cfg.kind)
+    if impl and name in OPS and getattr(OPS[name], impl) is None:
+        return f"unsupported: {name} has no {impl} implementation"
+    return None
+
+
+def is_memory_bound(name: str) -> bool:
+    """Unknown kernels (records of an op since removed) count as compute-bound."""
+    spec = OPS.get(name)
+    return spec is not None and spec.bound == "memory"
+
+
+# ---------------------------------------------------------------------------------------------
+# matmul: C = A @ B, both operands inputs
+# ---------------------------------------------------------------------------------------------
+class Matmul(nn.Module):
+    def __init__(self, ops):
+        super().__init__()
+        self.ops = ops
+
+    def forward(self, a, b):
+        return self.ops.matmul(a, b)
+
+
+class MatmulWorkload(Workload):
+    name = "matmul"
+    shape_keys = ("m", "n", "k")
+    input_names = ("a", "b")
+
+    def make_module(self, shape, ops):
+        return Matmul(ops)
+
+    def input_sizes(self, shape):
+        return [(shape["m"], shape["k"]), (shape["k"], shape["n"])]
+
+    def flops(self, shape, pass_name):
+        return 2.0 * shape["m"] * shape["n"] * shape["k"]
+
+    def min_bytes(self, shape, pass_name, itemsize):
+        m, n, k = shape["m"], shape["n"], shape["k"]
+        return float(m * k + k * n + m * n) * itemsize  # read A and B once, write C once
+
+
+register(OpSpec(
+    name="matmul", function="matmul", workload=MatmulWorkload, eager=torch.matmul,
+    triton="kernels:matmul", triton_compiled="kernels.ops:matmul", bound="compute",
+    # fwd only: the backward of a bare matmul is two matmuls, measured through `linear`
+    bench=("kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm",),
+    markers={"marker": "o"},
+))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# linear: y = act(x W^T + b), W and b parameters
+# ---------------------------------------------------------------------------------------------
+def torch_linear(x, weight, bias=None, activation=None):
+    return TORCH_ACTIVATIONS[activation or "none"](F.linear(x, weight, bias))
+
+
+class Linear(nn.Module):
+    def __init__(self, ops, in_features, out_features, bias, activation):
+        super().__init__()
+        self.ops = ops
+        self.activation = activation
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x):
+        return self.ops.linear(x, self.weight, self.bias, self.activation)
+
+
+class LinearWorkload(Workload):
+    name = "linear"
+    shape_keys = ("m", "n", "k")
+
+    def make_module(self, shape, ops):
+        return Linear(ops, shape["k"], shape["n"], self.cfg.bias, self.cfg.activation)
+
+    def input_sizes(self, shape):
+        return [(shape["m"], shape["k"])]
+
+    def flops(self, shape, pass_name):
+        fwd = 2.0 * shape["m"] * shape["n"] * shape["k"]
+        return fwd * (3 if pass_name == "fwd_bwd" else 1)  # backward is dX and dW: two more GEMMs
+
+    def min_bytes(self, shape, pass_name, itemsize):
+        m, n, k = shape["m"], shape["n"], shape["k"]
+        bias = n if self.cfg.bias else 0
+        fwd = m * k + n * k + bias + m * n  # read x, W, b; write y
+        bwd = m * n + m * k + n * k + m * k + n * k + bias  # read dy, x, W; write dx, dW, db
+        return float(fwd + (bwd if pass_name == "fwd_bwd" else 0)) * itemsize
+
+
+register(OpSpec(
+    name="linear", function="linear", workload=LinearWorkload, eager=torch_linear,
+    triton="kernels:linear", triton_compiled="kernels.ops:linear", bound="compute",
+    passes=("fwd", "fwd_bwd"),
+    bench=("kernel=linear mode=triton,default,max-autotune-no-cudagraphs pass=fwd dtype=bf16,fp16",
+           "kernel=linear mode=triton pass=fwd_bwd dtype=bf16,fp16"),
+    markers={"marker": "s"},
+))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# softmax over kernel.dim of an (m, n) input
+# ---------------------------------------------------------------------------------------------
+class Softmax(nn.Module):
+    def __init__(self, ops, dim):
+        super().__init__()
+        self.ops = ops
+        self.dim = dim
+
+    def forward(self, x):
+        return self.ops.softmax(x, self.dim)
+
+
+class SoftmaxWorkload(Workload):
+    name = "softmax"
+    shape_keys = ("m", "n")
+
+    def make_module(self, shape, ops):
+        return Softmax(ops, self.cfg.dim)
+
+    def input_sizes(self, shape):
+        return [(shape["m"], shape["n"])]
+
+    def flops(self, shape, pass_name):
+        # max, subtract, exp, sum, divide per element; backward: multiply, sum, subtract, multiply
+        return float(shape["m"] * shape["n"]) * (9 if pass_name == "fwd_bwd" else 5)
+
+    def min_bytes(self, shape, pass_name, itemsize):
+        elems = shape["m"] * shape["n"]
+        # forward reads x and writes y; backward reads y and dy and writes dx
+        return float(elems * (5 if pass_name == "fwd_bwd" else 2)) * itemsize
+
+
+register(OpSpec(
+    name="softmax", function="softmax", workload=SoftmaxWorkload, eager=torch.softmax,
+    triton="kernels:softmax", triton_compiled="kernels.ops:softmax", bound="memory",
+    passes=("fwd", "fwd_bwd"),
+    bench=("kernel=softmax mode=triton,default,max-autotune-no-cudagraphs dtype=bf16,fp32 "
+           "shapes=rows",
+           "kernel=softmax mode=triton pass=fwd_bwd dtype=bf16,fp32 shapes=rows",
+           "kernel=softmax mode=eager,triton,default,reduce-overhead shapes=small"),
+    # ours and both compile modes timed in one process, interleaved round by round: where both
+    # run at the copy's rate, separate jobs differ by more than the kernels do
+    paired="--kernel softmax --shapes rows --only-n 128,512,1024,4096,16384 --rounds 7 "
+           "--dtypes bf16,fp32",
+    markers={"marker": "^"},
+))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# conv: conv2d (+ bias, + activation) over an NCHW or channels-last input
+# ---------------------------------------------------------------------------------------------
+def torch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None):
+    y = F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation)
+    return TORCH_ACTIVATIONS[activation or "none"](y)
+
+
+class Conv2d(nn.Module):
+    def __init__(self, ops, shape, bias, activation, channels_last):
+        super().__init__()
+        self.ops = ops
+        self.stride, self.padding, self.dilation = (
+            shape["stride"],
+            shape["padding"],
+            shape["dilation"],
+        )
+        self.activation = activation
+        weight = torch.empty(shape["k"], shape["c"], shape["r"], shape["s"])
+        if channels_last:
+            weight = weight.to(memory_format=torch.channels_last)
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(torch.empty(shape["k"])) if bias else None
+
+    def forward(self, x):
+        return self.ops.conv2d(
+            x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.activation
+        )
+
+
+class ConvWorkload(Workload):
+    name = "conv"
+    shape_keys = ("n", "c", "h", "w", "k", "r", "s")
+    shape_defaults = {"stride": 1, "padding": 0, "dilation": 1}
+
+    def __init__(self, kernel_cfg):
+        super().__init__(kernel_cfg)
+        if kernel_cfg.memory_format not in ("nchw", "nhwc"):
+            raise ConfigError(
+                f"kernel.memory_format={kernel_cfg.memory_format!r}; choose nchw or nhwc"
+            )
+        self.channels_last = kernel_cfg.memory_format == "nhwc"
+
+    def parse_shape(self, raw):
+        shape = super().parse_shape(raw)
+        p, q = self.output_hw(shape)
+        if p < 1 or q < 1:
+            raise ConfigError(f"conv shape {dict(raw)} has an empty output ({p}x{q})")
+        return shape
+
+    @staticmethod
+    def output_hw(shape):
+        def out(size, kernel):
+            span = shape["dilation"] * (kernel - 1) + 1
+            return (size + 2 * shape["padding"] - span) // shape["stride"] + 1
+
+        return out(shape["h"], shape["r"]), out(shape["w"], shape["s"])
+
+    def label(self, shape):
+        n, c, h, w, k, r, s = (shape[key] for key in self.shape_keys)
+        base = f"{n}x{c}x{h}x{w}-k{k}-{r}x{s}"
+        extras = [
+            f"{key[0]}{shape[key]}"
+            for key in ("stride", "padding", "dilation")
+            if shape[key] != self.shape_defaults[key]
+        ]
+        return "-".join([base, *extras])
+
+    def make_module(self, shape, ops):
+        return Conv2d(ops, shape, self.cfg.bias, self.cfg.activation, self.channels_last)
+
+    def input_sizes(self, shape):
+        return [(shape["n"], shape["c"], shape["h"], shape["w"])]
+
+    def make_inputs(self, shape, dtype, device, generator):
+        (x,) = super().make_inputs(shape, dtype, device, generator)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return (x,)
+
+    def flops(self, shape, pass_name):
+        p, q = self.output_hw(shape)
+        return 2.0 * shape["n"] * shape["k"] * p * q * shape["c"] * shape["r"] * shape["s"]
+
+    def min_bytes(self, shape, pass_name, itemsize):
+        p, q = self.output_hw(shape)
+        x = shape["n"] * shape["c"] * shape["h"] * shape["w"]
+        w = shape["k"] * shape["c"] * shape["r"] * shape["s"]
+        y = shape["n"] * shape["k"] * p * q
+        return float(x + w + y + (shape["k"] if self.cfg.bias else 0)) * itemsize
+
+
+register(OpSpec(
+    name="conv", function="conv2d", workload=ConvWorkload, eager=torch_conv2d,
+    triton="kernels:conv2d", triton_compiled="kernels.ops:conv2d", bound="compute",
+    bench=("kernel=conv mode=triton kernel.bias=true,false shapes=resnet50",
+           "kernel=conv mode=triton shapes=resnet50_b128",
+           "kernel=conv kernel.activation=relu mode=triton,default,max-autotune-no-cudagraphs "
+           "shapes=resnet50_core"),
+    markers={"marker": "D"},
+))  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["names"]:  # for scripts: the op names, space-separated
+        print(" ".join(OPS))
+        return 0
+    for spec in OPS.values():
+        print(f"{spec.name:<8} {spec.bound:<8} passes={','.join(spec.passes):<12} "
+              f"triton={spec.triton} bench grids={len(spec.bench)}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
