@@ -1,6 +1,6 @@
 """A static HTML report of a results folder: the dashboard for users without a W&B account.
 
-    python -m analysis.report results/h100 outputs/report     # writes report.html + figures/
+    python -m analysis.report results/current/h100/all_modes_first_kernels outputs/report
 
 It holds every figure of analysis.figures, the geomean table, and the per-shape rows, all made
 from the records by code.

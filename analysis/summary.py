@@ -1,6 +1,6 @@
 """Geomean speedup tables from the records under a folder.
 
-    python -m analysis.summary multirun/2026-11-22/10-00-00   # or outputs/, or results/h100
+    python -m analysis.summary multirun/2026-11-22/10-00-00   # or outputs/, or results/current/h100
 
 Reads every results.jsonl below the folder and prints, per kernel and mode, the geomean of
 speedup_vs_eager over the ok rows (GPU time), the same for call latency, and the row counts.

@@ -10,7 +10,7 @@ from analysis.load import caption, load_results, load_wandb
 from experiments.records import Record
 from tests.conftest import REPO_ROOT
 
-H100 = REPO_ROOT / "results" / "h100"
+H100 = REPO_ROOT / "results" / "current" / "h100" / "all_modes_first_kernels"
 SHA = "775ac0e8bab87144f19ac3a159a1795b286191fa"
 ENV = {"gpu_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "triton": "3.6.0",
        "git_sha": SHA, "peaks": {"copy_gbps": 3000.0, "bf16_matmul_tflops": 760.0}}
@@ -131,8 +131,9 @@ def _offline(tmp_path, rows) -> pd.DataFrame:
     return load_results(tmp_path / "offline").frame
 
 
-COMMITTED = ["h100", "h100_bench", "h100_bench_r4", "h100_linear_r5", "h100_matmul_r6",
-             "h100_fp32_partial", "h200_bench", "h200x2_launchers"]  # fmt: skip
+COMMITTED = ["current/h100/all_modes_first_kernels", "current/h100/matmul", "current/h100/linear",
+             "current/h100/conv", "current/h100/softmax", "current/h200/matmul",
+             "current/h200/linear", "current/h200/conv", "current/h200/softmax"]  # fmt: skip
 
 
 @pytest.mark.parametrize("folder", COMMITTED)

@@ -8,7 +8,7 @@ from analysis.report import build
 from analysis.run_notebooks import NOTEBOOKS, execute
 from tests.conftest import REPO_ROOT
 
-H100 = REPO_ROOT / "results" / "h100"
+H100 = REPO_ROOT / "results" / "current" / "h100" / "all_modes_first_kernels"
 pytestmark = pytest.mark.skipif(not H100.exists(), reason="no committed H100 records")
 
 

@@ -15,7 +15,7 @@
 # folder by changing `results_dir` (papermill: `-p results_dir multirun/...`).
 
 # %% tags=["parameters"]
-results_dir = "results/h100"
+results_dir = "results/current/h100/all_modes_first_kernels"
 
 # %%
 import matplotlib

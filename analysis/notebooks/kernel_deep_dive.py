@@ -15,7 +15,7 @@
 # and `kernel` (matmul, linear, softmax or conv).
 
 # %% tags=["parameters"]
-results_dir = "results/h100"
+results_dir = "results/current/h100/all_modes_first_kernels"
 kernel = "softmax"
 
 # %%
