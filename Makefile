@@ -7,14 +7,14 @@ SETUP := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed,)
 PYTHON_VERSION ?= 3.12
 PLATFORM ?= manylinux2014_x86_64
 WHEELHOUSE ?= wheelhouse
-RESULTS ?= results/h100
+RESULTS ?= results/current/h100/all_modes_first_kernels
 
 # kernel=..., mode=..., dtype=..., pass=... become Hydra overrides when given.
 OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup experiment sweep bench resume resources test test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup experiment sweep bench promote resume resources test test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -39,6 +39,10 @@ sweep: $(SETUP) ## Hydra multirun over comma lists: make sweep kernel=matmul,sof
 
 bench: $(SETUP) ## An op's speed-target grids + ratio table (grids: experiments/registry.py): make bench kernel=<op>
 	$(PY) -m experiments.bench $(kernel) $(if $(BENCH_DIR),--dir $(BENCH_DIR)) $(ARGS)
+
+promote: $(SETUP) ## Copy a finished run's records into results/current: make promote RUN=multirun/bench-softmax/<stamp> GPU=h100 NAME=softmax [ARGS=--force]
+	@$(if $(and $(RUN),$(GPU),$(NAME)),,echo "error: make promote needs RUN=<multirun or bench dir> GPU=h100|h200 NAME=<folder>" >&2; exit 2)
+	$(PY) -m analysis.promote $(RUN) $(GPU) $(NAME) $(ARGS)
 
 resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
 	$(PY) -m experiments.resume $(SWEEP) $(ARGS)

@@ -26,7 +26,6 @@ from torch import nn
 
 from experiments.errors import ConfigError
 from experiments.workloads import Workload
-from kernels._common import TORCH_ACTIVATIONS
 
 BOUNDS = ("compute", "memory")
 PASSES = ("fwd", "fwd_bwd")
@@ -152,8 +151,15 @@ register(OpSpec(
 # ---------------------------------------------------------------------------------------------
 # linear: y = act(x W^T + b), W and b parameters
 # ---------------------------------------------------------------------------------------------
+def _activation(name):
+    # imported on use, so that reading the registry imports no kernel
+    from kernels._common import TORCH_ACTIVATIONS
+
+    return TORCH_ACTIVATIONS[name or "none"]
+
+
 def torch_linear(x, weight, bias=None, activation=None):
-    return TORCH_ACTIVATIONS[activation or "none"](F.linear(x, weight, bias))
+    return _activation(activation)(F.linear(x, weight, bias))
 
 
 class Linear(nn.Module):
@@ -254,7 +260,7 @@ register(OpSpec(
 # ---------------------------------------------------------------------------------------------
 def torch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None):
     y = F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation)
-    return TORCH_ACTIVATIONS[activation or "none"](y)
+    return _activation(activation)(y)
 
 
 class Conv2d(nn.Module):

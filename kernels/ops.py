@@ -16,8 +16,6 @@ cannot see inside. Their fake (shape) implementation is the same function with a
 launches nothing, so output allocation is written once.
 """
 
-from types import SimpleNamespace
-
 import torch
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
@@ -167,7 +165,8 @@ def conv2d_op(
 
 
 # ---------------------------------------------------------------------------------------------
-# The public signatures (as in kernels/__init__.py), routed through the ops above
+# The public signatures (as in kernels/__init__.py), routed through the ops above; these are
+# what mode=triton-compiled calls for each op (experiments/registry.py names them)
 # ---------------------------------------------------------------------------------------------
 def linear(x, weight, bias=None, activation=None):
     check_linear_args(x, weight, bias)
@@ -190,11 +189,5 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=Non
     )
 
 
-def namespace() -> SimpleNamespace:
-    """The ops namespace the experiment modules call (see experiments/workloads.py)."""
-    return SimpleNamespace(
-        matmul=torch.ops.kbench.matmul,
-        linear=linear,
-        softmax=torch.ops.kbench.softmax_fwd,
-        conv2d=conv2d,
-    )
+matmul = torch.ops.kbench.matmul
+softmax = torch.ops.kbench.softmax_fwd
