@@ -1,0 +1,16 @@
+"""2-D convolution (forward) as an implicit GEMM on channels-last data, bias and activation fused.
+
+One module per design (gemm, implicit_gemm, flat_reduction, window), what they share in common,
+and dispatch: the shipped choice between them and the public wrapper. docs/kernels/conv.md holds
+the design notes and measurements.
+
+Functions:
+    conv2d            F.conv2d (groups=1) then an activation, fused (dispatch.conv2d)
+    conv2d_forward    conv2d with the launcher explicit, for kernels/ops.py
+    conv2d_reference  F.conv2d, the float64 reference of the tests
+"""
+
+from kernels.conv.common import conv2d_reference
+from kernels.conv.dispatch import conv2d, conv2d_forward
+
+__all__ = ["conv2d", "conv2d_forward", "conv2d_reference"]

@@ -1,0 +1,275 @@
+"""What every conv design shares: the problem record, the fused epilogue, single-launch split-K,
+and the autotuner set-up (configs, TMA block pre-hook, pruning, GPU-time benchmarking, the
+hook-free copies torch.compile traces).
+
+The kernels (one module per design: gemm.py, implicit_gemm.py, flat_reduction.py, window.py)
+compute y = conv(x, weight) + bias, then the activation, as an implicit GEMM: rows are the output
+pixels (M = N·P·Q), columns the output channels (K), and the reduction runs over the filter taps
+(R·S·C, ordered r, s, c). The weight is read as a (K, R·S·C) row-major matrix, byte for byte a
+channels_last weight (K, C, R, S).
+
+Functions:
+    conv2d_reference     F.conv2d, the float64 reference of the tests
+    Conv                 one validated call: operands, sizes, epilogue constexprs
+    bias_activation      @triton.jit: bias + activation on the fp32 accumulator
+    epilogue             @triton.jit: bias + activation, one rounding, masked store by pointers
+    split_k_gather       @triton.jit: the last-arriving program of a tile sums the split partials
+    tma_ok               a 2-D operand TMA can describe
+    as_matrix            an (N, C, H, W) tensor is an (N·H·W, C) matrix
+    output_operand       y, or its (M, K) TMA descriptor when the output is NHWC and TMA applies
+    config, window_config, configs_of   the autotuners' triton.Config lists
+    set_tma_blocks       autotune pre-hook: the TMA descriptors' block shapes of a config
+    prune                autotune pruning: tiles far wider than the problem, taps TMA would cross
+    tune_bench           autotune timer: GPU time over back-to-back calls
+    autotune             triton.autotune with prune and tune_bench
+    traceable            the same jit function under a hook-free autotuner (launch=wrap_triton)
+    SIZES_ONLY, CONV_KEY the implicit / flat / window kernels' unspecialised sizes and tuning key
+    split_buffers        fp32 workspace and arrival counters of a split-K launch
+    row_tiles            output tiles of a (BLOCK_M, BLOCK_N) config
+"""
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import (
+    cdiv,
+    gpu_ms_per_call,
+    is_interpreter,
+    next_power_of_2,
+    tile_counters,
+)
+from kernels.matmul import apply_activation
+
+try:  # host-side TMA descriptors (triton >= 3.3)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older triton: pointer loads only
+    TensorDescriptor = None
+
+
+def conv2d_reference(x, weight, bias, stride, padding, dilation):
+    # 2·N·K·P·Q·C·R·S FLOPs; reads N·C·H·W + K·C·R·S, writes N·K·P·Q elements (·bytes each)
+    return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation)
+
+
+class Conv(NamedTuple):
+    """One validated conv2d call, as the designs launch it (built by dispatch.prepare)."""
+
+    x: torch.Tensor  # (N, C, H, W), any strides
+    w2d: torch.Tensor  # the weight as a (K, R·S·C) matrix with unit inner stride
+    bias: torch.Tensor | None
+    y: torch.Tensor  # (N, K, P, Q), allocated: NHWC when x is, else NCHW
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    P: int
+    Q: int
+    R: int
+    S: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    constexprs: dict  # HAS_BIAS, ACTIVATION, DOT_PRECISION
+
+    @property
+    def M(self) -> int:
+        return self.N * self.P * self.Q
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared @triton.jit helpers
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS: tl.constexpr,
+                    ACTIVATION: tl.constexpr):  # fmt: skip
+    """bias + activation on the fp32 accumulator."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    return apply_activation(acc, ACTIVATION)
+
+
+@triton.jit
+def epilogue(acc, y_ptr, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk,
+             HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):  # fmt: skip
+    """bias + activation in fp32, one rounding, masked store; y_row is each row's offset."""
+    acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+    y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * stride_yk
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Split-K in one launch, last-arriving program reduces: every program stores its fp32 partial
+    tile in the workspace (tile-local (SPLIT_K, BLOCK_M, BLOCK_N) slots, no masks), then bumps the
+    tile's counter. The program that finds SPLIT_K - 1 there sums all the slots (L2 loads) and
+    returns (sum, True); it also resets the counter to 0, so the cached counters stay zero between
+    calls. No program ever waits on another, so no scheduling order can deadlock."""
+    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    tl.store(base + split * (BLOCK_M * BLOCK_N) + offs, acc, cache_modifier=".cg")
+    tl.debug_barrier()  # every thread's partial is written before the counter moves
+    count = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = count == SPLIT_K - 1
+    if last:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(base + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+        tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
+    return acc, last
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-side operands
+# ---------------------------------------------------------------------------------------------
+def tma_ok(t: torch.Tensor) -> bool:
+    """A 2-D operand TMA can describe: 16-bit dtype, unit inner stride, 16-byte aligned rows."""
+    return (
+        t.dtype in (torch.float16, torch.bfloat16)
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def as_matrix(t: torch.Tensor) -> bool:
+    """t (N, C, H, W) is an (N·H·W, C) matrix: unit channel stride, pixels evenly spaced."""
+    N, C, H, W = t.shape
+    sn, sc, sh, sw = t.stride()
+    return sc == 1 and (H == 1 or sh == W * sw) and (N == 1 or sn == H * W * sw) and sw >= C
+
+
+def output_operand(conv: Conv, tma: bool):
+    """(operand, Y_TMA): an NHWC output is an (M, K) matrix, written by TMA stores where TMA
+    applies (the pre-hook sets the box); y itself, written by strides, otherwise."""
+    y = conv.y
+    y2d = y.as_strided((conv.M, conv.K), (y.stride(3), 1)) if as_matrix(y) else None
+    y_tma = bool(tma and y2d is not None and tma_ok(y2d))
+    return (TensorDescriptor.from_tensor(y2d, [64, 64]) if y_tma else y), y_tma
+
+
+# ---------------------------------------------------------------------------------------------
+# Autotuning
+# ---------------------------------------------------------------------------------------------
+def config(block_m, block_n, block_k, num_stages, num_warps, group_m=8):
+    meta = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m}
+    return triton.Config(meta, num_stages=num_stages, num_warps=num_warps,
+                         pre_hook=set_tma_blocks)  # fmt: skip
+
+
+def window_config(block_h, block_w, block_n, block_k, num_stages, num_warps, group_m=8):
+    meta = {"BLOCK_H": block_h, "BLOCK_W": block_w, "BLOCK_N": block_n, "BLOCK_K": block_k,
+            "GROUP_M": group_m}  # fmt: skip
+    return triton.Config(meta, num_stages=num_stages, num_warps=num_warps,
+                         pre_hook=set_tma_blocks)  # fmt: skip
+
+
+def set_tma_blocks(nargs):
+    """Autotune pre-hook: give the TMA descriptors (when used) the block shape of this config."""
+    block_n, block_k = nargs["BLOCK_N"], nargs["BLOCK_K"]
+    if "BLOCK_H" in nargs:  # the window kernel's 4-D boxes: one image, BLOCK_H x BLOCK_W pixels
+        x_block = [1, nargs["BLOCK_H"], nargs["BLOCK_W"], block_k]
+        y_block = [1, nargs["BLOCK_H"], nargs["BLOCK_W"], block_n]
+    else:
+        x_block = [nargs["BLOCK_M"], block_k]
+        y_block = [nargs["BLOCK_M"], block_n]
+    for name, shape in (("x", x_block), ("w", [block_n, block_k]), ("y", y_block)):
+        arg = nargs.get(name)
+        if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
+            arg.block_shape = shape
+
+
+def configs_of(tiles):
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) tiles as configs; one small tile in
+    the interpreter (nothing to tune; tl.dot needs dims >= 16)."""
+    if is_interpreter():
+        return [config(32, 32, 16, 1, 4, group_m=2)]
+    return [config(*tile) for tile in tiles]
+
+
+def prune(configs, named_args, **kwargs):
+    """Drop tiles far wider than the problem (K output channels, M rows) and, under TMA, tiles
+    whose channel step does not divide C (the weight tile would run into the next tap)."""
+    K, M = named_args["K"], named_args["M"]
+    c_gemm = named_args.get("C")
+    # the implicit kernel's weight tile spans C only within one tap; past C it would read the
+    # next tap's weights (the gemm kernel's descriptors end at C and zero-fill instead)
+    split_taps = kwargs.get("B_TMA", False) and "R" in named_args
+    split = kwargs.get("SPLIT_K", 1) > 1
+    kept = []
+    for cfg in configs:
+        meta = dict(cfg.kwargs)
+        if "BLOCK_H" in meta:
+            meta["BLOCK_M"] = meta["BLOCK_H"] * meta["BLOCK_W"]
+        # split-K serves layers with few output tiles: the 128-channel-wide tiles of at most 128
+        # rows only (which also keeps the compiles down: one per config and split)
+        if split and (meta["BLOCK_N"] != 128 or meta["BLOCK_M"] > 128 or meta["BLOCK_K"] != 64):
+            continue
+        if meta["BLOCK_N"] > max(64, next_power_of_2(K)):
+            continue
+        if meta["BLOCK_M"] > max(64, next_power_of_2(M)):
+            continue
+        if split_taps and c_gemm % meta["BLOCK_K"] != 0:
+            continue
+        kept.append(cfg)
+    return kept or configs[-1:]
+
+
+def tune_bench(kernel_call, quantiles):
+    """The autotuner's timer: GPU time per call over 20 back-to-back calls behind a sleep kernel
+    (kernels._common.gpu_ms_per_call). triton's default do_bench counts the launch path whenever
+    it outlasts the kernel, which for these 10-50 us convolutions ranks configs by Python
+    overhead rather than by speed."""
+    ms = gpu_ms_per_call(kernel_call, 20)
+    return [ms for _ in quantiles] if quantiles else ms
+
+
+def autotune(configs, key):
+    return triton.autotune(
+        configs=configs,
+        key=key,
+        prune_configs_by={"early_config_prune": prune},
+        do_bench=tune_bench,
+    )
+
+
+def traceable(configs, key, fn):
+    """`fn` under a second autotuner for torch.compile (launch=wrap_triton): plain configs with
+    no pre-hook, the default timer and no pruning, which is what torch can trace in a
+    user-defined Triton kernel. Only the pointer-load variants run there."""
+    plain = [triton.Config(dict(c.kwargs), num_warps=c.num_warps, num_stages=c.num_stages)
+             for c in configs]  # fmt: skip
+    return triton.autotune(configs=plain, key=list(key))(fn)
+
+
+# Sizes that only bound loops and masks: not specialised on (== 1, % 16), so the ResNet layers
+# share compiled kernels instead of compiling every config again per spatial size. Channel counts,
+# strides and R, S stay specialised: they decide load vectorisation and the 1x1 shortcuts.
+SIZES_ONLY = ["M", "N", "H", "W", "P", "Q", "pad_h", "pad_w", "dil_h", "dil_w"]
+# The autotuning key of the implicit, flat and window kernels
+CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "conv_stride_h", "conv_stride_w",
+            "dil_h", "stride_xc", "stride_yk", "B_TMA", "SPLIT_K"]  # fmt: skip
+
+
+def split_buffers(kernel, split_k, tiles_of, device):
+    """fp32 workspace for every tile's SPLIT_K partial tiles, and the per-tile arrival counters
+    (kernels._common.tile_counters: cached per stream, zero between calls). Sized for the largest
+    grid any of the kernel's configs can launch (tiles_of(meta): that config's tile count)."""
+    tiles = ws = 0
+    for cfg in kernel.configs:
+        meta = cfg.kwargs
+        block_m = meta.get("BLOCK_M") or meta["BLOCK_H"] * meta["BLOCK_W"]
+        count = tiles_of(meta)
+        tiles = max(tiles, count)
+        ws = max(ws, count * block_m * meta["BLOCK_N"])
+    locks = tile_counters(device, tiles, minimum=4096)
+    return torch.empty(ws * split_k, device=device, dtype=torch.float32), locks
+
+
+def row_tiles(conv: Conv, meta) -> int:
+    """Output tiles of a (BLOCK_M rows) x (BLOCK_N channels) config."""
+    return cdiv(conv.M, meta["BLOCK_M"]) * cdiv(conv.K, meta["BLOCK_N"])

@@ -1,0 +1,244 @@
+"""conv2d's public wrapper and its dispatch: which design runs a call, with which operands by TMA
+and how many reduction splits.
+
+The designs (one module each) and when the dispatch takes them (docs/kernels/conv.md, "Shipped
+design"):
+
+    gemm.py            1x1, stride 1, unpadded, NHWC in and out: x is an (N·H·W, C) matrix and the
+                       conv one GEMM. Direct calls run the persistent kernel (TMA on Hopper);
+                       traced launches (launch=wrap_triton) the one-tile pointer kernel.
+    flat_reduction.py  few input channels (C < 16, the C = 3 stem): the reduction is the flat
+                       (r, s, c) index, padded only to BLOCK_K.
+    window.py          Hopper, direct launches, stride-1 filters (not 1x1) on images of 14x14 and
+                       up (P·Q >= 196) with C % 64 == 0, 16-bit NHWC input: the input tile is one
+                       4-D TMA box (on 7x7 images its ragged 8x8 boxes lose to the implicit GEMM).
+    implicit_gemm.py   everything else: per-pixel gathers of channel runs, one flat loop over
+                       (r, s, c-block) steps; the weight by TMA on Hopper.
+
+Window and implicit-GEMM direct launches split their reduction in the same launch where the
+output tiles are too few to fill the GPU (split_k_rule). On Hopper every direct design writes an
+NHWC output by TMA stores. An NCHW input is read in place by strided loads (measured faster than
+converting it to NHWC first); the output follows the input's layout. Forward only.
+
+Functions:
+    split_k_rule    reduction splits for an implicit / window conv with few output tiles
+    Plan, plan      the design, TMA use and split a call takes
+    prepare         validate a call and allocate its output: the Conv record the designs launch
+    conv2d_forward  conv2d with the launcher explicit (kernels/ops.py passes wrap_triton)
+    conv2d          the public function: F.conv2d (groups=1) then an activation, fused
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from kernels._common import (
+    Launcher,
+    activation_id,
+    cdiv,
+    check_same,
+    check_tensor,
+    direct,
+    dot_precision,
+    gpu_info,
+    is_interpreter,
+)
+from kernels.conv.common import Conv, TensorDescriptor
+from kernels.conv.flat_reduction import conv_flat
+from kernels.conv.gemm import conv_gemm, conv_gemm_persistent, is_gemm
+from kernels.conv.implicit_gemm import conv_implicit
+from kernels.conv.window import conv_window, window_ok
+
+
+def split_k_rule(M, K, C, R, S, sms) -> int:
+    """Reduction splits for an implicit / window conv of M rows, K output channels and a C·R·S
+    reduction on `sms` SMs: double the split while the 64x128 tiles times the split stay under
+    one per SM and each split keeps at least 18 steps of 64 channels, up to 2 (split 4 spilled
+    and lost everywhere). ResNet-50 at batch 32 on 132 SMs: 2 for the 7x7-output 3x3s (100 tiles,
+    512 channels), 1 elsewhere. docs/kernels/conv.md, "Round 3 (measured ...)"."""
+    tiles = cdiv(M, 64) * cdiv(K, 128)
+    steps = R * S * cdiv(C, 64)
+    split = 1
+    while split * 2 <= 2 and tiles * split < sms and steps // (split * 2) >= 18:
+        split *= 2
+    return split
+
+
+class Plan(NamedTuple):
+    design: str  # "gemm_persistent", "gemm", "flat", "window" or "implicit"
+    tma: bool  # Hopper TMA loads / stores where the operands allow them
+    split_k: int  # reduction splits (window and implicit only)
+
+
+def plan(conv: Conv, launch: Launcher = direct) -> Plan:
+    """The design, TMA use and reduction split for `conv` (see the module docstring). Traced
+    launches take the hook-free pointer kernels, unsplit."""
+    info = gpu_info(conv.x.device)
+    is_direct = launch is direct
+    hopper = TensorDescriptor is not None and info is not None and info.capability >= (9, 0)
+    tma = hopper and is_direct
+    if is_gemm(conv):
+        return Plan("gemm_persistent" if is_direct else "gemm", tma, 1)
+    if conv.C < 16:
+        return Plan("flat", tma, 1)
+    big_enough = conv.P * conv.Q >= 196 and (conv.R, conv.S) != (1, 1) and conv.C % 64 == 0
+    window = tma and big_enough and window_ok(conv.x, conv.stride)
+    split = 1
+    if is_direct and info is not None:
+        split = split_k_rule(conv.M, conv.K, conv.C, conv.R, conv.S, info.sms)
+    return Plan("window" if window else "implicit", tma, split)
+
+
+def _run(conv: Conv, chosen: Plan, launch: Launcher) -> None:
+    if chosen.design == "gemm_persistent":
+        conv_gemm_persistent(conv, tma=chosen.tma)
+    elif chosen.design == "gemm":
+        conv_gemm(conv, launch=launch)
+    elif chosen.design == "flat":
+        conv_flat(conv, launch=launch, tma=chosen.tma)
+    elif chosen.design == "window":
+        conv_window(conv, tma=chosen.tma, split_k=chosen.split_k)
+    else:
+        conv_implicit(conv, launch=launch, tma=chosen.tma, split_k=chosen.split_k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+def _pair(name: str, value, minimum: int) -> tuple[int, int]:
+    if isinstance(value, str):
+        raise ValueError(f"{name}={value!r} is not supported; pass an int or a pair of ints")
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return pair
+
+
+def _check(x, weight, bias, stride, padding, dilation, activation):
+    """Every check of conv2d's arguments; returns the (stride, padding, dilation) pairs, the
+    output size (P, Q) and the activation id."""
+    check_tensor("x", x)
+    if x.dim() not in (3, 4):
+        raise ValueError(f"x must be 3-D (C, H, W) or 4-D (N, C, H, W), got shape {tuple(x.shape)}")
+    check_tensor("weight", weight, ndim=4)
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1)
+    check_same({"x": x, "weight": weight, "bias": bias})
+    stride_hw = _pair("stride", stride, 1)
+    padding_hw = _pair("padding", padding, 0)
+    dilation_hw = _pair("dilation", dilation, 1)
+    act = activation_id(activation)
+    C, H, W = x.shape[-3:]
+    K, C_w, R, S = weight.shape
+    if C_w != C:
+        raise ValueError(
+            f"x has {C} channels (shape {tuple(x.shape)}) but weight expects {C_w} "
+            f"(shape {tuple(weight.shape)}); only groups=1 is supported"
+        )
+    if bias is not None and bias.shape[0] != K:
+        raise ValueError(f"bias has shape {tuple(bias.shape)} but weight has {K} output channels")
+    window_h = dilation_hw[0] * (R - 1) + 1
+    window_w = dilation_hw[1] * (S - 1) + 1
+    padded_h, padded_w = H + 2 * padding_hw[0], W + 2 * padding_hw[1]
+    if window_h > padded_h or window_w > padded_w:
+        raise ValueError(
+            f"kernel {R}x{S} with dilation {dilation_hw} spans {window_h}x{window_w}, larger than "
+            f"the padded input {padded_h}x{padded_w} (x shape {tuple(x.shape)})"
+        )
+    P = (padded_h - window_h) // stride_hw[0] + 1
+    Q = (padded_w - window_w) // stride_hw[1] + 1
+    return stride_hw, padding_hw, dilation_hw, (P, Q), act
+
+
+def _channels_last_output(x: torch.Tensor) -> bool:
+    """Follow the input's layout: channels innermost (channels_last, or a channel slice of it).
+
+    When both layouts describe x (C == 1 or H == W == 1), is_contiguous() wins and the output is
+    plain NCHW, which torch also prefers.
+    """
+    return not x.is_contiguous() and x.stride(1) == 1 and x.shape[1] > 1
+
+
+def _weight_matrix(weight: torch.Tensor) -> torch.Tensor:
+    """(K, R·S·C) row-major view of a channels_last weight (a copy, per call, otherwise)."""
+    K, C, R, S = weight.shape
+    w2d = weight.permute(0, 2, 3, 1).reshape(K, R * S * C)
+    if w2d.stride(1) != 1 or w2d.stride(0) < R * S * C:
+        w2d = w2d.contiguous()
+    return w2d
+
+
+def _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act) -> Conv:
+    N, C, H, W = x.shape
+    K, _, R, S = weight.shape
+    P, Q = pq
+    memory_format = torch.channels_last if _channels_last_output(x) else torch.contiguous_format
+    y = torch.empty((N, K, P, Q), device=x.device, dtype=x.dtype, memory_format=memory_format)
+    precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
+    constexprs = dict(HAS_BIAS=bias is not None, ACTIVATION=act, DOT_PRECISION=precision)
+    return Conv(x, _weight_matrix(weight), bias, y, N, C, H, W, K, P, Q, R, S,
+                stride_hw, padding_hw, dilation_hw, constexprs)  # fmt: skip
+
+
+def prepare(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None) -> Conv:
+    """Validate a conv2d call of a 4-D x and allocate its output (uninitialised)."""
+    stride_hw, padding_hw, dilation_hw, pq, act = _check(
+        x, weight, bias, stride, padding, dilation, activation
+    )
+    return _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------
+def conv2d_forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    activation: str | None = None,
+    *,
+    launch: Launcher = direct,
+) -> torch.Tensor:
+    """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d."""
+    stride_hw, padding_hw, dilation_hw, pq, act = _check(
+        x, weight, bias, stride, padding, dilation, activation
+    )
+    unbatched = x.dim() == 3  # as F.conv2d allows
+    if unbatched:
+        x = x.unsqueeze(0)
+    dtype = x.dtype
+    if is_interpreter() and dtype == torch.bfloat16:
+        # The triton 3.8 interpreter multiplies bf16 tl.dot operands as their raw uint16 bits, so
+        # run the fp32 kernel on upcast copies; the products are exact in fp32 either way, and the
+        # result is rounded to bf16 once, as on the GPU.
+        x, weight = x.float(), weight.float()
+        bias = None if bias is None else bias.float()
+    conv = _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act)
+    if conv.y.numel():
+        _run(conv, plan(conv, launch), launch)
+    y = conv.y if conv.y.dtype == dtype else conv.y.to(dtype)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv2d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """F.conv2d(x, weight, bias, stride, padding, dilation) with groups=1, then `activation`.
+
+    padding takes ints only (not 'same'/'valid'). The output is channels_last when x is, else
+    NCHW. Forward only: the result carries no autograd graph. The kernels read the weight as
+    channels_last (a (K, R·S·C) matrix): a weight in any other layout is copied to it in every
+    call, so keep weights channels_last.
+    """
+    return conv2d_forward(x, weight, bias, stride, padding, dilation, activation)

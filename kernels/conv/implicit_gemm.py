@@ -1,0 +1,164 @@
+"""Implicit GEMM: the general conv (any filter, stride, padding, dilation; C >= 16), the input
+patches gathered on the fly (no im2col buffer).
+
+One flat loop over (r, s, c-block) steps, so Triton's software pipeliner sees a single loop
+(nested r / s / c loops would leave it a 1-iteration inner loop when C = BLOCK_K). Each step loads,
+per output pixel, one contiguous run of BLOCK_K channels (NHWC; an NCHW input is read in place by
+strided loads, which still coalesce along the rows), with the pixel's (n, p, q) decoded once
+before the loop and the step's (r, s, c0) decoded as scalars. On Hopper the weight tile comes in
+by TMA and an NHWC output goes out by TMA stores.
+
+Split-K (SPLIT_K > 1): grid axis 1 splits the steps; the partial tiles are summed in the same
+launch by the last program to arrive (common.split_k_gather). The dispatch splits only layers with
+too few output tiles to fill the GPU (dispatch.split_k_rule).
+
+Functions:
+    conv_implicit_kernel  @triton.jit, autotuned (and a hook-free copy for traced launches)
+    conv_implicit         launch it for a Conv, through `launch`, TMA where `tma`, split_k splits
+"""
+
+import triton
+import triton.language as tl
+
+from kernels._common import direct
+from kernels.conv.common import (
+    CONV_KEY,
+    SIZES_ONLY,
+    Conv,
+    TensorDescriptor,
+    autotune,
+    bias_activation,
+    configs_of,
+    epilogue,
+    output_operand,
+    row_tiles,
+    split_buffers,
+    split_k_gather,
+    tma_ok,
+    traceable,
+)
+from kernels.matmul import grouped_tile
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps). fp16/bf16 on H100: 64 channels per step
+# (128-byte rows, the widest TMA/wgmma swizzle). The configs that won or came within ~10 % on
+# some ResNet-50 layer on the H100 (docs/kernels/conv.md, "Measurements"); fp32 configs that run
+# out of shared memory fail to compile and the autotuner skips them.
+IMPLICIT_TILES = [
+    (128, 64, 64, 4, 4),  # K = 64 output channels at 56x56
+    (256, 128, 64, 3, 8),
+    (64, 128, 64, 4, 4),  # most 28x28 / 14x14 / 7x7 layers (few rows: more tiles)
+    (128, 256, 64, 3, 8),
+    (128, 128, 32, 4, 4),
+    (128, 128, 64, 4, 8),
+    (64, 64, 64, 4, 4),
+]
+
+
+@autotune(configs_of(IMPLICIT_TILES), CONV_KEY)
+@triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
+@triton.jit(do_not_specialize=SIZES_ONLY)
+def conv_implicit_kernel(
+    # x: (N, C, H, W) by strides; w: packed (K, R·S·C) matrix or its TMA descriptor; y by strides
+    # or as an (M, K) TMA descriptor; ws_ptr, lock_ptr: split-K workspace and tile counters
+    x, w, bias_ptr, y, ws_ptr, lock_ptr,
+    M, N, C, H, W, K, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk,
+    stride_yn, stride_yk, stride_yp, stride_yq,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_C: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+
+    # -- per output pixel, once: (n, p, q), the window's corner and the image's base pointer --
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    n = offs_m // (P * Q)
+    pq = offs_m - n * (P * Q)
+    p = pq // Q
+    q = pq - p * Q
+    ih0 = p * conv_stride_h - pad_h
+    iw0 = q * conv_stride_w - pad_w
+    x_img = x + n.to(tl.int64) * stride_xn  # int64: batch × image stride can pass 2^31
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < K
+    offs_c = tl.arange(0, BLOCK_K)
+
+    # -- one flat loop over (r, s, channel block): a single loop the pipeliner can overlap --
+    c_blocks = tl.cdiv(C, BLOCK_K)
+    steps = R * S * c_blocks
+    if SPLIT_K > 1:  # this program's share of the (r, s, c-block) steps (axis 1 is the split)
+        per_split = tl.cdiv(steps, SPLIT_K)
+        step_lo = tl.program_id(1) * per_split
+        step_hi = tl.minimum(step_lo + per_split, steps)
+    else:
+        step_lo = 0
+        step_hi = steps
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(step_lo, step_hi):
+        rs = step // c_blocks
+        c0 = (step - rs * c_blocks) * BLOCK_K
+        r = rs // S
+        s = rs - r * S
+        ih = ih0 + r * dil_h
+        iw = iw0 + s * dil_w
+        pix_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)  # zero padding reads 0
+        c = c0 + offs_c
+        pix_off = ih * stride_xh + iw * stride_xw
+        a_ptrs = x_img[:, None] + pix_off[:, None] + c[None, :] * stride_xc
+        if EVEN_C:
+            a = tl.load(a_ptrs, mask=pix_ok[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=pix_ok[:, None] & (c < C)[None, :], other=0.0)
+        col = rs * C + c0  # the packed weight's column of (r, s, c0)
+        if B_TMA:
+            b = w.load([pid_n * BLOCK_N, col]).T
+        else:
+            b_ptrs = w + offs_n[None, :] * stride_wk + (col + offs_c)[:, None]
+            b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+    write = True
+    if SPLIT_K > 1:  # only the last program of this tile to arrive sums the partials and writes
+        acc, write = split_k_gather(acc, ws_ptr, lock_ptr, tl.program_id(0), tl.program_id(1),
+                                    SPLIT_K, BLOCK_M, BLOCK_N)  # fmt: skip
+    if write:
+        if Y_TMA:  # y is an (M, K) matrix: one TMA store, clipped at its edges
+            acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+            y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
+        else:
+            y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+            epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS,
+                     ACTIVATION)  # fmt: skip
+
+
+_TRACEABLE = traceable(conv_implicit_kernel.configs, CONV_KEY, conv_implicit_kernel.fn)
+
+
+def conv_implicit(conv: Conv, *, launch=direct, tma: bool = False, split_k: int = 1):
+    """Run `conv` by conv_implicit_kernel. `tma` (Hopper, direct launches): the weight by TMA
+    where C % 32 == 0 and the matrix allows it, an NHWC output by TMA stores. split_k > 1 splits
+    the reduction over grid axis 1 (direct launches only: it needs the split workspace)."""
+    w2d, y = conv.w2d, conv.y
+    b_tma = bool(tma and conv.C % 32 == 0 and tma_ok(w2d))
+    b = TensorDescriptor.from_tensor(w2d, [64, 64]) if b_tma else w2d
+    out, y_tma = output_operand(conv, tma)
+    kernel = conv_implicit_kernel if launch is direct else _TRACEABLE
+    ws = locks = None
+    if split_k > 1:
+        ws, locks = split_buffers(kernel, split_k, lambda meta: row_tiles(conv, meta),
+                                  conv.x.device)  # fmt: skip
+
+    def grid(meta):
+        return (row_tiles(conv, meta), split_k) if split_k > 1 else (row_tiles(conv, meta),)
+
+    launch(kernel)[grid](
+        conv.x, b, conv.bias, out, ws, locks,
+        conv.M, conv.N, conv.C, conv.H, conv.W, conv.K, conv.P, conv.Q, conv.R, conv.S,
+        *conv.stride, *conv.padding, *conv.dilation,
+        *conv.x.stride(), w2d.stride(0), *y.stride(),
+        B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, **conv.constexprs,
+    )  # fmt: skip
