@@ -1,5 +1,6 @@
 """kernels.linear against float64 autograd: every activation, bias on and off, 3-D and strided
-inputs, gradients of x, weight and bias, and bad input."""
+inputs, gradients of x, weight and bias on the pointer kernel and (a pretended Hopper) the TMA
+kernels, the backward's dZ + db kernel, and bad input."""
 
 import importlib
 
@@ -8,10 +9,11 @@ import torch
 from test_kernels_matmul import few_configs  # noqa: F401 - the fixture, shared with the GPU tests
 
 from experiments.correctness import relative_error, tolerance
-from kernels._common import ACTIVATIONS, dot_precision
+from kernels._common import ACTIVATIONS, direct, dot_precision, pretend_gpu
 from kernels.linear import linear, linear_reference
 
-km = importlib.import_module("kernels.matmul")  # the module; kernels.matmul is also a function
+# the module (kernels.linear is also the function), for its launch constants
+backward = importlib.import_module("kernels.linear.backward")
 
 # The interpreter evaluates sigmoid as 1 / (1 + exp(-x)) in numpy, which warns when exp(-x)
 # overflows to inf for x < -88 even though the result, 0, is right.
@@ -196,21 +198,18 @@ def test_large_on_gpu(dtype_name):
 
 
 @pytest.fixture
-def tma_everywhere(monkeypatch):
-    """Route every GEMM whose operands TMA can read to the Hopper kernel, with split_k 2, as if
-    on an sm_90 GPU: the interpreter runs it, so its layouts (weight.T as a column-major B in the
-    forward, dZ.T as a column-major A for dW) are checked without one."""
-
-    def plan(a, b):
-        aligned = km._tma_layout(a) and km._tma_layout(b)
-        return ("tma" if aligned else "pointer"), 2
-
-    monkeypatch.setattr(km, "plan", plan)
+def hopper():
+    """Dispatch as on an H100: every GEMM whose operands TMA can read takes a TMA kernel (the
+    host-descriptor one for 16-bit, the device-descriptor one for fp32), which the interpreter
+    runs, so their layouts (weight.T as a column-major B in the forward, dZ.T as a column-major
+    A for dW) are checked without a GPU."""
+    with pretend_gpu((9, 0), 132):
+        yield
 
 
 @pytest.mark.parametrize("activation", ["gelu", "none"])
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_tma_path_forward_backward(dtype_name, activation, device, tma_everywhere):
+def test_tma_forward_backward(dtype_name, activation, device, hopper):
     x, weight, bias = make_inputs((2, 8, 64), 48, dtype_name, device)
     check_forward(x, weight, bias, activation, dtype_name)
     for t in (x, weight, bias):
@@ -244,13 +243,12 @@ def test_activation_backward_dz_db(M, N, activation, programs, monkeypatch, devi
     partial rows then summed by column_sum_kernel); the same inputs give the same db bits."""
     import torch.nn.functional as F
 
-    kl = importlib.import_module("kernels.linear")
-    monkeypatch.setattr(kl, "DZ_PROGRAMS", programs)
+    monkeypatch.setattr(backward, "DZ_PROGRAMS", programs)
     gen = torch.Generator().manual_seed(12)
     dtype = torch.bfloat16
     z = torch.randn(M, N, generator=gen).to(device=device, dtype=dtype)
     dy = torch.randn(M, N, generator=gen).to(device=device, dtype=dtype)
-    dz, db = kl._activation_backward(dy, z, ACTIVATIONS[activation], True, kl.direct)
+    dz, db = backward.activation_backward(dy, z, ACTIVATIONS[activation], True, direct)
     zd = z.double().requires_grad_()
     act = {"gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
            "silu": F.silu, "relu": F.relu}[activation]  # fmt: skip
@@ -259,17 +257,17 @@ def test_activation_backward_dz_db(M, N, activation, programs, monkeypatch, devi
     # dZ: one bf16 rounding of a float64 product; db: the sum of dZ as stored, rounded once
     torch.testing.assert_close(dz.double(), grad, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(db.double(), dz.double().sum(0), rtol=1e-2, atol=1e-2)
-    _, db2 = kl._activation_backward(dy, z, ACTIVATIONS[activation], True, kl.direct)
+    _, db2 = backward.activation_backward(dy, z, ACTIVATIONS[activation], True, direct)
     assert torch.equal(db, db2)
 
 
-def test_dz_launch_defaults():
-    """Round 8 ships the measured-best dZ+db setting (H100, 2048x4096 gelu: 37.0 us against 45.1
-    for round 5's 16x512 w4): 8x512 blocks, 4 warps, one block per program up to DZ_PROGRAMS
-    blocks, then whole blocks per program (db stays a fixed-order sum of per-program rows)."""
-    kl = importlib.import_module("kernels.linear")
-    assert (kl.DZ_BLOCK_M, kl.DZ_BLOCK_N, kl.DZ_NUM_WARPS) == (8, 512, 4)
-    assert kl.ACTIVATION_BACKWARD_ROWS is None
-    assert kl._dz_rows(2048, 4096) == 16  # 2 blocks a program: 128 x 8 = 1024 programs
-    assert kl._dz_rows(16384, 4096) == 128  # 8 blocks a program, 1024 programs
-    assert kl._dz_rows(7, 300) % kl.DZ_BLOCK_M == 0
+def test_dz_rows():
+    """Rows per dZ + db program: whole DZ_BLOCK_M blocks, one block a program up to DZ_PROGRAMS
+    blocks, then as many blocks a program as keep the program count near DZ_PROGRAMS."""
+    rows_per_block = backward.DZ_BLOCK_M
+    assert backward.dz_rows(7, 300) == rows_per_block
+    for M, N in [(2048, 4096), (16384, 4096), (100000, 700)]:
+        rows = backward.dz_rows(M, N)
+        programs = -(-M // rows) * -(-N // backward.DZ_BLOCK_N)
+        assert rows % rows_per_block == 0
+        assert backward.DZ_PROGRAMS // 2 <= programs <= 2 * backward.DZ_PROGRAMS

@@ -1,6 +1,6 @@
-"""kernels.matmul against a float64 reference: odd sizes, strided views, every dtype, bad input."""
-
-import importlib
+"""kernels.matmul against a float64 reference: odd sizes, strided views, every dtype, every
+design (the Hopper TMA kernels run in the interpreter under kernels._common.pretend_gpu), the
+fused bias + activation epilogue with the pre-activation, split-K, the dispatch, bad input."""
 
 import pytest
 import torch
@@ -8,20 +8,28 @@ import triton
 import triton.language as tl
 
 from experiments.correctness import relative_error, tolerance
-from kernels._common import _TILE_COUNTERS, ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision
-from kernels.matmul import (
-    _tma_layout,
-    apply_activation,
-    fused_matmul,
-    matmul,
-    matmul_reference,
-    plan,
+from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision, pretend_gpu
+from kernels.matmul import apply_activation, fused_matmul, matmul, matmul_reference, plan
+from kernels.matmul.pointer import matmul_kernel, pointer_configs
+from kernels.matmul.splitk import auto_split_k
+from kernels.matmul.tma import (
+    DECODE_TILE,
+    LARGE_TILE,
+    SKINNY_TILE,
+    SKINNY_WIDE_TILE,
+    WAVE_TILES,
+    matmul_tma_device_desc_kernel,
+    tma_configs,
+    tma_layout,
 )
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+ACT_NAMES = list(ACTIVATIONS)
+HOPPER = (9, 0)
 
-# (M, N, K): each of 1, 7, 65 and 1823 in every position, in shapes the interpreter runs fast.
-SHAPES = [(1823, 7, 65), (1, 65, 7), (65, 1823, 33), (7, 1, 1823), (65, 33, 1)]
+# The interpreter evaluates sigmoid as 1 / (1 + exp(-x)) in numpy, which warns when exp(-x)
+# overflows to inf for x < -88 even though the result, 0, is right.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
 
 def tol(dtype_name: str) -> float:
@@ -44,6 +52,28 @@ def random_matrix(rows, cols, layout, dtype, device, generator):
     return randn(rows, cols)
 
 
+def fused_reference(a, b, bias, activation):
+    z = a.double() @ b.double()
+    if bias is not None:
+        z = z + bias.double()
+    return TORCH_ACTIVATIONS[activation](z), z
+
+
+def check_fused(a, b, bias, dtype_name, activations=ACT_NAMES):
+    """fused_matmul's c and z against float64 for each activation; without save_preact, the
+    same c and no z."""
+    M, N = a.shape[0], b.shape[1]
+    for act in activations:
+        c, z = fused_matmul(a, b, bias, ACTIVATIONS[act], True)
+        ref_c, ref_z = fused_reference(a, b, bias, act)
+        assert c.shape == z.shape == (M, N) and c.is_contiguous() and c.dtype == a.dtype
+        for out, ref, what in [(c, ref_c, f"{act} c"), (z, ref_z, f"{act} z")]:
+            err = relative_error(out, ref)
+            assert err < tol(dtype_name), f"{what}: relative error {err:.2e}"
+        c2, z2 = fused_matmul(a, b, bias, ACTIVATIONS[act], False)
+        assert z2 is None and torch.equal(c2, c), act
+
+
 def check(a, b, dtype_name):
     c = matmul(a, b)
     assert c.dtype == a.dtype and c.shape == (a.shape[0], b.shape[1]) and c.is_contiguous()
@@ -51,9 +81,14 @@ def check(a, b, dtype_name):
     assert err < tol(dtype_name), f"relative error {err:.2e} >= {tol(dtype_name):.0e}"
 
 
+# ---- matmul on this machine's design (the pointer kernel in the interpreter) ----
 @pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "shape", [(1823, 7, 65), (1, 65, 7), (65, 1823, 33), (7, 1, 1823), (65, 33, 1)],
+    ids=lambda s: "x".join(map(str, s)),
+)  # fmt: skip
 def test_odd_shapes(shape, dtype_name, device):
+    """Each of 1, 7, 65 and 1823 in every position of (M, N, K)."""
     M, N, K = shape
     gen = torch.Generator().manual_seed(0)
     a = random_matrix(M, K, "contiguous", DTYPES[dtype_name], device, gen)
@@ -86,6 +121,150 @@ def test_empty_dims(shape, device):
     assert torch.equal(c, torch.zeros(M, N, device=device))  # an empty sum is zero
 
 
+# ---- every design's fused epilogue: bias, each activation, the pre-activation ----
+@pytest.mark.parametrize("gpu", [None, HOPPER], ids=["pointer", "hopper"])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize(
+    "a_layout, b_layout, N",
+    # N = 24 keeps C's rows 16-byte aligned (TMA store); N = 7 takes the masked-store epilogue.
+    [("contiguous", "contiguous", 24), ("transposed", "transposed", 7),
+     ("contiguous", "transposed", 24), ("transposed", "contiguous", 24)],
+)  # fmt: skip
+def test_fused_epilogue(a_layout, b_layout, N, dtype_name, gpu, device):
+    """On a pretended Hopper the 16-bit dtypes take the host-descriptor TMA kernel (the skinny
+    64x64x128 tile; K = 200 leaves its second K step short) and fp32 the device-descriptor one,
+    each reading every operand as stored; else the pointer kernel."""
+    M, K = 40, 200
+    gen = torch.Generator().manual_seed(4)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(M, K, a_layout, dtype, device, gen)
+    b = random_matrix(K, N, b_layout, dtype, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=dtype)
+    if gpu is None:
+        check_fused(a, b, bias, dtype_name)
+        return
+    with pretend_gpu(gpu, 132):
+        want = "tma_device_desc" if dtype_name == "fp32" else "tma_host_desc"
+        assert plan(a, b).kernel == want
+        check_fused(a, b, bias, dtype_name)
+
+
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("N", [264, 263], ids=["tma-store", "masked-store"])
+def test_subtiled_epilogue(N, with_bias, device):
+    """The 128x256 tile's epilogue in column blocks (2 without an activation, 4 with one, each
+    adding its own slice of the bias), and its masked full-tile store where C's rows are not
+    16-byte aligned. One pretended SM makes 130 x 264 a large problem (4 tiles > 2 waves)."""
+    M, K = 130, 72
+    gen = torch.Generator().manual_seed(13)
+    a = random_matrix(M, K, "contiguous", torch.bfloat16, device, gen)
+    b = random_matrix(K, N, "transposed", torch.bfloat16, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=torch.bfloat16)
+    with pretend_gpu(HOPPER, 1):
+        assert plan(a, b).tile == LARGE_TILE and LARGE_TILE.subtile
+        check_fused(a, b, bias if with_bias else None, "bf16")
+
+
+def test_decode_tile(device):
+    """M <= 32 on a pretended Hopper: the 16-row tile with BLOCK_K 256 (K = 312: a short step)."""
+    gen = torch.Generator().manual_seed(14)
+    a = random_matrix(5, 312, "contiguous", torch.float16, device, gen)
+    b = random_matrix(312, 40, "transposed", torch.float16, device, gen)
+    bias = torch.randn(40, generator=gen).to(device=device, dtype=torch.float16)
+    with pretend_gpu(HOPPER, 132):
+        assert plan(a, b).tile == DECODE_TILE
+        check_fused(a, b, bias, "fp16", ["none", "silu"])
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_split_k(dtype_name, device):
+    """A skinny, deep GEMM on the pointer path is cut into 2 K slices (the second one step short
+    in the interpreter's 32-deep tiles); splitk_reduce_kernel adds them and runs the epilogue."""
+    M, N, K = 16, 40, 1040
+    gen = torch.Generator().manual_seed(5)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(M, K, "contiguous", dtype, device, gen)
+    b = random_matrix(K, N, "transposed", dtype, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=dtype)
+    if device == "cuda":
+        pytest.skip("on a GPU this shape takes the device's own plan")
+    assert plan(a, b) == ("pointer", 2, None)
+    check_fused(a, b, bias, dtype_name, ["none", "gelu"])
+    check_fused(a, b, None, dtype_name, ["relu"])
+
+
+# ---- the dispatch ----
+def meta(M, K, N, dtype=torch.bfloat16, b_layout="contiguous"):
+    """Shape-only operands (the plan reads shapes, strides and dtype, never data)."""
+    a = torch.empty(M, K, dtype=dtype, device="meta")
+    b = torch.empty(N, K, dtype=dtype, device="meta").t() if b_layout == "transposed" else None
+    return a, b if b is not None else torch.empty(K, N, dtype=dtype, device="meta")
+
+
+@pytest.mark.parametrize(
+    "shape, tile",
+    # H100 (132 SMs), 16-bit: by M, then by how many waves of tiles the shape makes
+    [((16, 4096, 4096), DECODE_TILE),
+     ((1, 4096, 14336), DECODE_TILE),
+     ((128, 4096, 4096), SKINNY_TILE),
+     ((33, 14336, 4096), SKINNY_TILE),
+     ((128, 14336, 4096), SKINNY_WIDE_TILE),  # 64x64 tiles: 448 > 2 waves
+     ((512, 512, 512), WAVE_TILES[3]),
+     ((1024, 1024, 1024), WAVE_TILES[2]),  # 128x64: 128 tiles, about one wave
+     ((2048, 2048, 2048), WAVE_TILES[0]),
+     ((4096, 4096, 4096), LARGE_TILE),
+     ((16384, 14336, 4096), LARGE_TILE)],
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v[0], int) and len(v) == 3 else None,
+)  # fmt: skip
+def test_dispatch_hopper_16bit_tiles(shape, tile):
+    M, N, K = shape
+    with pretend_gpu(HOPPER, 132):
+        for dtype in (torch.bfloat16, torch.float16):
+            assert plan(*meta(M, K, N, dtype, "transposed")) == ("tma_host_desc", 1, tile)
+
+
+def test_dispatch():
+    """Which kernel (and K split) representative calls take, by capability, layout and launch."""
+    traced = lambda kernel: kernel  # any launcher other than kernels._common.direct
+    with pretend_gpu(HOPPER, 132):
+        assert plan(*meta(4096, 4096, 4096, torch.float32)) == ("tma_device_desc", 1, None)
+        assert plan(*meta(16, 4096, 4096, torch.float32)) == ("tma_device_desc", 1, None)
+        # rows of 1823 bf16 elements are not 16-byte aligned: the pointer kernel, split for M = 16
+        assert plan(*meta(16, 1823, 4096)) == ("pointer", 2, None)
+        assert plan(*meta(1024, 1823, 4096)) == ("pointer", 1, None)
+        # launches traced by torch.compile take the pointer kernel
+        assert plan(*meta(16, 4096, 4096), launch=traced) == ("pointer", 8, None)
+        assert plan(*meta(4096, 4096, 4096), launch=traced) == ("pointer", 1, None)
+        assert plan(*meta(64, 0, 64)) == ("pointer", 1, None)  # K = 0: nothing to describe
+    with pretend_gpu(HOPPER, 66):  # split-K by the SM count: 32 tiles x 4 slices fill 2 x 66
+        assert plan(*meta(16, 4096, 4096), launch=traced) == ("pointer", 4, None)
+    with pretend_gpu((8, 0), 66):  # no TMA: the pointer kernel, split-K sized for 132 SMs
+        assert plan(*meta(16, 4096, 4096)) == ("pointer", 8, None)
+        assert plan(*meta(4096, 4096, 4096)) == ("pointer", 1, None)
+    assert plan(*meta(16, 4096, 4096)) == ("pointer", 8, None)  # the interpreter, no GPU
+    # slices at least 512 deep, at most 2 work items per SM
+    assert auto_split_k(16, 4096, 4096, 132) == 8 and auto_split_k(16, 4096, 1000, 132) == 1
+    assert auto_split_k(129, 4096, 4096, 132) == 1
+
+
+@pytest.mark.parametrize(
+    "make, ok",
+    [
+        (lambda: torch.randn(8, 16), (False, 16)),
+        (lambda: torch.randn(16, 8).t(), (True, 8)),
+        (lambda: torch.randn(8, 19)[:, 3:], None),  # offset start: 12 bytes
+        (lambda: torch.randn(8, 20)[:, 4:], (False, 20)),  # offset 16 bytes, row stride 80 bytes
+        (lambda: torch.randn(8, 7), None),  # 28-byte rows
+        (lambda: torch.randn(16).expand(8, 16), None),  # stride 0
+        (lambda: torch.randn(8, 32)[:, ::2], None),  # no unit stride
+    ],
+    ids=["row-major", "col-major", "offset", "aligned-slice", "odd-rows", "expand", "step"],
+)
+def test_tma_layout_rules(make, ok):
+    assert tma_layout(make()) == ok
+
+
+# ---- bad input ----
 def tensor(*shape, dtype=torch.float32, device="cpu"):
     return torch.ones(*shape, dtype=dtype, device=device)
 
@@ -109,399 +288,7 @@ def test_bad_input(a, b, error, match):
         matmul(a, b)
 
 
-# ---- both kernels and every epilogue through fused_matmul (the launch linear uses) ----
-ACT_NAMES = ["none", "relu", "gelu", "gelu_tanh", "silu"]
-
-
-def fused_reference(a, b, bias, activation):
-    z = a.double() @ b.double()
-    if bias is not None:
-        z = z + bias.double()
-    return TORCH_ACTIVATIONS[activation](z), z
-
-
-@pytest.mark.parametrize("split_k", [1, 3])
-@pytest.mark.parametrize("path", ["pointer", "tma"])
-@pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize(
-    "a_layout, b_layout, N",
-    # N = 24 keeps C's rows 16-byte aligned (TMA store); N = 7 takes the masked-store epilogue.
-    [("contiguous", "contiguous", 24), ("transposed", "transposed", 7),
-     ("contiguous", "transposed", 24), ("transposed", "contiguous", 24)],
-)  # fmt: skip
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-def test_fused_epilogue_paths(a_layout, b_layout, N, dtype_name, path, split_k, device):
-    """The TMA kernel runs here in the interpreter too (descriptors over each operand's stored
-    layout); split_k 3 leaves one K slice short and goes through splitk_reduce_kernel."""
-    M, K = 40, 104
-    gen = torch.Generator().manual_seed(4)
-    dtype = DTYPES[dtype_name]
-    a = random_matrix(M, K, a_layout, dtype, device, gen)
-    b = random_matrix(K, N, b_layout, dtype, device, gen)
-    bias = torch.randn(N, generator=gen).to(device=device, dtype=dtype)
-    for act in ACT_NAMES:
-        c, z = fused_matmul(a, b, bias, ACTIVATIONS[act], True, path=path, split_k=split_k)
-        ref_c, ref_z = fused_reference(a, b, bias, act)
-        assert c.shape == z.shape == (M, N) and c.is_contiguous() and c.dtype == dtype
-        for out, ref, what in [(c, ref_c, f"{act} c"), (z, ref_z, f"{act} z")]:
-            err = relative_error(out, ref)
-            assert err < tol(dtype_name), f"{what}: relative error {err:.2e}"
-
-
-@pytest.mark.parametrize("path", ["pointer", "tma"])
-def test_fused_no_bias_no_preact(path, device):
-    gen = torch.Generator().manual_seed(5)
-    a = random_matrix(40, 64, "contiguous", torch.float32, device, gen)
-    b = random_matrix(64, 32, "transposed", torch.float32, device, gen)
-    c, z = fused_matmul(a, b, None, ACTIVATIONS["relu"], False, path=path, split_k=2)
-    assert z is None
-    err = relative_error(c, fused_reference(a, b, None, "relu")[0])
-    assert err < tol("fp32")
-
-
-@pytest.mark.parametrize(
-    "make, ok",
-    [
-        (lambda: torch.randn(8, 16), (False, 16)),
-        (lambda: torch.randn(16, 8).t(), (True, 8)),
-        (lambda: torch.randn(8, 19)[:, 3:], None),  # offset start: 12 bytes
-        (lambda: torch.randn(8, 20)[:, 4:], (False, 20)),  # offset 16 bytes, row stride 80 bytes
-        (lambda: torch.randn(8, 7), None),  # 28-byte rows
-        (lambda: torch.randn(16).expand(8, 16), None),  # stride 0
-        (lambda: torch.randn(8, 32)[:, ::2], None),  # no unit stride
-    ],
-    ids=["row-major", "col-major", "offset", "aligned-slice", "odd-rows", "expand", "step"],
-)
-def test_tma_layout_rules(make, ok):
-    assert _tma_layout(make()) == ok
-
-
-def test_tma_path_refuses_unaligned(device):
-    a = torch.randn(8, 7, device=device)
-    b = torch.randn(7, 16, device=device)
-    with pytest.raises(ValueError, match="TMA path needs 16-byte aligned"):
-        fused_matmul(a, b, path="tma")
-
-
-def test_plan_without_tma_is_pointer(device):
-    a, b = torch.randn(16, 4096, device="cpu"), torch.randn(4096, 64, device="cpu")
-    path, split_k = plan(a, b)
-    assert path == "pointer" and split_k > 1  # skinny and deep: K is split
-    assert plan(torch.randn(512, 64), torch.randn(64, 64)) == ("pointer", 1)
-
-
-@pytest.fixture
-def few_configs(monkeypatch):
-    """One tile per kind (large / skinny, 16-bit / fp32) for the GPU tests: they check the kernels'
-    logic, and autotuning every shipped config for every test shape would take minutes."""
-    from triton.runtime.autotuner import Autotuner
-
-    km = importlib.import_module("kernels.matmul")
-
-    def keep(configs, wanted):
-        def name(c):
-            kw = c.kwargs
-            sub = kw.get("EPILOGUE_SUBTILE", False)
-            return (kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], c.num_stages, sub)
-
-        return [c for c in configs if name(c) in wanted]
-
-    tma = keep(km.tma_configs(), {(128, 256, 64, 3, True), (64, 128, 128, 4, False),
-                                  (128, 128, 32, 4, False), (64, 128, 32, 4, False)})  # fmt: skip
-    pointer = keep(km.hopper_configs(), {(128, 128, 64, 4, False), (64, 64, 128, 4, False)})
-    assert len(tma) == 4 and len(pointer) == 2
-    for kernel, configs in [(km.matmul_tma_kernel, tma), (km.matmul_kernel, pointer)]:
-        assert isinstance(kernel, Autotuner)
-        monkeypatch.setattr(kernel, "configs", configs)
-        monkeypatch.setattr(kernel, "cache", {})
-
-
-GPU_CASES = [
-    # (M, N, K), B layout, dtype, TF32: decode (skinny tiles), skinny with W.t() as B, odd M, an
-    # odd K that TMA cannot take (pointer kernel), fp32 without and with TF32 (a row-major B is
-    # copied K-major for TF32), square
-    ((16, 4096, 4096), "contiguous", "bf16", False),
-    ((128, 1024, 4096), "transposed", "fp16", False),
-    ((1000, 1536, 520), "contiguous", "bf16", False),
-    ((257, 1823, 1823), "contiguous", "bf16", False),
-    ((512, 768, 1024), "transposed", "fp32", False),
-    ((1000, 1536, 520), "contiguous", "fp32", True),
-    ((2048, 2048, 2048), "transposed", "fp16", False),
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(
-    "shape, b_layout, dtype_name, tf32",
-    GPU_CASES,
-    ids=["decode", "skinny-bT", "odd-m", "odd-k-pointer", "fp32-bT", "tf32-copy", "square"],
-)
-def test_paths_on_gpu(shape, b_layout, dtype_name, tf32, few_configs, monkeypatch):
-    """The automatic path on the GPU (TMA on sm_90+, the pointer kernel for 1823-wide rows) with
-    a fused bias + gelu epilogue and without, against float64."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
-    M, N, K = shape
-    gen = torch.Generator().manual_seed(6)
-    dtype = DTYPES[dtype_name]
-    a = random_matrix(M, K, "contiguous", dtype, "cuda", gen)
-    b = random_matrix(K, N, b_layout, dtype, "cuda", gen)
-    bias = torch.randn(N, generator=gen).to(device="cuda", dtype=dtype)
-    c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True)
-    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
-    assert relative_error(c, ref_c) < tol(dtype_name)
-    assert relative_error(z, ref_z) < tol(dtype_name)
-    assert relative_error(matmul(a, b), a.double() @ b.double()) < tol(dtype_name)
-
-
-# ---- round 3: matmul_tma_r3_kernel (explicit tile, host descriptors, in-kernel split-K) ----
-def r3_meta(subtile=False):
-    km = importlib.import_module("kernels.matmul")
-    return km._r3_meta((32, 32, 32, 1, 4, subtile))
-
-
-@pytest.mark.parametrize("variant", ["sk", "sk-hd"])
-@pytest.mark.parametrize("split_k", [1, 2, 3])
-@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
-@pytest.mark.parametrize(
-    "M, N, K, a_layout, b_layout",
-    # 65 rows and 1 column; N = 24 keeps C's rows 16-byte aligned (TMA store), N = 7 and 65 take
-    # the masked store; K = 1832 leaves the last of 3 slices short; transposed A and B.
-    [(65, 24, 104, "contiguous", "contiguous"), (40, 7, 1832, "transposed", "transposed"),
-     (1, 24, 64, "contiguous", "transposed"), (7, 65, 200, "contiguous", "transposed"),
-     (72, 48, 96, "transposed", "contiguous")],
-)  # fmt: skip
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
-def test_r3_kernel(M, N, K, a_layout, b_layout, dtype_name, split_k, variant, device):
-    """The round-3 kernel against float64 with every activation, bias and the pre-activation;
-    split_k > 1 runs the last-slice reduction, and the tile counters are left at zero."""
-    km = importlib.import_module("kernels.matmul")
-    gen = torch.Generator().manual_seed(7)
-    dtype = DTYPES[dtype_name]
-    a = random_matrix(M, K, a_layout, dtype, device, gen)
-    b = random_matrix(K, N, b_layout, dtype, device, gen)
-    bias = torch.randn(N, generator=gen).to(device=device, dtype=dtype)
-    for i, act in enumerate(ACT_NAMES):
-        meta = r3_meta(subtile=i % 2 == 1)
-        with_bias = bias if i != 2 else None
-        c, z = fused_matmul(a, b, with_bias, ACTIVATIONS[act], True, path="tma", variant=variant,
-                            config=meta, split_k=split_k)  # fmt: skip
-        assert km.LAST_R3[0][1] == min(split_k, triton.cdiv(K, 32))  # no more slices than steps
-        assert km.LAST_R3[0][2] == variant.endswith("-hd")
-        ref_c, ref_z = fused_reference(a, b, with_bias, act)
-        assert c.shape == z.shape == (M, N) and c.is_contiguous() and c.dtype == dtype
-        for out, ref, what in [(c, ref_c, f"{act} c"), (z, ref_z, f"{act} z")]:
-            err = relative_error(out, ref)
-            assert err < tol(dtype_name), f"{what}: relative error {err:.2e}"
-    for locks in _TILE_COUNTERS.values():
-        assert int(locks.abs().sum()) == 0
-
-
-@pytest.mark.parametrize("variant", ["wave", "wave-hd", "sk", "sk-hd"])
-def test_r3_variants_keep_default_for_fp32_and_pointer(variant, device):
-    """fp32 and the pointer path ignore the variant (the default kernels run), and still match."""
-    km = importlib.import_module("kernels.matmul")
-    gen = torch.Generator().manual_seed(8)
-    a = random_matrix(33, 40, "contiguous", torch.float32, device, gen)
-    b = random_matrix(40, 24, "contiguous", torch.float32, device, gen)
-    km.LAST_R3[0] = None
-    for path in ("tma", "pointer"):
-        c, _ = fused_matmul(a, b, None, ACTIVATIONS["none"], False, path=path, variant=variant,
-                            config=r3_meta(), split_k=2)  # fmt: skip
-        assert relative_error(c, a.double() @ b.double()) < tol("fp32")
-    assert km.LAST_R3[0] is None
-
-
-def test_r3_module_variant_switch(monkeypatch, device):
-    """VARIANT is the default of fused_matmul's variant; an unknown name is an error."""
-    km = importlib.import_module("kernels.matmul")
-    gen = torch.Generator().manual_seed(9)
-    a = random_matrix(24, 40, "contiguous", torch.float16, device, gen)
-    b = random_matrix(40, 16, "contiguous", torch.float16, device, gen)
-    with pytest.raises(ValueError, match="variant"):
-        fused_matmul(a, b, path="tma", variant="nope", config=r3_meta())
-    monkeypatch.setattr(km, "VARIANT", "wave-hd")
-    km.LAST_R3[0] = None
-    c, _ = fused_matmul(a, b, path="tma", config=r3_meta())
-    assert km.LAST_R3[0] is not None and km.LAST_R3[0][2] is True
-    assert relative_error(c, a.double() @ b.double()) < tol("fp16")
-
-
-@pytest.mark.parametrize(
-    "shape, tile, split",
-    # H100 (132 SMs): (BLOCK_M, BLOCK_N) of wave_config, then split_config's tile and split
-    [((1024, 1024, 1024), (128, 64), ((128, 128), 2)),
-     ((2048, 2048, 2048), (128, 256), None),
-     ((1024, 4096, 4096), (128, 256), None),
-     ((1024, 14336, 4096), None, None),
-     ((4096, 4096, 4096), None, None),
-     ((128, 4096, 4096), None, ((64, 128), 2)),
-     ((16, 4096, 4096), None, ((16, 64), 2)),
-     ((16, 14336, 4096), None, None),
-     ((1024, 1024, 128), (128, 64), None)],
-)  # fmt: skip
-def test_r3_heuristics(shape, tile, split):
-    km = importlib.import_module("kernels.matmul")
-    meta = km.wave_config(*shape, 132)
-    assert (None if meta is None else (meta["BLOCK_M"], meta["BLOCK_N"])) == tile
-    planned = km.split_config(*shape, 132)
-    got = None if planned is None else ((planned[0]["BLOCK_M"], planned[0]["BLOCK_N"]), planned[1])
-    assert got == split
-    if planned is not None:  # no empty slice, and one wave at most
-        m, n, k = shape
-        tiles = triton.cdiv(m, planned[0]["BLOCK_M"]) * triton.cdiv(n, planned[0]["BLOCK_N"])
-        k_tiles = triton.cdiv(k, planned[0]["BLOCK_K"])
-        assert tiles * planned[1] <= 132
-        assert (planned[1] - 1) * triton.cdiv(k_tiles, planned[1]) < k_tiles
-
-
-R3_GPU_CASES = [
-    # (M, N, K), B layout, dtype: 1024^3 (wave: 128x64 tiles; sk: 128x128 split 2), decode
-    # (16-row tiles split 2), odd M with W.t() as B (masked edge tiles, K-major B)
-    ((1024, 1024, 1024), "contiguous", "bf16"),
-    ((16, 4096, 4096), "contiguous", "bf16"),
-    ((1000, 1536, 1032), "transposed", "fp16"),
-]
-
-
-@pytest.mark.gpu
-# device descriptors without a split, host descriptors with one (the probe checks all four)
-@pytest.mark.parametrize("variant", ["wave", "sk-hd"])
-@pytest.mark.parametrize(
-    "shape, b_layout, dtype_name", R3_GPU_CASES, ids=["1024", "decode", "odd-bT"]
-)
-def test_r3_variants_on_gpu(shape, b_layout, dtype_name, variant):
-    """Each round-3 variant with its heuristic tile and split, bias + gelu + pre-activation, twice
-    in a row (the split-K tile counters must be back at zero after the first call)."""
-    M, N, K = shape
-    gen = torch.Generator().manual_seed(10)
-    dtype = DTYPES[dtype_name]
-    a = random_matrix(M, K, "contiguous", dtype, "cuda", gen)
-    b = random_matrix(K, N, b_layout, dtype, "cuda", gen)
-    bias = torch.randn(N, generator=gen).to(device="cuda", dtype=dtype)
-    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
-    for _ in range(2):
-        c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True, variant=variant)
-        assert relative_error(c, ref_c) < tol(dtype_name)
-        assert relative_error(z, ref_z) < tol(dtype_name)
-
-
-# ---- round 4: the shipped "hd" rule (host descriptors, hd_config's tile) ----
-@pytest.mark.parametrize(
-    "shape, tile",
-    # H100 (132 SMs): (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, subtile) of hd_config
-    [((1024, 1024, 1024), (128, 64, 64, 5, 4, False)),
-     ((2048, 2048, 2048), (128, 256, 64, 3, 8, True)),
-     ((1024, 4096, 4096), (128, 256, 64, 3, 8, True)),
-     ((1024, 14336, 4096), (128, 256, 64, 3, 8, True)),
-     ((4096, 4096, 4096), (128, 256, 64, 3, 8, True)),
-     ((16384, 16384, 16384), (128, 256, 64, 3, 8, True)),
-     ((128, 4096, 4096), (64, 64, 128, 6, 4, False)),
-     ((33, 14336, 4096), (64, 64, 128, 6, 4, False)),
-     ((128, 14336, 4096), (64, 256, 64, 4, 4, False)),  # 64x64 tiles: 448 > 2 waves
-     ((128, 4096, 14336), (64, 64, 128, 6, 4, False)),
-     ((16, 4096, 4096), (16, 64, 256, 5, 4, False)),
-     ((1, 4096, 14336), (16, 64, 256, 5, 4, False)),
-     ((512, 512, 512), (64, 64, 64, 5, 4, False))],
-)  # fmt: skip
-def test_hd_heuristics(shape, tile):
-    km = importlib.import_module("kernels.matmul")
-    meta = km.hd_config(*shape, 132)
-    got = (meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"], meta["num_stages"],
-           meta["num_warps"], meta["EPILOGUE_SUBTILE"])  # fmt: skip
-    assert got == tile
-
-
-@pytest.mark.parametrize("dtype_name", ["fp16", "bf16"])
-@pytest.mark.parametrize(
-    "M, N, K, a_layout, b_layout",
-    [(20, 24, 104, "contiguous", "transposed"), (72, 7, 200, "transposed", "transposed"),
-     (130, 40, 72, "contiguous", "contiguous"),
-     (72, 200, 104, "contiguous", "transposed")],  # the wide skinny tile (1 SM in the interpreter)
-)  # fmt: skip
-def test_hd_default_variant(M, N, K, a_layout, b_layout, dtype_name, device):
-    """With no variant, a 16-bit TMA launch takes the shipped "hd" rule (host descriptors, no
-    split); "default" / "autotune" and an explicit split_k reach the autotuned kernel."""
-    km = importlib.import_module("kernels.matmul")
-    assert km.VARIANT == "hd"
-    gen = torch.Generator().manual_seed(11)
-    dtype = DTYPES[dtype_name]
-    a = random_matrix(M, K, a_layout, dtype, device, gen)
-    b = random_matrix(K, N, b_layout, dtype, device, gen)
-    bias = torch.randn(N, generator=gen).to(device=device, dtype=dtype)
-    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
-    km.LAST_R3[0] = None
-    c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True, path="tma")
-    meta, split, hd = km.LAST_R3[0]
-    num_sms = km._device_info(a.device)[1]
-    want = km.hd_config(M, N, K, num_sms)
-    assert hd and split == 1
-    assert all(meta[k] == want[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "EPILOGUE_SUBTILE"))
-    assert relative_error(c, ref_c) < tol(dtype_name)
-    assert relative_error(z, ref_z) < tol(dtype_name)
-    for kw in ({"variant": "default"}, {"variant": "autotune"}, {"split_k": 2}):
-        km.LAST_R3[0] = None
-        c, _ = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], False, path="tma", **kw)
-        assert km.LAST_R3[0] is None, kw
-        assert relative_error(c, ref_c) < tol(dtype_name)
-
-
-@pytest.mark.parametrize("splits", [1, 2, 4])
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("M, N, K", [(40, 24, 72), (65, 136, 104), (1, 64, 32), (70, 7, 40)])
-def test_epilogue_splits(M, N, K, with_bias, splits, device):
-    """The subtiled epilogue (round 5): the tile's columns in 1, 2 or 4 blocks, each adding its
-    own slice of the bias, activating and storing by TMA (N = 7 takes the masked full-tile
-    store). c and the pre-activation z against float64, every activation, bias on and off."""
-    km = importlib.import_module("kernels.matmul")
-    gen = torch.Generator().manual_seed(13)
-    a = random_matrix(M, K, "contiguous", torch.bfloat16, device, gen)
-    b = random_matrix(K, N, "transposed", torch.bfloat16, device, gen)
-    bias = torch.randn(N, generator=gen).to(device=device, dtype=torch.bfloat16)
-    bias = bias if with_bias else None
-    meta = {**km._r3_meta((32, 64, 32, 1, 4, splits > 1)), "EPILOGUE_SPLITS": splits}
-    for act in ACT_NAMES:
-        c, z = fused_matmul(a, b, bias, ACTIVATIONS[act], True, path="tma", variant="hd",
-                            config=meta)  # fmt: skip
-        assert km.LAST_R3[0][0]["EPILOGUE_SPLITS"] == splits
-        ref_c, ref_z = fused_reference(a, b, bias, act)
-        assert relative_error(c, ref_c) < tol("bf16"), act
-        assert relative_error(z, ref_z) < tol("bf16"), act
-        c2, z2 = fused_matmul(a, b, bias, ACTIVATIONS[act], False, path="tma", variant="hd",
-                              config=meta)  # fmt: skip
-        assert z2 is None and torch.equal(c2, c), act
-
-
-def test_epilogue_splits_rule():
-    """4 column blocks with an activation, 2 without, 1 unsubtiled; an explicit count wins;
-    never blocks under 16 columns; round 4's BIAS_IN_ACC key is accepted and ignored."""
-    km = importlib.import_module("kernels.matmul")
-    sub = km._r3_meta((128, 256, 64, 3, 8, True))
-    plain = km._r3_meta((128, 128, 64, 4, 8, False))
-    assert km.epilogue_splits(sub, ACTIVATIONS["none"], 256) == 2
-    for act in ("relu", "gelu", "gelu_tanh", "silu"):
-        assert km.epilogue_splits(sub, ACTIVATIONS[act], 256) == 4
-        assert km.epilogue_splits(plain, ACTIVATIONS[act], 128) == 1
-    assert km.epilogue_splits({**sub, "EPILOGUE_SPLITS": 1}, ACTIVATIONS["gelu"], 256) == 1
-    assert km.epilogue_splits(km._r3_meta((32, 32, 32, 1, 4, True)), ACTIVATIONS["gelu"], 32) == 2
-    assert not hasattr(km, "BIAS_IN_ACC")
-
-
-def test_bias_in_acc_key_ignored(device):
-    """A config with round 4's BIAS_IN_ACC key still runs (the probe passes it): same result."""
-    km = importlib.import_module("kernels.matmul")
-    gen = torch.Generator().manual_seed(17)
-    a = random_matrix(40, 72, "contiguous", torch.bfloat16, device, gen)
-    b = random_matrix(72, 24, "transposed", torch.bfloat16, device, gen)
-    bias = torch.randn(24, generator=gen).to(device=device, dtype=torch.bfloat16)
-    meta = r3_meta(True)
-    c, _ = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], False, path="tma", variant="hd",
-                        config={**meta, "BIAS_IN_ACC": True})  # fmt: skip
-    assert "BIAS_IN_ACC" not in km.LAST_R3[0][0]
-    c2, _ = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], False, path="tma", variant="hd",
-                         config=meta)  # fmt: skip
-    assert torch.equal(c, c2)
-
-
+# ---- the activation itself ----
 @triton.jit
 def _activation_kernel(x_ptr, y_ptr, n, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -509,11 +296,10 @@ def _activation_kernel(x_ptr, y_ptr, n, ACTIVATION: tl.constexpr, BLOCK: tl.cons
     tl.store(y_ptr + offs, apply_activation(x, ACTIVATION), mask=offs < n)
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 def test_exact_gelu_fp32_accuracy(device):
-    """apply_activation's exact gelu (round 5: an erfc formulation, no tl.erf) in fp32 against
-    float64 x·Phi(x) over [-20, 20]: relative error <= 1e-5 wherever |gelu| > 1e-6 (the
-    negative tail included) and <= 1e-6·max(|x|, 1) everywhere; not the tanh approximation."""
+    """apply_activation's exact gelu (an erfc formulation, no tl.erf) in fp32 against float64
+    x·Phi(x) over [-20, 20]: relative error <= 1e-5 wherever |gelu| > 1e-6 (the negative tail
+    included) and <= 1e-6·max(|x|, 1) everywhere; not the tanh approximation."""
     x = torch.cat([torch.linspace(-20, 20, 40001, dtype=torch.float64),
                    torch.logspace(-7, 1, 801, dtype=torch.float64),
                    -torch.logspace(-7, 1, 801, dtype=torch.float64)])  # fmt: skip
@@ -528,3 +314,67 @@ def test_exact_gelu_fp32_accuracy(device):
     assert (err / x.abs().clamp_min(1.0)).max() < 1e-6
     tanh_form = torch.nn.functional.gelu(x, approximate="tanh")
     assert (tanh_form - ref).abs().max() > 1e-4  # the two forms are told apart at this precision
+
+
+# ---- on the GPU: the device's own plan ----
+@pytest.fixture
+def few_configs(monkeypatch):
+    """Two tiles per autotuned kernel for the GPU tests: they check the kernels' logic, and
+    autotuning every shipped config for every test shape would take minutes."""
+    from triton.runtime.autotuner import Autotuner
+
+    def keep(configs, wanted):
+        def name(c):
+            kw = c.kwargs
+            return (kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"], c.num_stages)
+
+        return [c for c in configs if name(c) in wanted]
+
+    tma = keep(tma_configs(), {(128, 128, 32, 4), (64, 128, 32, 4)})
+    pointer = keep(pointer_configs(), {(128, 128, 64, 4), (64, 64, 128, 4)})
+    assert len(tma) == 2 and len(pointer) == 2
+    for kernel, configs in [(matmul_tma_device_desc_kernel, tma), (matmul_kernel, pointer)]:
+        assert isinstance(kernel, Autotuner)
+        monkeypatch.setattr(kernel, "configs", configs)
+        monkeypatch.setattr(kernel, "cache", {})
+
+
+GPU_CASES = [
+    # (M, N, K), B layout, dtype, TF32: decode (16-row tile), skinny with W.t() as B, odd M, an
+    # odd K that TMA cannot take (pointer kernel), fp32 without and with TF32 (a row-major B is
+    # copied K-major for TF32), skinny TF32 (pointer kernel, split-K), square (128x256 tile)
+    ((16, 4096, 4096), "contiguous", "bf16", False),
+    ((128, 1024, 4096), "transposed", "fp16", False),
+    ((1000, 1536, 520), "contiguous", "bf16", False),
+    ((257, 1823, 1823), "contiguous", "bf16", False),
+    ((512, 768, 1024), "transposed", "fp32", False),
+    ((1000, 1536, 520), "contiguous", "fp32", True),
+    ((16, 1024, 4096), "contiguous", "fp32", True),
+    ((2048, 2048, 2048), "transposed", "fp16", False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape, b_layout, dtype_name, tf32",
+    GPU_CASES,
+    ids=["decode", "skinny-bT", "odd-m", "odd-k-pointer", "fp32-bT", "tf32-copy", "tf32-skinny",
+         "square"],
+)  # fmt: skip
+def test_paths_on_gpu(shape, b_layout, dtype_name, tf32, few_configs, monkeypatch):
+    """The automatic path on the GPU (TMA on sm_90+, the pointer kernel for 1823-wide rows) with
+    a fused bias + gelu epilogue and without, twice (a second call reuses tuned configs and
+    descriptors' scratch), against float64."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    M, N, K = shape
+    gen = torch.Generator().manual_seed(6)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(M, K, "contiguous", dtype, "cuda", gen)
+    b = random_matrix(K, N, b_layout, dtype, "cuda", gen)
+    bias = torch.randn(N, generator=gen).to(device="cuda", dtype=dtype)
+    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
+    for _ in range(2):
+        c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True)
+        assert relative_error(c, ref_c) < tol(dtype_name)
+        assert relative_error(z, ref_z) < tol(dtype_name)
+    assert relative_error(matmul(a, b), a.double() @ b.double()) < tol(dtype_name)

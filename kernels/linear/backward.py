@@ -1,0 +1,190 @@
+"""linear's backward kernels: dZ = dY * act'(Z) with db's column sums from the same registers,
+and the column sums of a matrix (db when there is no activation, and the second pass that adds
+the row-splits' fp32 partial sums). dX and dW are GEMMs (kernels.matmul.fused_matmul).
+
+Both kernels split dZ's rows into programs that each write one fp32 row of partial column sums;
+column_sum_kernel then adds those rows in order, so db is deterministic (no atomics).
+
+Functions:
+    activation_grad(z, ACTIVATION)
+        @triton.jit: d act(z) / dz in fp32; the inverse of kernels.matmul's apply_activation.
+    activation_backward_kernel[grid](dy_ptr, z_ptr, dz_ptr, colsum_ptr, M, N, rows_per_program,
+                                     strides..., ACTIVATION, COLUMN_SUMS, BLOCK_M, BLOCK_N)
+    column_sum_kernel[grid](x_ptr, out_ptr, M, N, rows_per_program, strides..., BLOCK_M, BLOCK_N)
+    activation_backward(dy, z, act_id, need_db, launch) -> (dz, db | None)
+    column_sum(x, launch) -> (N,) sums of x's columns
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import cdiv
+from kernels.matmul import GELU, GELU_TANH, GELU_TANH_CUBIC, RELU, SILU, SQRT_2_OVER_PI, SQRT_HALF
+
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2·pi), the normal density's scale
+
+# activation_backward_kernel's blocks: DZ_BLOCK_M x DZ_BLOCK_N (16-byte vector loads along N),
+# DZ_NUM_WARPS warps; each program covers as few rows as keep the program count near
+# DZ_PROGRAMS (a 2-D grid of single blocks up to that size). docs/kernels/matmul.md, "Round 8".
+DZ_BLOCK_M = 8
+DZ_BLOCK_N = 512
+DZ_NUM_WARPS = 4
+DZ_PROGRAMS = 1024  # ~8 per SM on an H100
+# Rows one column_sum_kernel program adds up: an 8192-row dZ gets 16 row-splits, enough programs
+# to fill the GPU, while the second pass over the fp32 partial sums stays negligible.
+COLUMN_SUM_ROWS = 512
+
+
+@triton.jit
+def activation_grad(z, ACTIVATION: tl.constexpr):
+    """d act(z) / dz for fp32 z; the inverse of apply_activation in kernels.matmul."""
+    if ACTIVATION == RELU:
+        grad = tl.where(z > 0.0, 1.0, 0.0)
+    elif ACTIVATION == GELU:
+        # Phi(z) + z·phi(z)
+        grad = 0.5 * (1.0 + tl.erf(z * SQRT_HALF)) + z * tl.exp(-0.5 * z * z) * INV_SQRT_2PI
+    elif ACTIVATION == GELU_TANH:
+        # d/dz [z·s] with s = sigmoid(2u), u = sqrt(2/pi)·(z + c·z³), and ds/du = 2·s·(1 - s)
+        s = tl.sigmoid((z + z * z * z * GELU_TANH_CUBIC) * (2.0 * SQRT_2_OVER_PI))
+        du_dz = (1.0 + z * z * (3.0 * GELU_TANH_CUBIC)) * SQRT_2_OVER_PI
+        grad = s + z * 2.0 * s * (1.0 - s) * du_dz
+    else:
+        tl.static_assert(ACTIVATION == SILU, "activation_grad needs an activation other than none")
+        s = tl.sigmoid(z)
+        grad = s * (1.0 + z * (1.0 - s))
+    return grad
+
+
+@triton.jit
+def activation_backward_kernel(
+    # pointers: upstream gradient dY, saved pre-activation Z, output dZ, and the fp32 column sums
+    # of dZ (one row of them per row-split; None when db is not needed)
+    dy_ptr, z_ptr, dz_ptr, colsum_ptr,
+    # sizes: all three are M×N; each program covers rows_per_program rows of BLOCK_N columns
+    M, N, rows_per_program,
+    # strides in elements (dY from autograd may be any view, even stride 0)
+    stride_dym, stride_dyn, stride_zm, stride_zn, stride_dzm, stride_dzn, stride_cm,
+    # meta-parameters
+    ACTIVATION: tl.constexpr, COLUMN_SUMS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # dZ = dY * act'(Z), and db's partial column sums from the same registers: dZ is written
+    # once and never read back for the bias gradient.
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_start = tl.program_id(1) * rows_per_program
+    row_end = min(M, row_start + rows_per_program)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for m_start in range(row_start, row_end, BLOCK_M):
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < N)
+        dy = tl.load(
+            dy_ptr + offs_m[:, None] * stride_dym + offs_n[None, :] * stride_dyn, mask=mask
+        )
+        z = tl.load(z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn, mask=mask)
+        dz = (dy.to(tl.float32) * activation_grad(z.to(tl.float32), ACTIVATION)).to(
+            dz_ptr.dtype.element_ty
+        )
+        dz_ptrs = dz_ptr + offs_m[:, None] * stride_dzm + offs_n[None, :] * stride_dzn
+        tl.store(dz_ptrs, dz, mask=mask)
+        if COLUMN_SUMS:
+            # Sum dZ as stored (rounded), as a separate pass over dZ would.
+            acc += tl.where(mask, dz.to(tl.float32), 0.0)
+    if COLUMN_SUMS:
+        total = tl.sum(acc, axis=0)
+        out_ptrs = colsum_ptr + tl.program_id(1) * stride_cm + offs_n
+        tl.store(out_ptrs, total.to(colsum_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def column_sum_kernel(
+    # pointers: input X, output sums (one row of them per row-split of X)
+    x_ptr, out_ptr,
+    # sizes: X is M×N; each program sums rows_per_program rows of BLOCK_N columns
+    M, N, rows_per_program,
+    # strides in elements
+    stride_xm, stride_xn, stride_om,
+    # meta-parameters
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    # Programs own disjoint (row-split, column-block) tiles, so the sum needs no atomics and is
+    # deterministic; splitting the rows is what gives a tall, narrow dZ enough programs.
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    row_start = pid_m * rows_per_program
+    row_end = min(M, row_start + rows_per_program)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for m_start in range(row_start, row_end, BLOCK_M):
+        rows = m_start + offs_m
+        mask = (rows[:, None] < row_end) & (offs_n[None, :] < N)
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_n[None, :] * stride_xn
+        acc += tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    # Reducing the BLOCK_M partial sums once at the end keeps the fp32 rounding error small.
+    total = tl.sum(acc, axis=0)
+    out_ptrs = out_ptr + pid_m * stride_om + offs_n
+    tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def dz_rows(M: int, N: int) -> int:
+    """Rows per activation_backward_kernel program: a multiple of DZ_BLOCK_M."""
+    blocks = cdiv(M, DZ_BLOCK_M) * cdiv(N, DZ_BLOCK_N)
+    return DZ_BLOCK_M * max(1, blocks // DZ_PROGRAMS)
+
+
+def activation_backward(dy, z, act_id, need_db, launch):
+    """(dZ, db | None): dZ = dY * act'(Z), with db = column sums of dZ fused in when need_db."""
+    M, N = dy.shape
+    dz = torch.empty((M, N), device=dy.device, dtype=dy.dtype)
+    db = torch.empty((N,), device=dy.device, dtype=dy.dtype) if need_db else None
+    if dz.numel() == 0:
+        if db is not None:
+            db.zero_()
+        return dz, db
+    rows = dz_rows(M, N)
+    splits = cdiv(M, rows)
+    partial = None
+    if need_db:
+        partial = (
+            db if splits == 1 else torch.empty((splits, N), device=dy.device, dtype=torch.float32)
+        )
+    launch(activation_backward_kernel)[(cdiv(N, DZ_BLOCK_N), splits)](
+        dy, z, dz, partial,
+        M, N, rows,
+        dy.stride(0), dy.stride(1), z.stride(0), z.stride(1), dz.stride(0), dz.stride(1),
+        partial.stride(0) if partial is not None and partial.dim() == 2 else 0,
+        ACTIVATION=act_id, COLUMN_SUMS=need_db, BLOCK_M=DZ_BLOCK_M, BLOCK_N=DZ_BLOCK_N,
+        num_warps=DZ_NUM_WARPS,
+    )  # fmt: skip
+    if need_db and splits > 1:
+        _launch_column_sum(partial, db, splits, launch)
+    return dz, db
+
+
+def _launch_column_sum(x, out, rows_per_program, launch):
+    """Column sums of each rows_per_program rows of x (M, N): out is (N,) or (splits, N)."""
+    M, N = x.shape
+    grid = lambda META: (cdiv(N, META["BLOCK_N"]), max(1, cdiv(M, rows_per_program)))
+    launch(column_sum_kernel)[grid](
+        x, out,
+        M, N, rows_per_program,
+        x.stride(0), x.stride(1), out.stride(0) if out.dim() == 2 else 0,
+        BLOCK_M=64, BLOCK_N=64,
+    )  # fmt: skip
+
+
+def column_sum(x, launch):
+    """x's column sums (N,) in x's dtype, accumulated in fp32 (two passes past COLUMN_SUM_ROWS)."""
+    M, N = x.shape
+    out = torch.empty((N,), device=x.device, dtype=x.dtype)
+    if N == 0:
+        return out
+    splits = cdiv(M, COLUMN_SUM_ROWS)
+    if splits <= 1:
+        _launch_column_sum(x, out, COLUMN_SUM_ROWS, launch)
+        return out
+    partial = torch.empty((splits, N), device=x.device, dtype=torch.float32)
+    _launch_column_sum(x, partial, COLUMN_SUM_ROWS, launch)
+    _launch_column_sum(partial, out, splits, launch)
+    return out

@@ -1,0 +1,131 @@
+"""linear's forward and backward as GEMM launches, its autograd Function and the public `linear`.
+
+The forward is one launch of kernels.matmul's GEMM (two for skinny split-K shapes on the pointer
+path): weight.T is weight with swapped strides, which the Hopper TMA kernels read as a K-major B
+through a descriptor over the weight as stored, and the bias add and activation run in its
+epilogue, where eager PyTorch (addmm, then the activation) writes and re-reads the output. The
+backward is the same GEMM plus one small kernel (backward.py):
+
+    dZ = dY * act'(Z)       activation_backward_kernel, which also sums dZ's columns for db from
+    db = column sums of dZ  the same registers. For activation "none" dZ = dY and
+                            column_sum_kernel alone gives db.
+    dX = dZ @ W             fused_matmul, W as stored
+    dW = dZ^T @ X           fused_matmul, dZ^T as swapped strides (a column-major A for TMA): no
+                            transposed copies
+
+Z, the pre-activation x @ weight.T + bias, is written by the forward epilogue in the input dtype
+(a second store of the output tile) when an activation is used and a gradient is needed: that
+costs M·N elements of memory, where recomputing Z would cost a whole extra GEMM in the backward.
+
+Functions (the pieces kernels/ops.py composes into a custom op):
+    linear_reference(x, weight, bias=None, activation=None) -> y
+        The same computation in torch ops, for tests and benchmarks.
+    check_linear_args(x, weight, bias)
+        The TypeError/ValueError checks `linear` runs; the two functions below assume them.
+    linear_forward(x2d, weight, bias, act_id, save_preact, *, launch=direct) -> (y, z | None)
+        x2d (M, K) -> y (M, N); z is the pre-activation, returned only when save_preact.
+    linear_backward(dy, x2d, weight, z, act_id, need_dx, need_dw, need_db, *, launch=direct)
+        -> (dx | None, dw | None, db | None)
+        z may be None when act_id is "none"; x2d may be None when not need_dw, weight when not
+        need_dx. Each gradient is None unless asked for.
+    linear(x, weight, bias=None, activation=None) -> y
+        Public: x (..., in_features) with at least 2 dims, weight (out, in), bias (out,) or None;
+        activation in ACTIVATIONS (None means "none"). Autograd-aware.
+
+`launch` is kernels._common.direct or torch.library.wrap_triton; these functions allocate with
+torch ops only and branch on shapes and flags, never on data.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from kernels._common import (
+    ACTIVATIONS,
+    TORCH_ACTIVATIONS,
+    activation_id,
+    check_same,
+    check_tensor,
+    direct,
+)
+from kernels.linear.backward import activation_backward, column_sum
+from kernels.matmul import fused_matmul
+
+
+def linear_reference(x, weight, bias=None, activation=None):
+    # 2·M·N·K FLOPs for M rows of x; reads (M·K + N·K + N)·bytes, writes M·N·bytes. Eager adds
+    # a separate activation pass that reads and writes the M·N output again.
+    return TORCH_ACTIVATIONS["none" if activation is None else activation](
+        F.linear(x, weight, bias)
+    )
+
+
+def check_linear_args(x, weight, bias) -> None:
+    check_tensor("x", x, min_ndim=2)
+    check_tensor("weight", weight, ndim=2)
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1)
+    check_same({"x": x, "weight": weight, "bias": bias})
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"x has shape {tuple(x.shape)} but weight has shape {tuple(weight.shape)}: "
+            "x's last dim must equal weight's in_features (dim 1)"
+        )
+    if bias is not None and bias.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"bias has shape {tuple(bias.shape)} but weight has shape {tuple(weight.shape)}: "
+            "bias needs one entry per out_feature (weight's dim 0)"
+        )
+
+
+def linear_forward(x2d, weight, bias, act_id, save_preact, *, launch=direct):
+    # weight.t() is a view: the GEMM reads W (N, K) as B (K, N) through swapped strides.
+    return fused_matmul(x2d, weight.t(), bias, act_id, save_preact, launch=launch)
+
+
+def linear_backward(dy, x2d, weight, z, act_id, need_dx, need_dw, need_db, *, launch=direct):
+    if act_id == ACTIVATIONS["none"]:
+        dz = dy
+        db = column_sum(dz, launch) if need_db else None
+    else:
+        dz, db = activation_backward(dy, z, act_id, need_db, launch)
+    dx = fused_matmul(dz, weight, launch=launch)[0] if need_dx else None
+    dw = fused_matmul(dz.t(), x2d, launch=launch)[0] if need_dw else None
+    return dx, dw, db
+
+
+class _LinearFunction(torch.autograd.Function):
+    """Autograd for a 2-D x; `linear` only routes here when some input needs a gradient."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, act_id):
+        save_preact = act_id != ACTIVATIONS["none"]
+        y, z = linear_forward(x2d, weight, bias, act_id, save_preact)
+        need_dx, need_dw, _ = ctx.needs_input_grad[:3]
+        # Keep only what the requested gradients read: dX needs W, dW needs X.
+        ctx.save_for_backward(x2d if need_dw else None, weight if need_dx else None, z)
+        ctx.act_id = act_id
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2d, weight, z = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dx, dw, db = linear_backward(dy, x2d, weight, z, ctx.act_id, need_dx, need_dw, need_db)
+        return dx, dw, db, None
+
+
+def linear(x, weight, bias=None, activation=None):
+    """act(x @ weight.T + bias): torch.nn.functional.linear plus a fused activation."""
+    act_id = activation_id(activation)
+    check_linear_args(x, weight, bias)
+    # A view whenever the leading dims merge (always for contiguous x); otherwise reshape copies,
+    # because the GEMM walks x's rows with a single stride.
+    x2d = x.flatten(0, -2)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias)
+    )
+    if needs_grad:
+        y2d = _LinearFunction.apply(x2d, weight, bias, act_id)
+    else:
+        y2d, _ = linear_forward(x2d, weight, bias, act_id, save_preact=False)
+    return y2d.view(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,178 @@
+"""The GEMM's dispatch and public wrappers: which kernel a call takes, and the launch.
+
+    Hopper (capability 9.x and up), operands TMA can read (tma.tma_layout), direct launches:
+        16-bit -> matmul_tma_host_desc_kernel on heuristic_tile's tile
+        fp32   -> matmul_tma_device_desc_kernel, autotuned; with TF32 a wrong-way operand is
+                  copied K-major first (wgmma takes tf32 operands K-major only), and skinny
+                  TF32 shapes take the pointer kernel instead
+    everything else -> matmul_kernel (pointer loads), split over K for skinny shapes
+                  (splitk.auto_split_k) with splitk_reduce_kernel adding the slices: other GPUs,
+                  the interpreter, operands TMA cannot read, K = 0, and launches traced by
+                  torch.compile (kernels/ops.py passes launch=torch.library.wrap_triton; how
+                  Inductor handles TMA descriptors was not checked on the GPU)
+Evidence for each choice: docs/kernels/matmul.md, "Shipped design".
+
+Functions:
+    matmul_reference(a, b) -> c
+        torch's a @ b, for tests and benchmarks.
+    check_matmul_args(a, b)
+        The TypeError/ValueError checks matmul_impl runs.
+    device_info(device) -> (has TMA, SM count)
+    plan(a, b, launch=direct) -> Plan(kernel, split_k, tile)
+        The choice above, by capability, layout, dtype and shape (never the GPU's name).
+    fused_matmul(a, b, bias=None, act_id=0, save_preact=False, *, launch=direct) -> (c, z | None)
+        c = act(a @ b + bias) and, when save_preact, the pre-activation z (linear's backward
+        needs it); no input checks. Used by matmul, kernels.linear and kernels.conv.
+    matmul_impl(a, b, *, launch=direct) -> c   (also importable as _matmul)
+        Checks the inputs, then fused_matmul; what kernels/ops.py's custom op calls.
+    matmul(a, b) -> c
+        Public: the 2-D torch.matmul. fp16/bf16/fp32 in, same dtype out, fp32 accumulation.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from kernels._common import (
+    ACTIVATIONS,
+    cdiv,
+    check_same,
+    check_tensor,
+    direct,
+    dot_precision,
+    gpu_info,
+    is_interpreter,
+)
+from kernels.matmul.pointer import SKINNY_M, matmul_kernel
+from kernels.matmul.splitk import auto_split_k, launch_splitk_reduce
+from kernels.matmul.tma import (
+    Tile,
+    heuristic_tile,
+    launch_device_desc,
+    launch_host_desc,
+    tma_layout,
+)
+
+# Where no GPU says otherwise (pre-Hopper GPUs, the interpreter), split-K sizes its slices for
+# this many SMs (an H100's).
+DEFAULT_SMS = 132
+
+
+def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # 2·M·N·K FLOPs; reads (M·K + K·N)·bytes and writes M·N·bytes, so it is compute-bound
+    # once M, N and K are all more than a few hundred.
+    return a @ b
+
+
+def check_matmul_args(a, b) -> None:
+    check_tensor("a", a, ndim=2)
+    check_tensor("b", b, ndim=2)
+    check_same({"a": a, "b": b})
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"inner dims differ: a has shape {tuple(a.shape)} and b has shape {tuple(b.shape)}; "
+            "need a (M, K) and b (K, N)"
+        )
+
+
+def device_info(device: torch.device) -> tuple[bool, int]:
+    """(has TMA, SM count): capability >= 9.0 (kernels._common.gpu_info), never the GPU's name;
+    (False, 1) where no GPU runs the kernels."""
+    info = gpu_info(device)
+    if info is None:
+        return False, 1
+    return info.capability >= (9, 0), info.sms
+
+
+class Plan(NamedTuple):
+    kernel: str  # "tma_host_desc", "tma_device_desc" or "pointer"
+    split_k: int  # K slices of the pointer kernel (1: no split)
+    tile: Tile | None  # the host-descriptor kernel's tile
+
+
+def plan(a: torch.Tensor, b: torch.Tensor, launch=direct) -> Plan:
+    """The kernel, K split and tile for a @ b (see the module docstring)."""
+    has_tma, num_sms = device_info(a.device)
+    M, K = a.shape
+    N = b.shape[1]
+    if K == 0:  # an empty sum, the epilogue of zeros; TMA cannot describe an empty operand
+        return Plan("pointer", 1, None)
+    tf32 = dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32) == "tf32"
+    if has_tma and tma_layout(a) and tma_layout(b) and not (tf32 and M <= SKINNY_M):
+        if launch is not direct:
+            return Plan("pointer", auto_split_k(M, N, K, num_sms), None)
+        if a.dtype in (torch.float16, torch.bfloat16):
+            return Plan("tma_host_desc", 1, heuristic_tile(M, N, K, num_sms))
+        return Plan("tma_device_desc", 1, None)
+    return Plan("pointer", auto_split_k(M, N, K, num_sms if has_tma else DEFAULT_SMS), None)
+
+
+def fused_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    act_id: int = ACTIVATIONS["none"],
+    save_preact: bool = False,
+    *,
+    launch=direct,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """c = act(a @ b + bias) as a new contiguous (M, N) tensor of a's dtype, plus the
+    pre-activation z when save_preact. Callers check the inputs (check_matmul_args)."""
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    preact = torch.empty_like(c) if save_preact else None
+    if c.numel() == 0:  # an empty grid is an error on some launch paths; nothing to write anyway
+        return c, preact
+    kernel, split_k, tile = plan(a, b, launch)
+    common = dict(
+        HAS_BIAS=bias is not None,
+        ACTIVATION=act_id,
+        STORE_PREACT=save_preact,
+        INPUT_PRECISION=dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32),
+        UPCAST_TO_FP32=is_interpreter() and a.dtype == torch.bfloat16,
+    )
+    if kernel == "tma_host_desc":
+        launch_host_desc(a, b, c, bias, preact, tile, common, device_info(a.device)[1])
+        return c, preact
+    if kernel == "tma_device_desc":
+        if common["INPUT_PRECISION"] == "tf32":
+            # wgmma takes tf32 operands K-major only: a row-major B or column-major A would run
+            # on a slow fallback (docs/kernels/matmul.md, "Design"), so copy it the right way.
+            if not tma_layout(b)[0]:
+                b = b.t().contiguous().t()
+            if tma_layout(a)[0]:
+                a = a.contiguous()
+        if tma_layout(a) is not None and tma_layout(b) is not None:
+            launch_device_desc(a, b, c, bias, preact, common, device_info(a.device)[1])
+            return c, preact
+        # the K-major copy's rows are not 16-byte aligned: the pointer kernel, unsplit
+
+    partial = (
+        torch.empty((split_k, M, N), device=a.device, dtype=torch.float32) if split_k > 1 else None
+    )
+    grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), split_k)
+    launch(matmul_kernel)[grid](
+        a, b, c, bias, preact, partial,
+        M, N, K, split_k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        bias.stride(0) if bias is not None else 0,
+        SPLIT=split_k > 1, **common,
+    )  # fmt: skip
+    if split_k > 1:
+        launch_splitk_reduce(partial, c, bias, preact, act_id, launch)
+    return c, preact
+
+
+def matmul_impl(a: torch.Tensor, b: torch.Tensor, *, launch=direct) -> torch.Tensor:
+    """matmul with the launcher kernels/ops.py passes (torch.library.wrap_triton)."""
+    check_matmul_args(a, b)
+    return fused_matmul(a, b, launch=launch)[0]
+
+
+_matmul = matmul_impl  # the name kernels/ops.py imports
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for 2-D a (M, K) and b (K, N) of one dtype (fp16, bf16 or fp32), any strides."""
+    return matmul_impl(a, b)

@@ -1,0 +1,68 @@
+"""Split-K for skinny GEMMs on the pointer path: how many K slices, and the reduce kernel that
+sums the slices' fp32 partial tiles and runs the epilogue.
+
+Decode shapes (M of a few dozen rows, large K) have too few output tiles to stream the weight
+through every SM; cutting K into slices multiplies the work items. On the Hopper TMA path it
+never paid (its skinny tiles already stream the weight at cuBLAS speed: docs/kernels/matmul.md,
+"Which ideas paid off"), so only the pointer kernel splits.
+
+Functions:
+    auto_split_k(M, N, K, num_sms) -> int
+        K slices for a pointer-kernel launch (1: no split).
+    splitk_reduce_kernel[grid](partial_ptr, c_ptr, bias_ptr, preact_ptr, M, N, stride_bias,
+                               HAS_BIAS, ACTIVATION, STORE_PREACT, SPLIT_K, BLOCK_M, BLOCK_N)
+        C = act(sum of the SPLIT_K partials + bias), and Z when STORE_PREACT; in slice order.
+    launch_splitk_reduce(partial, c, bias, preact, act_id, launch)
+        Its launch for a (split_k, M, N) fp32 partial buffer.
+"""
+
+import triton
+import triton.language as tl
+
+from kernels._common import cdiv
+from kernels.matmul.epilogue import bias_activation
+from kernels.matmul.pointer import SKINNY_M
+
+
+def auto_split_k(M: int, N: int, K: int, num_sms: int) -> int:
+    """K slices for skinny GEMMs: enough (tile, slice) work items to give every SM its own stream
+    of B, with each slice still at least 512 deep so the pipeline runs at full depth."""
+    if M > SKINNY_M:
+        return 1
+    tiles = cdiv(M, 64) * cdiv(N, 128)
+    split = 1
+    while tiles * split * 2 <= 2 * num_sms and K // (split * 2) >= 512 and split < 16:
+        split *= 2
+    return split
+
+
+@triton.jit
+def splitk_reduce_kernel(
+    # pointers: fp32 partial sums (SPLIT_K, M, N) contiguous, C and Z (contiguous M×N), bias
+    partial_ptr, c_ptr, bias_ptr, preact_ptr,
+    M, N, stride_bias,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offsets = offs_m[:, None] * N + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(partial_ptr + M * N * s + offsets, mask=mask, other=0.0)
+    z, y = bias_activation(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS, ACTIVATION)
+    if STORE_PREACT:
+        tl.store(preact_ptr + offsets, z.to(preact_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + offsets, y.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_splitk_reduce(partial, c, bias, preact, act_id, launch):
+    split_k, M, N = partial.shape
+    block_m, block_n = 16, 256
+    launch(splitk_reduce_kernel)[(cdiv(N, block_n), cdiv(M, block_m))](
+        partial, c, bias, preact,
+        M, N, bias.stride(0) if bias is not None else 0,
+        HAS_BIAS=bias is not None, ACTIVATION=act_id, STORE_PREACT=preact is not None,
+        SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n,
+    )  # fmt: skip

@@ -1,0 +1,424 @@
+"""C = act(A @ B + bias) on Hopper (sm_90+): TMA loads, wgmma, a persistent grid.
+
+Both kernels run at most one program per SM, each walking output tiles in grouped (L2-friendly)
+order; a tile's K loop is fed by TMA from a multi-stage shared-memory pipeline, and the
+persistent loop is flattened so the pipeline runs across tile boundaries. Each operand is read
+through a descriptor over its stored layout, so a transposed view (weight.t() in linear, dZ.t()
+in its backward) costs nothing. Descriptors need 16-byte aligned starts and row strides
+(tma_layout says when an operand qualifies).
+
+    matmul_tma_host_desc_kernel    16-bit operands. The tile comes from heuristic_tile, a rule by
+                                   M and by how many waves of tiles a shape makes, and the
+                                   descriptors are built on the host (TensorDescriptor), so no
+                                   program spends time creating them. Its epilogue is subtiled
+                                   for the 128x256 tile: the tile's columns in 2 (4 with an
+                                   activation) blocks, each adding its slice of the bias,
+                                   activating and stored by TMA before the next, so fewer
+                                   registers are live at once.
+    matmul_tma_device_desc_kernel  fp32 (ieee, or tf32 with K-major operands). Autotuned over
+                                   tma_configs; the descriptors are built on the device
+                                   (tl.make_tensor_descriptor), since an autotuned block shape
+                                   is only known inside the launch.
+
+Functions:
+    tma_layout(t) -> (column-major?, stride) | None
+        Whether TMA can read the 2-D t as stored.
+    heuristic_tile(M, N, K, num_sms) -> Tile
+        The host-descriptor kernel's tile for a 16-bit shape.
+    tma_configs() -> [triton.Config]
+        The device-descriptor kernel's autotuning tiles (fp32).
+    matmul_tma_host_desc_kernel, matmul_tma_device_desc_kernel
+        The @triton.jit kernels (args: pointers, descriptors, sizes, strides, constexprs).
+    launch_host_desc(a, b, c, bias, preact, tile, common, num_sms)
+    launch_device_desc(a, b, c, bias, preact, common, num_sms)
+        Their launches; `common` holds the epilogue and precision constexprs.
+"""
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import ACTIVATIONS, cdiv, is_interpreter
+from kernels.matmul.epilogue import apply_activation, bias_activation, grouped_tile, store_masked
+from kernels.matmul.pointer import SKINNY_M, interpreter_configs, make_config, prune_by_m
+
+
+def tma_layout(t: torch.Tensor) -> tuple[bool, int] | None:
+    """(column-major?, the non-unit stride) when TMA can read the 2-D t as stored, else None.
+
+    TMA wants a unit last stride, the other stride and the start 16-byte aligned. The start is
+    judged by the storage offset: torch's allocators align storages to far more than 16 bytes,
+    and unlike data_ptr() the offset is known while torch.compile traces with fake tensors.
+    """
+    size = t.element_size()
+    if (t.storage_offset() * size) % 16:
+        return None
+    rows, cols = t.shape
+    if t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.stride(0) >= cols:
+        return False, t.stride(0)
+    if t.stride(0) == 1 and (t.stride(1) * size) % 16 == 0 and t.stride(1) >= rows:
+        return True, t.stride(1)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiles
+# ---------------------------------------------------------------------------------------------
+class Tile(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    num_warps: int
+    subtile: bool  # the subtiled epilogue (column blocks stored one by one)
+
+
+# heuristic_tile's tiles; the evidence for each is in docs/kernels/matmul.md, "Shipped design".
+DECODE_TILE = Tile(16, 64, 256, 5, 4, False)  # M <= 32
+SKINNY_TILE = Tile(64, 64, 128, 6, 4, False)  # 32 < M <= SKINNY_M
+# 32 < M <= SKINNY_M with many columns (64x64 tiles would fill more than SKINNY_WIDE_WAVES
+# waves): a wide tile reads each weight tile once per M block and keeps the tile count low.
+SKINNY_WIDE_TILE = Tile(64, 256, 64, 4, 4, False)
+SKINNY_WIDE_WAVES = 2
+# M > SKINNY_M: the largest of WAVE_TILES whose tile count fills WAVE_FILL of the SMs (else the
+# smallest), so small problems still occupy every SM; once 128x256 tiles make more than
+# LARGE_WAVES waves, LARGE_TILE.
+WAVE_TILES = [
+    Tile(128, 256, 64, 3, 8, True),
+    Tile(128, 128, 64, 4, 8, False),
+    Tile(128, 64, 64, 5, 4, False),
+    Tile(64, 64, 64, 5, 4, False),
+]
+WAVE_FILL = 0.9
+LARGE_WAVES = 2
+LARGE_TILE = Tile(128, 256, 64, 3, 8, True)
+GROUP_M = 8
+
+
+def heuristic_tile(M: int, N: int, K: int, num_sms: int) -> Tile:
+    """The host-descriptor kernel's tile for a 16-bit (M, K) @ (K, N) on num_sms SMs."""
+    if M <= 32:
+        return DECODE_TILE
+    if M <= SKINNY_M:
+        if cdiv(M, 64) * cdiv(N, 64) > SKINNY_WIDE_WAVES * num_sms:
+            return SKINNY_WIDE_TILE
+        return SKINNY_TILE
+    if cdiv(M, 128) * cdiv(N, 256) > LARGE_WAVES * num_sms:
+        return LARGE_TILE
+    for tile in WAVE_TILES:
+        if cdiv(M, tile.block_m) * cdiv(N, tile.block_n) >= WAVE_FILL * num_sms:
+            return tile
+    return WAVE_TILES[-1]
+
+
+def epilogue_splits(tile: Tile, act_id: int) -> int:
+    """Column blocks of the host-descriptor kernel's epilogue: 1 unless the tile is subtiled,
+    else 2, or 4 with an activation (whose temporaries then cover a quarter of the tile).
+    docs/kernels/matmul.md, "Round 5"."""
+    if not tile.subtile:
+        return 1
+    return 2 if act_id == ACTIVATIONS["none"] else 4
+
+
+def tma_configs() -> list[triton.Config]:
+    """The device-descriptor kernel's tiles (fp32, tf32 or ieee): BLOCK_K 32, the same bytes per
+    stage as BLOCK_K 64 in 16-bit; prune_by_m keeps those that suit M."""
+    return [
+        make_config(128, 128, 32, 4, 8, EPILOGUE_SUBTILE=False),
+        make_config(128, 256, 32, 3, 8, EPILOGUE_SUBTILE=False),
+        make_config(64, 128, 32, 4, 4, EPILOGUE_SUBTILE=False),
+    ]
+
+
+def _prune(configs, named_args, **kwargs):
+    if is_interpreter():
+        return configs
+    return prune_by_m(configs, named_args["M"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared @triton.jit pieces
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _halves(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The left and right column halves of an fp32 (BLOCK_M, BLOCK_N) block. In the wgmma
+    accumulator layout the top column bits index a thread's registers, so this moves nothing."""
+    return tl.split(tl.permute(tl.reshape(x, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+
+@triton.jit
+def _epilogue_store(x, off_m, col, N, bias_ptr, stride_bias, c_desc, z_desc, c_ptr, preact_ptr,
+                    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+                    STORE_N: tl.constexpr):  # fmt: skip
+    """One column block of the subtiled epilogue: z = x + bias[col:col + STORE_N] (its slice
+    loaded here, not the whole tile's), then Z (when STORE_PREACT) and act(z) by TMA."""
+    if HAS_BIAS:
+        offs_n = col + tl.arange(0, STORE_N)
+        bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
+        x = x + bias.to(tl.float32)[None, :]
+    if STORE_PREACT:
+        z_desc.store([off_m, col], x.to(preact_ptr.dtype.element_ty))
+    c_desc.store([off_m, col], apply_activation(x, ACTIVATION).to(c_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles,
+                  A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
+                  UPCAST_TO_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):  # fmt: skip
+    """The fp32 (BLOCK_M, BLOCK_N) accumulator over all K steps, tiles loaded by TMA (which
+    zero-fills reads past the edges). A column-major operand is loaded as stored and `.T`-ed."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(0, k_tiles):
+        off_k = ki * BLOCK_K
+        if A_COL_MAJOR:
+            a = a_desc.load([off_k, off_m]).T
+        else:
+            a = a_desc.load([off_m, off_k])
+        if B_COL_MAJOR:
+            b = b_desc.load([off_n, off_k]).T
+        else:
+            b = b_desc.load([off_k, off_n])
+        if UPCAST_TO_FP32:
+            # The interpreter's dot multiplies bf16 as raw uint16 bits; its cast to fp32 is right.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
+# ---------------------------------------------------------------------------------------------
+# 16-bit: host-side descriptors, the heuristic tile
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def matmul_tma_host_desc_kernel(
+    # pointers: operands (a_ptr and b_ptr are read through a_desc and b_desc only), output, the
+    # epilogue's bias and pre-activation (None when unused)
+    a_ptr, b_ptr, c_ptr, bias_ptr, preact_ptr,
+    # host-side TensorDescriptors of A and B as stored, and of C and Z (None without TMA_STORE,
+    # or Z without STORE_PREACT), their blocks (BLOCK_M, BLOCK_N // EPILOGUE_SPLITS)
+    a_desc, b_desc, c_desc, z_desc,
+    # sizes: A is M×K, B is K×N, C is M×N
+    M, N, K,
+    # the one non-unit stride of each operand's storage (elements), then C's and the bias's
+    stride_a, stride_b, stride_c, stride_bias,
+    # storage layouts: A_COL_MAJOR means A is stored (K, M) row-major (a.t() of a contiguous
+    # tensor), B_COL_MAJOR that B is stored (N, K) row-major (weight.t() in linear)
+    A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
+    # epilogue switches; TMA_STORE is False when C's rows are not 16-byte aligned (masked
+    # pointer stores instead), EPILOGUE_SPLITS the TMA store's column blocks (1, 2 or 4)
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+    TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SPLITS: tl.constexpr,
+):  # fmt: skip
+    tl.static_assert(EPILOGUE_SPLITS == 1 or EPILOGUE_SPLITS == 2 or EPILOGUE_SPLITS == 4,
+                     "EPILOGUE_SPLITS: 1, 2 or 4")  # fmt: skip
+    STORE_N: tl.constexpr = BLOCK_N // EPILOGUE_SPLITS
+
+    # ---- persistent loop over the output tiles in grouped order ----
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles, A_COL_MAJOR, B_COL_MAJOR,
+                            UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
+
+        # ---- write-back ----
+        if TMA_STORE and EPILOGUE_SPLITS > 1:
+            # Subtiled epilogue: split the accumulator into column blocks first, then per block
+            # load its slice of the bias, add, activate, store. The activation's temporaries and
+            # the broadcast bias cover 1/EPILOGUE_SPLITS of the tile, and a block's registers die
+            # once it is stored (a full-tile epilogue at 128x256 / 8 warps spills with exact
+            # gelu: docs/kernels/matmul.md, "Round 5").
+            h0, h1 = _halves(acc, BLOCK_M, BLOCK_N)
+            if EPILOGUE_SPLITS == 4:
+                q0, q1 = _halves(h0, BLOCK_M, BLOCK_N // 2)
+                _epilogue_store(q0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
+                                c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                                STORE_N)  # fmt: skip
+                _epilogue_store(q1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
+                                c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                STORE_PREACT, STORE_N)  # fmt: skip
+                q2, q3 = _halves(h1, BLOCK_M, BLOCK_N // 2)
+                _epilogue_store(q2, off_m, off_n + 2 * STORE_N, N, bias_ptr, stride_bias,
+                                c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                STORE_PREACT, STORE_N)  # fmt: skip
+                _epilogue_store(q3, off_m, off_n + 3 * STORE_N, N, bias_ptr, stride_bias,
+                                c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                STORE_PREACT, STORE_N)  # fmt: skip
+            else:
+                _epilogue_store(h0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
+                                c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                                STORE_N)  # fmt: skip
+                _epilogue_store(h1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
+                                c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                STORE_PREACT, STORE_N)  # fmt: skip
+        else:
+            offs_m = off_m + tl.arange(0, BLOCK_M)
+            offs_n = off_n + tl.arange(0, BLOCK_N)
+            z, y = bias_activation(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
+                                   ACTIVATION)  # fmt: skip
+            if TMA_STORE:  # one store of the whole tile (EPILOGUE_SPLITS == 1)
+                c_desc.store([off_m, off_n], y.to(c_ptr.dtype.element_ty))
+                if STORE_PREACT:
+                    z_desc.store([off_m, off_n], z.to(preact_ptr.dtype.element_ty))
+            else:
+                store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_ptr, preact_ptr,
+                             STORE_PREACT)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# fp32: device-side descriptors, autotuned
+# ---------------------------------------------------------------------------------------------
+@triton.autotune(
+    configs=interpreter_configs(EPILOGUE_SUBTILE=False) if is_interpreter() else tma_configs(),
+    key=["M", "N", "K", "A_COL_MAJOR", "B_COL_MAJOR"],
+    prune_configs_by={"early_config_prune": _prune},
+)
+@triton.jit
+def matmul_tma_device_desc_kernel(
+    # pointers: as matmul_tma_host_desc_kernel's
+    a_ptr, b_ptr, c_ptr, bias_ptr, preact_ptr,
+    # sizes: A is M×K, B is K×N, C is M×N
+    M, N, K,
+    # the one non-unit stride of each operand's storage (elements), then C's and the bias's
+    stride_a, stride_b, stride_c, stride_bias,
+    # storage layouts, as matmul_tma_host_desc_kernel's
+    A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
+    # epilogue switches; TMA_STORE is False when C's rows are not 16-byte aligned
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+    TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+):  # fmt: skip
+    # ---- descriptors over the operands as stored: TMA zero-fills reads past the edges ----
+    if A_COL_MAJOR:
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[K, M], strides=[stride_a, 1], block_shape=[BLOCK_K, BLOCK_M]
+        )
+    else:
+        a_desc = tl.make_tensor_descriptor(
+            a_ptr, shape=[M, K], strides=[stride_a, 1], block_shape=[BLOCK_M, BLOCK_K]
+        )
+    if B_COL_MAJOR:
+        b_desc = tl.make_tensor_descriptor(
+            b_ptr, shape=[N, K], strides=[stride_b, 1], block_shape=[BLOCK_N, BLOCK_K]
+        )
+    else:
+        b_desc = tl.make_tensor_descriptor(
+            b_ptr, shape=[K, N], strides=[stride_b, 1], block_shape=[BLOCK_K, BLOCK_N]
+        )
+    STORE_N: tl.constexpr = BLOCK_N // 2 if EPILOGUE_SUBTILE else BLOCK_N
+    if TMA_STORE:
+        c_desc = tl.make_tensor_descriptor(
+            c_ptr, shape=[M, N], strides=[stride_c, 1], block_shape=[BLOCK_M, STORE_N]
+        )
+        if STORE_PREACT:
+            z_desc = tl.make_tensor_descriptor(
+                preact_ptr, shape=[M, N], strides=[stride_c, 1], block_shape=[BLOCK_M, STORE_N]
+            )
+
+    # ---- persistent loop over the output tiles in grouped order ----
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles, A_COL_MAJOR, B_COL_MAJOR,
+                            UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
+
+        # ---- write-back ----
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        z, y = bias_activation(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
+                               ACTIVATION)  # fmt: skip
+        if TMA_STORE:
+            if EPILOGUE_SUBTILE:
+                # Two (BLOCK_M, BLOCK_N/2) stores: half the shared-memory staging.
+                y0, y1 = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, 2, STORE_N)), (0, 2, 1)))
+                c_desc.store([off_m, off_n], y0.to(c_ptr.dtype.element_ty))
+                c_desc.store([off_m, off_n + STORE_N], y1.to(c_ptr.dtype.element_ty))
+                if STORE_PREACT:
+                    z0, z1 = tl.split(tl.permute(tl.reshape(z, (BLOCK_M, 2, STORE_N)), (0, 2, 1)))
+                    z_desc.store([off_m, off_n], z0.to(preact_ptr.dtype.element_ty))
+                    z_desc.store([off_m, off_n + STORE_N], z1.to(preact_ptr.dtype.element_ty))
+            else:
+                c_desc.store([off_m, off_n], y.to(c_ptr.dtype.element_ty))
+                if STORE_PREACT:
+                    z_desc.store([off_m, off_n], z.to(preact_ptr.dtype.element_ty))
+        else:
+            store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_ptr, preact_ptr, STORE_PREACT)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launches
+# ---------------------------------------------------------------------------------------------
+def _alloc_scratch(size: int, alignment: int, stream):
+    # Device-side TMA descriptors live in a global scratch buffer that Triton asks for per launch.
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def launch_host_desc(a, b, c, bias, preact, tile, common, num_sms):
+    """matmul_tma_host_desc_kernel on `tile` (heuristic_tile's): one program per SM at most
+    (four in the interpreter, with its one-stage pipeline)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    M, K = a.shape
+    N = b.shape[1]
+    (a_col, stride_a), (b_col, stride_b) = tma_layout(a), tma_layout(b)
+    bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
+    splits = epilogue_splits(tile, common["ACTIVATION"])
+    store_n = bn // splits
+    tma_store = (N * c.element_size()) % 16 == 0
+    a_desc = TensorDescriptor.from_tensor(a.t() if a_col else a, [bk, bm] if a_col else [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(b.t() if b_col else b, [bn, bk] if b_col else [bk, bn])
+    c_desc = z_desc = None
+    if tma_store:
+        c_desc = TensorDescriptor.from_tensor(c, [bm, store_n])
+        if preact is not None:
+            z_desc = TensorDescriptor.from_tensor(preact, [bm, store_n])
+    tiles = cdiv(M, bm) * cdiv(N, bn)
+    stages, warps = (1, 4) if is_interpreter() else (tile.num_stages, tile.num_warps)
+    grid = (min(4 if is_interpreter() else num_sms, tiles),)
+    matmul_tma_host_desc_kernel[grid](
+        a, b, c, bias, preact,
+        a_desc, b_desc, c_desc, z_desc,
+        M, N, K,
+        stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0,
+        A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
+        num_stages=stages, num_warps=warps,
+    )  # fmt: skip
+
+
+def launch_device_desc(a, b, c, bias, preact, common, num_sms):
+    """matmul_tma_device_desc_kernel, autotuned: one program per SM at most (four in the
+    interpreter)."""
+    M, K = a.shape
+    N = b.shape[1]
+    (a_col, stride_a), (b_col, stride_b) = tma_layout(a), tma_layout(b)
+    if not is_interpreter():
+        triton.set_allocator(_alloc_scratch)
+
+    def grid(META):
+        tiles = cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"])
+        return (min(4 if is_interpreter() else num_sms, tiles),)
+
+    matmul_tma_device_desc_kernel[grid](
+        a, b, c, bias, preact,
+        M, N, K,
+        stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0,
+        A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=(N * c.element_size()) % 16 == 0,
+        **common,
+    )  # fmt: skip
