@@ -336,7 +336,8 @@ def test_tuned_config_times_once_keeps_the_fastest_and_logs_it(monkeypatch):
     (line,) = TUNING_LOG[log_before:]
     assert line.startswith("softmax forward bf16 8 x 128: chose tile 4x128 w2 (GPU ms a call: ")
     assert tuned(("k",), lambda: candidates, runs.append, "again") == candidates[1]  # remembered
-    assert len(calls) == dispatch.TUNE_ROUNDS * len(candidates) and len(TUNING_LOG) == log_before + 1
+    assert len(calls) == dispatch.TUNE_ROUNDS * len(candidates)
+    assert len(TUNING_LOG) == log_before + 1
     monkeypatch.setattr(dispatch, "_time_candidate", _fake_timer({}, calls))
     assert tuned(("tie",), lambda: candidates, runs.append, "t") == candidates[0]  # ties: the pick
 
@@ -405,7 +406,8 @@ def test_coop_clears_the_next_workspace(block_rows, pairs, backward, device):
     n_chunks, row_blocks = -(-n // chunk), -(-rows // block_rows)
     n_slots = rows * n_chunks
     dtype = torch.bfloat16 if pairs else torch.float32
-    tensors = [torch.randn(rows, n, device=device, dtype=dtype) for _ in range(3 if backward else 2)]
+    n_tensors = 3 if backward else 2
+    tensors = [torch.randn(rows, n, device=device, dtype=dtype) for _ in range(n_tensors)]
     strides = [0, n, 1] * len(tensors)
     kernel = split._KERNELS[backward]
     meta = dict(POLICY="", EXP2=1) if not backward else {}
@@ -476,10 +478,10 @@ def test_smem_launch_checks_its_arguments():
     ((1823, 781), -1),  # the 16 KB tile
     ((300, 65536), -1),  # smem, interleaved chunks
     ((9, 70000), -1),  # smem, a ragged last chunk
-    ((2, 1048576), -1),  # smem with chunks grown to keep 128 a row
+    ((2, 2**22), -1),  # smem with chunks grown to keep 128 a row
     ((1024, 4096), 0),  # coop over adjacent rows, 32 a program
     ((2, 6, 1024, 1024), 2),  # coop over adjacent rows, output rows strided
-    ((4, 2**21 + 16), -1),  # past 128 chunks: the online loop
+    ((4, 2**21 + 1), -1),  # unaligned, past 128 chunks of 16384: the online loop
 ])  # fmt: skip
 def test_designs_on_gpu(shape, dim, dtype_name):
     check_forward_backward(rows_with_extremes(shape, DTYPES[dtype_name], "cuda", dim), dim,
@@ -576,8 +578,7 @@ def test_smem_leaving_on_gpu(dtype_name, n, rows_per_sm, backward):
     stay, ref, _ = _smem_run(x, backward, -1)
     out, _, left = _smem_run(x, backward, 1)
     assert torch.equal(out.view(torch.uint8), stay.view(torch.uint8))
-    keep = [r for r in range(rows) if r != 2] if not backward else list(range(rows))
-    assert relative_error(out[keep], ref[keep]) < TOLERANCES[dtype_name]
+    assert relative_error(out, ref) < TOLERANCES[dtype_name]
     if rows_per_sm:  # programs did leave (6 rows often complete before the first poll)
         assert (left == 1).sum().item() > 0
 

@@ -85,10 +85,8 @@ SPLIT_WARPS = 4
 # then the online loop): the cooperative wait needs every chunk of a row resident at once,
 # and 132 SMs hold at least one program each.
 MAX_SPLIT_CHUNKS = 128
-# Register cap of the fp32 coop forward on a GPU for rows of more than COOP_CAP_MIN_CHUNKS
-# chunks: uncapped, ptxas gives it a few registers more than 56 (the slot gather's vector grows
-# with the chunks), one program an SM fewer, where 56 fits without spilling. The bf16 forward
-# is not capped: capped, it spills under some ptxas releases (tests/test_resources.py).
+# Register cap of the fp32 coop forward for rows of more than COOP_CAP_MIN_CHUNKS chunks (the
+# slot gather grows with them): one more program an SM, no spills. Capped, bf16 would spill.
 COOP_FORWARD_MAXNREG = {4: 56}
 COOP_CAP_MIN_CHUNKS = 16
 # Tile of the online loop: big enough to keep many loads in flight per program.
@@ -102,8 +100,7 @@ SMEM_CHUNK_ELEMS = 8192
 SMEM_WARPS = 4
 SMEM_MAX_BYTES = 131072
 SMEM_ARCH_MAJOR = 9  # compute capability 9.x (Hopper): where the smem design was measured
-# Register cap of the smem forward on 8 warps or more: uncapped, ptxas takes a few registers
-# more than 40, 5 programs of 8 warps an SM; at 40, 6, spilling nothing. 4 warps fit 6 uncapped.
+# Register cap of the smem forward on 8 warps or more: 6 programs an SM instead of 5, no spills
 SMEM_PID_MAXNREG = 40
 # Lead programs of the smem forward (smem.LEAD_PER_SM an SM) on grids of 32 KB programs of at
 # least SMEM_LEAD_MIN_PROGRAMS_PER_SM an SM (4 waves of 6): the last lead program leaves after
@@ -114,16 +111,13 @@ SMEM_LEAD_MIN_PROGRAMS_PER_SM = 24
 ADJACENT_ROWS = 32
 # SM count used under the interpreter
 INTERPRETER_SMS = 3
-# The first call's choice (a GPU, a direct launch, not inside a CUDA-graph capture or a
-# torch.compile trace): the forward's short-row tile and row loop time the pick beside other
-# tiles and forms, and keep the fastest for that shape (_first_call_candidates): the H100 and
-# the H200, both sm_90 with 132 SMs, want different ones; docs/kernels/softmax.md, "First-call
-# tuning". KBENCH_SOFTMAX_TUNE=0 keeps the pick.
+# The first call (a GPU, a direct launch, no CUDA-graph capture or torch.compile trace) of the
+# forward's short-row tile and row loop times the pick beside other forms and keeps the fastest
+# for that shape: GPUs of one sm_90 want different ones (docs/kernels/softmax.md, "First-call
+# tuning"). KBENCH_SOFTMAX_TUNE=0 keeps the pick.
 TUNE = os.environ.get("KBENCH_SOFTMAX_TUNE", "1") != "0"
-# Smaller inputs keep the pick: their calls are launch-bound, and a choice (TUNE_ROUNDS rounds of
-# TUNE_CALLS flushed calls a candidate) would cost more than it could save. From this size up,
-# every pick fills the SMs with whole tiles, so the candidates are the same for every row count
-# of one power of 2.
+# Smaller inputs keep the pick (launch-bound: timing would cost more than it could save); from
+# this size up every pick fills the SMs with whole tiles, the same for rows of one power of 2.
 TUNE_MIN_BYTES = 8 * 2**20
 TUNE_TILE_BYTES = (1024, 2048, 4096)
 TUNE_ROUNDS = 5  # timing rounds over the candidates; each keeps its best round
@@ -132,12 +126,9 @@ TUNE_CPU_US_PER_CALL = 150.0  # the CPU path of one call, at most
 # (device, dtype, columns, rows rounded up to a power of 2) -> the chosen Config
 _TUNED: dict = {}
 TUNING_CACHES.append(_TUNED)
-# A direct launch of the tile and online kernels is remembered as a _LaunchPlan for its rows'
-# shapes, strides, dtype, device and 16-byte alignment (what the dispatch and Triton's
-# specialization read), and the next call with the same key launches the compiled kernel at
-# once: the host path is most of a small call's time. Not remembered: a pick the first call
-# would have timed but could not (inside a capture or a trace), and any launch through a
-# wrapper (torch.compile's).
+# Direct launches of the tile and online kernels, remembered by _plan_key, so that the next
+# call with the key launches the compiled kernel at once (the host path is most of a small
+# call's time); not a pick the first call would have timed but could not, nor a wrapper's.
 _PLANS: dict = {}
 PLANS_MAX = 1024  # a cache of more keys is cleared, not grown
 TUNING_CACHES.append(_PLANS)

@@ -149,21 +149,14 @@ def _exp_shifted(x, shift, EXP2: gl.constexpr):
 def _row_slots(slots, n_chunks, POLL_WIDTH: gl.constexpr, SLEEP_NS: gl.constexpr,
                WARPS: gl.constexpr, LEAVE_POLLS: gl.constexpr, count, left):  # fmt: skip
     """(the row's packed partials, which are the row's, gone) once all are published (0 marks
-    an unpublished slot), or once this program has left its chunk (gone = 1).
+    an unpublished slot), or once this program has left its chunk (gone = 1): after
+    LEAVE_POLLS polls (-1: never, for tests) it tries to (_leave), and the row's last
+    publisher writes a left chunk from global memory. So a program never waits on one that has
+    not started: the GPU need not start programs in id order.
 
-    After LEAVE_POLLS polls with slots still unpublished, the program sets its chunk's `left`
-    flag and adds LEFT_UNIT to the row's `count` (one atomic, after the flag). If the row's
-    partials were not all counted before that atomic, the program leaves (gone): the row's
-    last publisher, whose count atomic comes later and sees the flag, writes the chunk from
-    global memory. Otherwise it waits on. So a program never waits on one that has not
-    started: the GPU need not start programs in id order. LEAVE_POLLS -1: never leave (tests
-    compare such a launch's bits with one that leaves).
-
-    POLL_WIDTH must be at least the program's threads: the slots are then spread over every
-    warp and the count of missing ones is a reduction across warps, which every warp reads
-    alike, so all take each poll, and the leave, together (_leave's barrier must meet the
-    others' own). Narrower, each warp would hold every slot and reduce alone, and warps would
-    disagree on the poll at which the row completes (they load at different moments)."""
+    POLL_WIDTH is at least the program's threads: the missing count is then a reduction across
+    warps, which every warp reads alike, so all take each poll, and the leave, together
+    (_leave's barrier must meet the others' own)."""
     gl.static_assert(LEAVE_POLLS <= 0 or POLL_WIDTH >= 32 * WARPS,
                      "leaving needs the poll spread over every warp")  # fmt: skip
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
@@ -192,14 +185,10 @@ def _row_slots(slots, n_chunks, POLL_WIDTH: gl.constexpr, SLEEP_NS: gl.constexpr
 def _publish_and_wait(ws_ptr, ticket, partial, slots, ticket_index, n_chunks,
                       POLL_WIDTH: gl.constexpr, SLEEP_NS: gl.constexpr, WARPS: gl.constexpr,
                       LEAVE_POLLS: gl.constexpr):  # fmt: skip
-    """Publish the chunk's partial in its slot, count it in the row's count word, and wait for
-    the row's (_row_slots): (packed partials, which are the row's, gone, the first thread's
-    old count, the first thread's mask, the chunk's left flag) for _last_with_leavers and
-    _row_left_flags. Published, then counted: the program whose count brings the row to
-    n_chunks is its last publisher. Relaxed (no fence: an acquire would hold the first warp's
-    next loads for the atomic's round trip): no program reads a slot through the count, every
-    wait polls the slots themselves. Only the first thread keeps the old count (no
-    broadcast)."""
+    """Publish the chunk's partial, count it in the row's count word (so the program whose
+    count brings the row to n_chunks is its last publisher), and wait for the row's partials
+    (_row_slots): (packed, which are the row's, gone, the first thread's old count, its mask,
+    the chunk's left flag). Relaxed atomics: every wait polls the slots themselves."""
     count, left = _leave_words(ws_ptr, ticket, ticket_index, n_chunks)
     zero, first = _first_thread(WARPS)
     gl.atomic_xchg(ws_ptr + ticket + zero, partial + zero, mask=first, sem="relaxed")
