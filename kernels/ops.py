@@ -23,7 +23,7 @@ from torch.library import triton_op, wrap_triton
 from kernels._common import activation_id, direct, is_interpreter
 from kernels.conv import conv2d_forward
 from kernels.linear import check_linear_args, linear_backward, linear_forward
-from kernels.matmul import _matmul
+from kernels.matmul import matmul_impl
 from kernels.softmax import softmax_backward, softmax_forward
 
 _INTERPRETED = is_interpreter()
@@ -72,7 +72,7 @@ def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
 
 @_define("kbench::matmul")
 def matmul_op(a: Tensor, b: Tensor) -> Tensor:
-    return _matmul(a, b, launch=_launch)
+    return matmul_impl(a, b, launch=_launch)
 
 
 @_define("kbench::linear_fwd")

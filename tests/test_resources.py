@@ -87,7 +87,7 @@ def test_matmul_on_hopper_compiles_the_tma_kernels_with_a_compiler_report(hopper
     assert payload["arch"] == 90 and payload["sms"] == 132 and payload["shapes"] == "cpu"
     names = {r["kernel"] for r in records}
     # TMA-able shapes take the host-descriptor kernel; the odd-stride one takes the pointer kernel
-    assert "matmul_tma_r3_kernel" in names and "matmul_kernel" in names
+    assert "matmul_tma_host_desc_kernel" in names and "matmul_kernel" in names
     for r in records:
         assert r["registers"] is not None and 0 < r["registers"] <= 255
         assert r["spill_stores"] is not None and r["spill_stores"] >= 0
@@ -95,18 +95,18 @@ def test_matmul_on_hopper_compiles_the_tma_kernels_with_a_compiler_report(hopper
         assert r["shapes"] and set(r["shapes"]) <= set(payload["labels"])
         assert r["grids"] and all(g[0] >= 1 for g in r["grids"])
         assert 1 <= r["ctas_per_sm"] <= 32
-    tma = [r for r in records if r["kernel"] == "matmul_tma_r3_kernel"]
+    tma = [r for r in records if r["kernel"] == "matmul_tma_host_desc_kernel"]
     assert all(r["shared_bytes"] > 0 and not r["autotuned"] for r in tma)
     # different tiles compile to different code
     assert len({r["ptx_sha"] for r in records}) == len(records)
-    assert "matmul_tma_r3_kernel" in stdout and "sm_90" in stdout.splitlines()[0]
+    assert "matmul_tma_host_desc_kernel" in stdout and "sm_90" in stdout.splitlines()[0]
 
 
 def test_an_ampere_target_takes_the_pointer_kernels_and_the_same_code_hashes_alike(hopper_matmul):
     _, hopper = hopper_matmul
     done = run_tool("--kernel", "matmul", "--shapes", "cpu", "--arch", "80", "--sms", "108")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "matmul_tma_r3_kernel" not in done.stdout and "matmul_kernel" in done.stdout
+    assert "matmul_tma_host_desc_kernel" not in done.stdout and "matmul_kernel" in done.stdout
     again = run_tool("--kernel", "matmul", "--shapes", "cpu")
     for r in hopper["compiled"]:
         assert r["ptx_sha"] in again.stdout  # a rerun of the same code gives the same hashes

@@ -1,8 +1,8 @@
 """C = A @ B, with an optional bias + activation epilogue fused into the write-back.
 
 The repo's one GEMM: as `matmul` it keeps up with cuBLAS (torch.matmul) on Hopper, and
-kernels.linear (forward and both backward products) and kernels.conv (1x1 convolutions) launch
-it through fused_matmul, fusing the bias add and activation into the store.
+kernels.linear (forward and both backward products) launches it through fused_matmul, fusing
+the bias add and activation into the store; kernels.conv shares its epilogue helpers.
 
 Modules:
     dispatch.py  which kernel a call takes (plan), fused_matmul, matmul_impl and matmul
@@ -14,7 +14,6 @@ Measurements and history: docs/kernels/matmul.md.
 """
 
 from kernels.matmul.dispatch import (
-    _matmul,
     check_matmul_args,
     fused_matmul,
     matmul,
@@ -44,7 +43,6 @@ __all__ = [
     "SILU",
     "SQRT_2_OVER_PI",
     "SQRT_HALF",
-    "_matmul",
     "apply_activation",
     "check_matmul_args",
     "fused_matmul",

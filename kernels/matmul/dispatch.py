@@ -23,7 +23,7 @@ Functions:
     fused_matmul(a, b, bias=None, act_id=0, save_preact=False, *, launch=direct) -> (c, z | None)
         c = act(a @ b + bias) and, when save_preact, the pre-activation z (linear's backward
         needs it); no input checks. Used by matmul, kernels.linear and kernels.conv.
-    matmul_impl(a, b, *, launch=direct) -> c   (also importable as _matmul)
+    matmul_impl(a, b, *, launch=direct) -> c
         Checks the inputs, then fused_matmul; what kernels/ops.py's custom op calls.
     matmul(a, b) -> c
         Public: the 2-D torch.matmul. fp16/bf16/fp32 in, same dtype out, fp32 accumulation.
@@ -170,7 +170,6 @@ def matmul_impl(a: torch.Tensor, b: torch.Tensor, *, launch=direct) -> torch.Ten
     return fused_matmul(a, b, launch=launch)[0]
 
 
-_matmul = matmul_impl  # the name kernels/ops.py imports
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
