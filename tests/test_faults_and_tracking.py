@@ -120,13 +120,13 @@ def test_worker_passes_the_wandb_group_as_a_string(value):
 
 
 def test_a_row_notes_the_config_its_first_call_chose(compose_job, monkeypatch):
-    """softmax's first call on a GPU picks its short-row tile (and since round 24 its row loop)
-    by timing candidates; the row's notes name the choice, and each row chooses afresh (the
+    """softmax's first call on a GPU picks its short-row tile (and its row loop) by timing
+    candidates; the row's notes name the choice, and each row chooses afresh (the
     cache is reset as torch.compile's is). Here the timer is a stand-in and the interpreter
     runs the kernels."""
     import importlib
 
-    softmax_module = importlib.import_module("kernels.softmax")
+    softmax_module = importlib.import_module("kernels.softmax.dispatch")
     monkeypatch.setattr(softmax_module, "_tunable", lambda launch, device: True)
     monkeypatch.setattr(softmax_module, "TUNE_MIN_BYTES", 0)  # the cpu shapes are small
 
@@ -143,6 +143,6 @@ def test_a_row_notes_the_config_its_first_call_chose(compose_job, monkeypatch):
         assert [r["status"] for r in rows] == ["ok", "ok"]
         (note,) = [n for n in rows[0]["notes"] if n.startswith("softmax forward")]
         assert note.startswith("softmax forward float32 37 x 100: chose tile ")
-        # N = 4097 takes the row loop, which the first call times too since round 24
+        # N = 4097 takes the row loop, which the first call times too
         (note,) = [n for n in rows[1]["notes"] if n.startswith("softmax forward")]
         assert note.startswith("softmax forward float32 ") and " x 4097: chose online " in note
