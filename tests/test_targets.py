@@ -93,17 +93,17 @@ def test_softmax_backward_rate_is_derived_from_fwd_bwd_less_fwd():
         pytest.approx(1.4 / 1.3)
 
 
-PAIRED = "softmax bf16 fwd: triton vs best compile mode, paired (probe_softmax_ab), every N"
+PAIRED = "softmax bf16 fwd: triton vs best compile mode, paired, every N"
 
 
 def paired_record(n, ratios, dtype="bf16", gpu="TestGPU"):
-    return {"probe": "softmax_ab", "kernel": "softmax", "pass": "fwd", "dtype": dtype, "m": 8,
+    return {"kernel": "softmax", "pass": "fwd", "dtype": dtype, "m": 8,
             "n": n, "rounds": len(ratios), "ratios": ratios,
             "median_ratio": sorted(ratios)[len(ratios) // 2], "gpu_name": gpu}  # fmt: skip
 
 
 def test_softmax_paired_reading_is_the_worst_median_on_the_sweeps_gpu(tmp_path):
-    """--paired (probe_softmax_ab --jsonl records): per dtype, the worst N's median ratio over
+    """--paired (experiments.paired --jsonl records): per dtype, the worst N's median ratio over
     its rounds, from records of the sweep's own GPU only; n/a (a miss) where there are none;
     no paired line without --paired."""
     frame = records_frame([
