@@ -9,8 +9,9 @@ It reads the records folders of results/current/<gpu>/ named after an op (`softm
 `softmax_small`, ...; one bench or sweep each), not other sets kept beside them; a measurement
 found in two folders counts once, from the folder named after the op. Per
 op and GPU it takes the ok rows of the default view (bf16, forward, activations as inputs) and
-the shape set that the most modes ran (then the one with the most shapes), so both sides of a comparison cover the same shapes; each
-figure is a geomean over those shapes of the row's own ratio to eager (measured in the same job).
+the shape set that the most modes ran (then the one with the most shapes), so both sides of a
+comparison cover the same shapes; each figure is a geomean over those shapes of the row's own
+ratio to eager (measured in the same job).
 A cell is "-" where the current records hold no such mode.
 """
 
@@ -84,8 +85,8 @@ def rows(current: Path = CURRENT) -> list[dict]:
             if mine.empty:
                 continue
             # a shape set with another fused epilogue (conv with and without bias) is another set
-            mine["shape_set"] = [s if not isinstance(e, str) else f"{s}, {e}"
-                                 for s, e in zip(mine["shape_set"], mine["epilogue"])]  # fmt: skip
+            pairs = zip(mine["shape_set"], mine["epilogue"], strict=True)
+            mine["shape_set"] = [f"{s}, {e}" if isinstance(e, str) else s for s, e in pairs]
             # the set the most modes besides eager ran, then the one with the most shapes
             timed = mine[mine["mode"] != "eager"].groupby("shape_set")
             ranked = pd.DataFrame({"modes": timed["mode"].nunique(),

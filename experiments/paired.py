@@ -50,7 +50,8 @@ def implementations(eager_module) -> dict:
 
 def ratios(times: dict[str, list[float]]) -> list[float]:
     """Per round: the best compile mode's GPU time over ours (above 1: ours is faster)."""
-    return [min(times[m][r] for m in MODES) / times["triton"][r] for r in range(len(times["triton"]))]
+    ours = times["triton"]
+    return [min(times[m][r] for m in MODES) / ours[r] for r in range(len(ours))]
 
 
 def run_shape(workload, shape, dtype_name: str, rounds: int, timer) -> tuple[str, dict | None]:

@@ -15,9 +15,9 @@ import wandb_workspaces.workspaces as ws
 from wandb_workspaces import expr
 
 from analysis import dashboard
+from experiments.registry import OPS
 from experiments.run import summarize
 from experiments.tracking import Tracker
-from experiments.registry import OPS
 
 SECTIONS = [
     "Speedup vs eager by kernel and mode",

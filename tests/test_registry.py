@@ -28,7 +28,8 @@ def test_each_op_has_its_files(name):
     package = spec.triton.partition(":")[0]
     assert package == "kernels", "our kernels are reached through the public kernels API"
     assert (REPO_ROOT / "kernels" / name / "__init__.py").is_file()
-    assert callable(registry.resolve(spec.triton)) and callable(registry.resolve(spec.triton_compiled))
+    assert callable(registry.resolve(spec.triton))
+    assert callable(registry.resolve(spec.triton_compiled))
     assert spec.workload.name == name and spec.bench, "every op declares its bench grids"
 
 

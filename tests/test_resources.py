@@ -154,7 +154,7 @@ def test_the_benchmarked_kernels_compile_for_the_h100_without_spills(
     kernel, shapes, dtype, pass_name, tmp_path
 ):
     """A spilling kernel is a slow kernel: the exact-gelu epilogue's 48 B of spills cost the
-    linear forward 20% on the H100 before anyone looked (kernels/notes/matmul.md, round 5).
+    linear forward 20% on the H100 before anyone looked (docs/kernels/matmul.md).
     Every kernel the bench shape sets launch, compiled for sm_90 by this Triton, spills nothing."""
     out = tmp_path / "r.json"
     done = run_tool("--kernel", kernel, "--shapes", shapes, "--dtype", dtype,

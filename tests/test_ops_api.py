@@ -1,0 +1,98 @@
+"""The public API of every registered op, through its workload: our function against a float64
+reference on the op's `cpu` shapes, in every dtype, on contiguous and strided inputs, with
+gradients where the op trains, and one clear error for inputs it does not take.
+
+Each op's own test file goes deeper (its designs, dispatch and GPU paths); this one is what every
+op owes the harness, so a new op is held to it by registering it.
+"""
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from experiments import registry
+from experiments.correctness import relative_error, tolerance
+from experiments.workloads import make_workload, resolve_shapes
+from tests.conftest import CONF_DIR, DEVICE
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _workload(name):
+    cfg = OmegaConf.load(CONF_DIR / "kernel" / f"{name}.yaml")
+    workload = make_workload(cfg)
+    _, shapes = resolve_shapes(workload, cfg, "cpu", on_gpu=False)
+    return workload, shapes[0]
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a view whose last dim has stride 2 (a slice of a wider buffer)."""
+    wide = t.new_empty(*t.shape[:-1], 2 * t.shape[-1])
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        wide = wide.contiguous(memory_format=torch.channels_last)  # keep the op's own layout
+    view = wide[..., ::2]
+    view.copy_(t)
+    return view
+
+
+def _modules(workload, shape, dtype):
+    generator = torch.Generator(device=DEVICE).manual_seed(1)
+    eager = workload.make_module(shape, registry.namespace("eager")).to(DEVICE)
+    workload.init_parameters(eager, generator)
+    eager = eager.to(dtype)
+    ours = copy.copy(eager)
+    ours.ops = registry.namespace("triton")
+    reference = copy.deepcopy(eager).to(torch.float64)
+    inputs = workload.make_inputs(shape, dtype, DEVICE, generator)
+    return ours, reference, inputs
+
+
+CASES = [(name, dtype, layout) for name in registry.OPS for dtype in DTYPES
+         for layout in ("contiguous", "strided")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, dtype_name, layout", CASES)
+def test_forward_matches_float64(name, dtype_name, layout):
+    workload, shape = _workload(name)
+    ours, reference, inputs = _modules(workload, shape, DTYPES[dtype_name])
+    if layout == "strided":
+        inputs = tuple(_strided(t) for t in inputs)
+        assert not any(t.is_contiguous() for t in inputs)
+    out = ours(*inputs)
+    expected = reference(*(t.to(torch.float64) for t in inputs))
+    assert out.dtype == inputs[0].dtype and out.shape == expected.shape
+    assert relative_error(out, expected) < tolerance(dtype_name, tf32=False)
+
+
+TRAINING = [(name, dtype) for name, spec in registry.OPS.items() if "fwd_bwd" in spec.passes
+            for dtype in DTYPES]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, dtype_name", TRAINING)
+def test_gradients_match_float64(name, dtype_name):
+    workload, shape = _workload(name)
+    ours, reference, inputs = _modules(workload, shape, DTYPES[dtype_name])
+    inputs = [t.requires_grad_() for t in inputs]
+    ref_inputs = [t.detach().to(torch.float64).requires_grad_() for t in inputs]
+    out = ours(*inputs)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(out)
+    out.backward(grad)
+    reference(*ref_inputs).backward(grad.to(torch.float64))
+    got = [t.grad for t in inputs] + [p.grad for p in ours.parameters()]
+    want = [t.grad for t in ref_inputs] + [p.grad for p in reference.parameters()]
+    for g, w in zip(got, want, strict=True):
+        assert relative_error(g, w) < tolerance(dtype_name, tf32=False)
+
+
+@pytest.mark.parametrize("name", list(registry.OPS))
+def test_an_unsupported_dtype_is_one_clear_error(name):
+    """float64 is not among the kernels' dtypes: refused before anything is launched."""
+    workload, shape = _workload(name)
+    ours, _, inputs = _modules(workload, shape, torch.float32)
+    ours = ours.to(torch.float64)
+    with pytest.raises((TypeError, ValueError)) as info:
+        ours(*(t.to(torch.float64) for t in inputs))
+    message = str(info.value)
+    assert "float64" in message and len(message.splitlines()) == 1
