@@ -126,6 +126,31 @@ def counter_totals() -> tuple[int, int]:
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
 
+def root_exception(exc: BaseException) -> BaseException:
+    """The innermost exception of exc's __cause__ / __context__ chain: what went wrong, where a
+    wrapper such as torch._dynamo's BackendCompilerFailed says only where it surfaced."""
+    seen = {id(exc)}
+    while True:
+        inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        inner = inner or getattr(exc, "inner_exception", None)  # BackendCompilerFailed's own
+        if inner is None or id(inner) in seen:
+            return exc
+        seen.add(id(inner))
+        exc = inner
+
+
+def failure_reason(exc: BaseException, limit: int = 500) -> str:
+    """A failed row's reason: the root exception's type and the first non-empty line of its
+    message, then, where a wrapper differs, ' (via <wrapper type>)'; at most `limit` chars."""
+    root = root_exception(exc)
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    reason = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
+    via = f" (via {type(exc).__name__})" if root is not exc else ""
+    if len(reason) + len(via) > limit:
+        reason = reason[: max(0, limit - len(via) - 3)] + "..."
+    return reason + via
+
+
 def measure_shape(job: Job, shape: dict, index: int, progress: Callable[[str], None]) -> Record:
     """One row for `shape`, the `index`-th of the job's shape set."""
     record = base_record(job, shape)
@@ -136,8 +161,7 @@ def measure_shape(job: Job, shape: dict, index: int, progress: Callable[[str], N
         _measure(job, shape, index, record, progress)
     except Exception as exc:  # OOM, compile error, kernel error: one failed row, then move on
         record.status = "failed"
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        record.reason = f"{type(exc).__name__}: {message}"[:500]
+        record.reason = failure_reason(exc)
         log.warning(
             "%s %s failed at %s: %s", record.mode, record.shape_label, record.stage, record.reason
         )

@@ -43,13 +43,16 @@ from kernels._common import (
     gpu_info,
     is_interpreter,
 )
+from kernels._launch import PlanCache, Step
 from kernels.matmul.pointer import SKINNY_M, matmul_kernel
-from kernels.matmul.splitk import auto_split_k, launch_splitk_reduce
+from kernels.matmul.splitk import auto_split_k, splitk_reduce_step
 from kernels.matmul.tma import (
     Tile,
+    device_desc_step,
     heuristic_tile,
-    launch_device_desc,
-    launch_host_desc,
+    host_desc_lead,
+    host_desc_step,
+    set_scratch_allocator,
     tma_layout,
 )
 
@@ -107,6 +110,105 @@ def plan(a: torch.Tensor, b: torch.Tensor, launch=direct) -> Plan:
     return Plan("pointer", auto_split_k(M, N, K, num_sms if has_tma else DEFAULT_SMS), None)
 
 
+class _Launches(NamedTuple):
+    """A direct call's plan (_PLANS): what fused_matmul decided for its key, as Steps."""
+
+    kernel: str
+    split_k: int
+    steps: tuple  # kernels._launch.Step, in launch order
+    specs: tuple  # the host-descriptor kernel's descriptor specs (tma.host_desc_step)
+    copy_b: bool  # tf32 device-descriptor: B copied K-major first
+    copy_a: bool  # ... and A made row-major
+
+
+# Direct calls' plans by _plan_key; see kernels/_launch.py
+_PLANS = PlanCache()
+
+
+def _plan_key(a, b, bias, act_id, save_preact) -> tuple:
+    """Everything a direct call's launches depend on but the tensors' pointers: shapes, strides,
+    dtypes, device (and the GPU dispatch sees there), the start alignments (TMA's and Triton's
+    pointer specialization), the epilogue flags and torch's TF32 switch."""
+    return (
+        a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, gpu_info(a.device),
+        a.data_ptr() % 16, b.data_ptr() % 16,
+        (a.storage_offset() * a.element_size()) % 16, (b.storage_offset() * b.element_size()) % 16,
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() % 16),
+        act_id, save_preact, torch.backends.cuda.matmul.allow_tf32,
+    )  # fmt: skip
+
+
+def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
+    """The launches of c = act(a @ b + bias) (see the module docstring), as Steps."""
+    M, K = a.shape
+    N = b.shape[1]
+    kernel, split_k, tile = plan(a, b, launch)
+    common = dict(
+        HAS_BIAS=bias is not None,
+        ACTIVATION=act_id,
+        STORE_PREACT=save_preact,
+        INPUT_PRECISION=dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32),
+        UPCAST_TO_FP32=is_interpreter() and a.dtype == torch.bfloat16,
+    )
+    sms = device_info(a.device)[1]
+    if kernel == "tma_host_desc":
+        step, specs = host_desc_step(a, b, c, bias, preact, tile, common, sms)
+        return _Launches(kernel, 1, (step,), specs, False, False)
+    if kernel == "tma_device_desc":
+        copy_b = copy_a = False
+        if common["INPUT_PRECISION"] == "tf32":
+            # wgmma takes tf32 operands K-major only: a row-major B or column-major A would run
+            # on a slow fallback (docs/kernels/matmul.md, "Design"), so copy it the right way.
+            copy_b = not tma_layout(b)[0]
+            copy_a = bool(tma_layout(a)[0])
+            a, b = _k_major(a, b, copy_a, copy_b)
+        if tma_layout(a) is not None and tma_layout(b) is not None:
+            step = device_desc_step(a, b, c, bias, preact, common, sms)
+            return _Launches(kernel, 1, (step,), (), copy_b, copy_a)
+        # the K-major copy's rows are not 16-byte aligned: the pointer kernel, unsplit
+        kernel = "pointer"
+    grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), split_k)
+    steps = [Step(
+        launch(matmul_kernel), grid,
+        (M, N, K, split_k,
+         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+         bias.stride(0) if bias is not None else 0),
+        dict(SPLIT=split_k > 1, **common),
+    )]  # fmt: skip
+    if split_k > 1:
+        steps.append(splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch))
+    return _Launches(kernel, split_k, tuple(steps), (), False, False)
+
+
+def _k_major(a, b, copy_a: bool, copy_b: bool):
+    if copy_b:
+        b = b.t().contiguous().t()
+    if copy_a:
+        a = a.contiguous()
+    return a, b
+
+
+def _run(p: _Launches, a, b, c, bias, preact) -> None:
+    """Launch a plan's steps on this call's tensors."""
+    if p.kernel == "tma_host_desc":
+        tensors = (a, b, c, bias, preact)
+        p.steps[0](*host_desc_lead(tensors, p.specs, cached=False),
+                   descriptors=lambda: host_desc_lead(tensors, p.specs, cached=True))  # fmt: skip
+        return
+    if p.kernel == "tma_device_desc":
+        a, b = _k_major(a, b, p.copy_a, p.copy_b)
+        set_scratch_allocator()
+        p.steps[0](a, b, c, bias, preact)
+        return
+    M, N = c.shape
+    partial = None
+    if p.split_k > 1:
+        partial = torch.empty((p.split_k, M, N), device=a.device, dtype=torch.float32)
+    p.steps[0](a, b, c, bias, preact, partial)
+    if p.split_k > 1:
+        p.steps[1](partial, c, bias, preact)
+
+
 def fused_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -117,50 +219,23 @@ def fused_matmul(
     launch=direct,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """c = act(a @ b + bias) as a new contiguous (M, N) tensor of a's dtype, plus the
-    pre-activation z when save_preact. Callers check the inputs (check_matmul_args)."""
+    pre-activation z when save_preact. Callers check the inputs (check_matmul_args). Direct
+    calls keep their plan per _plan_key (kernels/_launch.py); traced ones (launch=wrap_triton)
+    plan every call, so torch.compile sees each kernel[grid] launch."""
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     preact = torch.empty_like(c) if save_preact else None
     if c.numel() == 0:  # an empty grid is an error on some launch paths; nothing to write anyway
         return c, preact
-    kernel, split_k, tile = plan(a, b, launch)
-    common = dict(
-        HAS_BIAS=bias is not None,
-        ACTIVATION=act_id,
-        STORE_PREACT=save_preact,
-        INPUT_PRECISION=dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32),
-        UPCAST_TO_FP32=is_interpreter() and a.dtype == torch.bfloat16,
-    )
-    if kernel == "tma_host_desc":
-        launch_host_desc(a, b, c, bias, preact, tile, common, device_info(a.device)[1])
-        return c, preact
-    if kernel == "tma_device_desc":
-        if common["INPUT_PRECISION"] == "tf32":
-            # wgmma takes tf32 operands K-major only: a row-major B or column-major A would run
-            # on a slow fallback (docs/kernels/matmul.md, "Design"), so copy it the right way.
-            if not tma_layout(b)[0]:
-                b = b.t().contiguous().t()
-            if tma_layout(a)[0]:
-                a = a.contiguous()
-        if tma_layout(a) is not None and tma_layout(b) is not None:
-            launch_device_desc(a, b, c, bias, preact, common, device_info(a.device)[1])
-            return c, preact
-        # the K-major copy's rows are not 16-byte aligned: the pointer kernel, unsplit
-
-    partial = (
-        torch.empty((split_k, M, N), device=a.device, dtype=torch.float32) if split_k > 1 else None
-    )
-    grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), split_k)
-    launch(matmul_kernel)[grid](
-        a, b, c, bias, preact, partial,
-        M, N, K, split_k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        bias.stride(0) if bias is not None else 0,
-        SPLIT=split_k > 1, **common,
-    )  # fmt: skip
-    if split_k > 1:
-        launch_splitk_reduce(partial, c, bias, preact, act_id, launch)
+    if launch is direct and not torch.compiler.is_compiling():
+        key = _plan_key(a, b, bias, act_id, save_preact)
+        p = _PLANS.get(key)
+        if p is None:
+            p = _PLANS.put(key, _build(a, b, c, bias, preact, act_id, save_preact, launch))
+    else:
+        p = _build(a, b, c, bias, preact, act_id, save_preact, launch)
+    _run(p, a, b, c, bias, preact)
     return c, preact
 
 
@@ -168,8 +243,6 @@ def matmul_impl(a: torch.Tensor, b: torch.Tensor, *, launch=direct) -> torch.Ten
     """matmul with the launcher kernels/ops.py passes (torch.library.wrap_triton)."""
     check_matmul_args(a, b)
     return fused_matmul(a, b, launch=launch)[0]
-
-
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -12,14 +12,17 @@ Functions:
     splitk_reduce_kernel[grid](partial_ptr, c_ptr, bias_ptr, preact_ptr, M, N, stride_bias,
                                HAS_BIAS, ACTIVATION, STORE_PREACT, SPLIT_K, BLOCK_M, BLOCK_N)
         C = act(sum of the SPLIT_K partials + bias), and Z when STORE_PREACT; in slice order.
+    splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch) -> Step
+        Its launch (kernels._launch.Step) for a (split_k, M, N) fp32 partial buffer.
     launch_splitk_reduce(partial, c, bias, preact, act_id, launch)
-        Its launch for a (split_k, M, N) fp32 partial buffer.
+        The same, launched once.
 """
 
 import triton
 import triton.language as tl
 
 from kernels._common import cdiv
+from kernels._launch import Step
 from kernels.matmul.epilogue import bias_activation
 from kernels.matmul.pointer import SKINNY_M
 
@@ -57,12 +60,18 @@ def splitk_reduce_kernel(
     tl.store(c_ptr + offsets, y.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+def splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch):
+    """splitk_reduce_kernel's launch as a kernels._launch Step; its lead is (partial, c, bias,
+    preact), partial being the (split_k, M, N) fp32 buffer."""
+    block_m, block_n = 16, 256
+    return Step(
+        launch(splitk_reduce_kernel), (cdiv(N, block_n), cdiv(M, block_m)),
+        (M, N, bias.stride(0) if bias is not None else 0),
+        dict(HAS_BIAS=bias is not None, ACTIVATION=act_id, STORE_PREACT=preact is not None,
+             SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n),
+    )  # fmt: skip
+
+
 def launch_splitk_reduce(partial, c, bias, preact, act_id, launch):
     split_k, M, N = partial.shape
-    block_m, block_n = 16, 256
-    launch(splitk_reduce_kernel)[(cdiv(N, block_n), cdiv(M, block_m))](
-        partial, c, bias, preact,
-        M, N, bias.stride(0) if bias is not None else 0,
-        HAS_BIAS=bias is not None, ACTIVATION=act_id, STORE_PREACT=preact is not None,
-        SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n,
-    )  # fmt: skip
+    splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch)(partial, c, bias, preact)

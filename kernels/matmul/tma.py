@@ -29,9 +29,13 @@ Functions:
         The device-descriptor kernel's autotuning tiles (fp32).
     matmul_tma_host_desc_kernel, matmul_tma_device_desc_kernel
         The @triton.jit kernels (args: pointers, descriptors, sizes, strides, constexprs).
-    launch_host_desc(a, b, c, bias, preact, tile, common, num_sms)
-    launch_device_desc(a, b, c, bias, preact, common, num_sms)
-        Their launches; `common` holds the epilogue and precision constexprs.
+    host_desc_step(a, b, c, bias, preact, tile, common, num_sms) -> (Step, descriptor specs)
+    host_desc_lead(tensors, specs, cached) -> the host-descriptor kernel's lead arguments
+    device_desc_step(a, b, c, bias, preact, common, num_sms) -> Step
+        Their launches as kernels._launch Steps (kept in kernels.matmul.dispatch's plans);
+        `common` holds the epilogue and precision constexprs.
+    launch_host_desc(...), launch_device_desc(...)
+        The same, launched once through kernel[grid].
 """
 
 from typing import NamedTuple
@@ -41,6 +45,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import ACTIVATIONS, cdiv, is_interpreter
+from kernels._launch import Step, host_descriptor
 from kernels.matmul.epilogue import apply_activation, bias_activation, grouped_tile, store_masked
 from kernels.matmul.pointer import SKINNY_M, interpreter_configs, make_config, prune_by_m
 
@@ -369,11 +374,12 @@ def _alloc_scratch(size: int, alignment: int, stream):
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
-def launch_host_desc(a, b, c, bias, preact, tile, common, num_sms):
+def host_desc_step(a, b, c, bias, preact, tile, common, num_sms):
     """matmul_tma_host_desc_kernel on `tile` (heuristic_tile's): one program per SM at most
-    (four in the interpreter, with its one-stage pipeline)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+    (four in the interpreter, with its one-stage pipeline). Returns (the Step, the descriptor
+    specs): a spec is (lead slot, tensor slot, transposed, dtype, shape, strides, block) for each
+    descriptor, the lead being (a, b, c, bias, preact, a_desc, b_desc, c_desc, z_desc); the
+    descriptor slots are filled per call (host_desc_lead)."""
     M, K = a.shape
     N = b.shape[1]
     (a_col, stride_a), (b_col, stride_b) = tma_layout(a), tma_layout(b)
@@ -381,44 +387,83 @@ def launch_host_desc(a, b, c, bias, preact, tile, common, num_sms):
     splits = epilogue_splits(tile, common["ACTIVATION"])
     store_n = bn // splits
     tma_store = (N * c.element_size()) % 16 == 0
-    a_desc = TensorDescriptor.from_tensor(a.t() if a_col else a, [bk, bm] if a_col else [bm, bk])
-    b_desc = TensorDescriptor.from_tensor(b.t() if b_col else b, [bn, bk] if b_col else [bk, bn])
-    c_desc = z_desc = None
+
+    def spec(slot, tensor_slot, t, transposed, block):
+        shape = (t.shape[1], t.shape[0]) if transposed else tuple(t.shape)
+        strides = (t.stride(1), t.stride(0)) if transposed else t.stride()
+        return (slot, tensor_slot, transposed, t.dtype, shape, strides, tuple(block))
+
+    specs = [spec(5, 0, a, a_col, [bk, bm] if a_col else [bm, bk]),
+             spec(6, 1, b, b_col, [bn, bk] if b_col else [bk, bn])]  # fmt: skip
     if tma_store:
-        c_desc = TensorDescriptor.from_tensor(c, [bm, store_n])
+        specs.append(spec(7, 2, c, False, [bm, store_n]))
         if preact is not None:
-            z_desc = TensorDescriptor.from_tensor(preact, [bm, store_n])
+            specs.append(spec(8, 4, preact, False, [bm, store_n]))
     tiles = cdiv(M, bm) * cdiv(N, bn)
     stages, warps = (1, 4) if is_interpreter() else (tile.num_stages, tile.num_warps)
     grid = (min(4 if is_interpreter() else num_sms, tiles),)
-    matmul_tma_host_desc_kernel[grid](
-        a, b, c, bias, preact,
-        a_desc, b_desc, c_desc, z_desc,
-        M, N, K,
-        stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0,
-        A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
-        num_stages=stages, num_warps=warps,
+    step = Step(
+        matmul_tma_host_desc_kernel, grid,
+        (M, N, K,
+         stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0),
+        dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
+             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
+             num_stages=stages, num_warps=warps),
     )  # fmt: skip
+    return step, tuple(specs)
 
 
-def launch_device_desc(a, b, c, bias, preact, common, num_sms):
+def host_desc_lead(tensors, specs, cached: bool):
+    """The lead arguments of matmul_tma_host_desc_kernel: `tensors` (a, b, c, bias, preact) and
+    a descriptor for each spec, None where there is none (no TMA store, no pre-activation).
+    cached: from kernels._launch.host_descriptor (the fast path), else new TensorDescriptors
+    over the tensors (the JIT path, which specializes on them)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    lead = [*tensors, None, None, None, None]
+    for slot, tensor_slot, transposed, dtype, shape, strides, block in specs:
+        t = tensors[tensor_slot]
+        if cached:
+            lead[slot] = host_descriptor(t.data_ptr(), dtype, shape, strides, block)
+        else:
+            view = t.t() if transposed else t
+            lead[slot] = TensorDescriptor.from_tensor(view, list(block))
+    return lead
+
+
+def launch_host_desc(a, b, c, bias, preact, tile, common, num_sms):
+    """host_desc_step's launch, through kernel[grid] (no plan kept)."""
+    step, specs = host_desc_step(a, b, c, bias, preact, tile, common, num_sms)
+    step(*host_desc_lead((a, b, c, bias, preact), specs, cached=False))
+
+
+def device_desc_step(a, b, c, bias, preact, common, num_sms):
     """matmul_tma_device_desc_kernel, autotuned: one program per SM at most (four in the
-    interpreter)."""
+    interpreter). The lead is (a, b, c, bias, preact)."""
     M, K = a.shape
     N = b.shape[1]
     (a_col, stride_a), (b_col, stride_b) = tma_layout(a), tma_layout(b)
-    if not is_interpreter():
-        triton.set_allocator(_alloc_scratch)
 
     def grid(META):
         tiles = cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"])
         return (min(4 if is_interpreter() else num_sms, tiles),)
 
-    matmul_tma_device_desc_kernel[grid](
-        a, b, c, bias, preact,
-        M, N, K,
-        stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0,
-        A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=(N * c.element_size()) % 16 == 0,
-        **common,
+    return Step(
+        matmul_tma_device_desc_kernel, grid,
+        (M, N, K,
+         stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0),
+        dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=(N * c.element_size()) % 16 == 0,
+             **common),
     )  # fmt: skip
+
+
+def set_scratch_allocator() -> None:
+    """Device-side TMA descriptors live in a global scratch buffer Triton asks for per launch."""
+    if not is_interpreter():
+        triton.set_allocator(_alloc_scratch)
+
+
+def launch_device_desc(a, b, c, bias, preact, common, num_sms):
+    """device_desc_step's launch, through kernel[grid] (no plan kept)."""
+    set_scratch_allocator()
+    device_desc_step(a, b, c, bias, preact, common, num_sms)(a, b, c, bias, preact)

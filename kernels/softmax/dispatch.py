@@ -26,13 +26,11 @@ Functions:
 """
 
 import functools
-import inspect
 import math
 import os
 from typing import NamedTuple
 
 import torch
-import triton
 
 from kernels._common import (
     TUNING_CACHES,
@@ -47,6 +45,7 @@ from kernels._common import (
     is_interpreter,
     next_power_of_2,
 )
+from kernels._launch import Step
 from kernels.softmax.coop import coop_workspace
 from kernels.softmax.online import softmax_backward_online_kernel, softmax_online_kernel
 from kernels.softmax.split import launch_split
@@ -380,15 +379,6 @@ def _tuned_config(key: tuple, make_candidates, run, what: str) -> Config:
 # ---------------------------------------------------------------------------------------------
 # Launching
 # ---------------------------------------------------------------------------------------------
-class _LaunchPlan(NamedTuple):
-    """A remembered direct launch (_PLANS): the compiled kernel's runner for its grid, and every
-    kernel argument after the tensors, constexprs and defaults included, in the kernel's order
-    (as Triton's launch passes them; its launcher skips the constexprs)."""
-
-    runner: object
-    rest: tuple
-
-
 def _plan_key(moved: list[torch.Tensor], backward: bool) -> tuple:
     """What a launch's plan depends on: the rows' shapes and strides (the pick, the grid, the
     index hints), dtype and device, and each tensor's 16-byte alignment (Triton's
@@ -398,26 +388,18 @@ def _plan_key(moved: list[torch.Tensor], backward: bool) -> tuple:
             *[(t.stride(), t.data_ptr() % 16) for t in moved])  # fmt: skip
 
 
-@functools.cache
-def _kernel_signature(kernel) -> inspect.Signature:
-    return inspect.signature(kernel.fn)
-
-
 def _launch_planned(launch: Launcher, kernel, grid: int, moved: list[torch.Tensor], args: tuple,
                     meta: dict, plan_key: tuple | None) -> None:  # fmt: skip
     """launch(kernel)[(grid,)](*moved, *args, **meta), remembered under plan_key (unless None)
-    for the next call with the same key (_PLANS)."""
-    compiled = launch(kernel)[(grid,)](*moved, *args, **meta)
-    if plan_key is None or not isinstance(compiled, triton.compiler.CompiledKernel):
+    as a kernels._launch.Step for the next call with the same key (_PLANS): that call launches
+    the compiled kernel through its own launcher."""
+    step = Step(launch(kernel), (grid,), args, meta)
+    step(*moved)
+    if plan_key is None or step.compiled is None:
         return  # no key, or no compiled kernel (the interpreter, an offline compile)
-    signature = _kernel_signature(kernel)
-    bound = signature.bind(*moved, *args, **{k: v for k, v in meta.items()
-                                             if k in signature.parameters})  # fmt: skip
-    bound.apply_defaults()
     if len(_PLANS) >= PLANS_MAX:
         _PLANS.clear()
-    rest = tuple(bound.arguments.values())[len(moved):]
-    _PLANS[plan_key] = _LaunchPlan(compiled[(grid, 1, 1)], rest)
+    _PLANS[plan_key] = step
 
 
 def _normalize_dim(dim, ndim: int, shape: tuple) -> int:
@@ -535,7 +517,7 @@ def _launch_rows(
         plan_key = _plan_key(moved, backward)
         plan = _PLANS.get(plan_key)
         if plan is not None:
-            plan.runner(*moved, *plan.rest)
+            plan(*moved)
             return
     layout = _row_dims(moved)
     if layout is None:

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import is_interpreter, next_power_of_2
+from kernels._common import direct, is_interpreter, next_power_of_2
 from kernels.softmax.coop import SLEEP_NS, _nanosleep, _pack, _unpack, coop_workspace
 from kernels.softmax.tile import _exp_shifted, _tile_rows
 
@@ -377,7 +377,11 @@ def launch_split(launch, moved: list[torch.Tensor], backward: bool, rows: tuple[
             raise ValueError("the coop design needs a GPU; the interpreter takes split2")
         # zeroed: 0 marks an unpublished slot; then the ticket counter
         n_ws = n_slots + 1
-        pair = coop_workspace(n_ws, device)
+        # A traced launch (launch=wrap_triton, kernels/ops.py) zeroes a workspace of its own:
+        # the cached pair flips on the host once per *trace*, so every replay of a compiled
+        # graph would reuse one buffer that nothing zeroes again, and a tensor cached across
+        # traces would leak one trace's fake tensor into the next.
+        pair = coop_workspace(n_ws, device) if launch is direct else None
         if pair is None:
             ws = torch.zeros(n_ws, device=device, dtype=torch.int64)
         else:
