@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments import env, faults, modes, registry, timing, worker
+from experiments import env, faults, modes, registry, schema, timing, worker
 from experiments.errors import ConfigError
 from experiments.measure import Job, measure_shape, skipped_record
 from experiments.records import JsonlWriter, format_table, geomean, recorded_keys
@@ -39,6 +39,19 @@ CPU_BANNER = (
     "CPU run: no GPU in use. Triton kernels run in the interpreter and torch.compile on "
     "Inductor's CPU backend. The pipeline is the same; the timings are NOT representative."
 )
+
+
+def refuse_secrets(config) -> None:
+    """A credential-looking key is refused, and its value is never printed."""
+    if not isinstance(config, dict):
+        config = OmegaConf.to_container(config, resolve=False)
+        config.pop("hydra", None)
+    secrets = find_secret_keys(config)
+    if secrets:
+        raise ConfigError(
+            f"config keys {secrets} look like credentials: put the W&B key in "
+            "WANDB_API_KEY, never in a config or an override"
+        )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -144,13 +157,12 @@ def prepare(cfg: DictConfig) -> Plan:
     """Every check that can fail on the config, before anything is measured or spawned."""
     output_dir, job_id, sweep_name = job_identity()
     config = OmegaConf.to_container(cfg, resolve=True)
-    secrets = find_secret_keys(config)
-    if secrets:
+    try:
+        refuse_secrets(config)
+    except ConfigError:
         scrub_hydra_dir(output_dir)
-        raise ConfigError(
-            f"config keys {secrets} look like credentials: put the W&B key in "
-            "WANDB_API_KEY, never in a config or an override"
-        )
+        raise
+    schema.validate(config, HydraConfig.get().launcher)
     device = resolve_device(cfg.device)
     if device.type == "cpu" and "triton" in cfg.mode.kind and not is_interpreter():
         raise ConfigError(
@@ -212,6 +224,9 @@ def measure_job(plan: Plan) -> list[dict]:
         log.warning(CPU_BANNER)
         # Inductor's pool of compile workers competes with the timed calls for a small CPU's cores.
         torch._inductor.config.compile_threads = 1
+        # One intra-op thread by default: two jobs on a small machine then never oversubscribe
+        # its cores (each spinning OpenMP team slowing the other's calls by 10x and more).
+        torch.set_num_threads(cfg.bench.get("cpu_threads", 1))
     set_tf32(bool(cfg.dtype.tf32))
     cache_dir = use_fresh_compile_cache() if cfg.compile.fresh_cache else None
 
@@ -346,6 +361,13 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # Every job of the command line is composed and validated before Hydra makes any folder or
+    # runs anything: a bad value is one `error:` line and exit 2 (Hydra's own errors included).
+    try:
+        schema.preflight(sys.argv[1:], CONF_DIR, check_secrets=refuse_secrets)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     # Call main through the module's importable name: submitit (launcher=gpus|slurm) pickles the
     # task function, and one from __main__ is pickled by value, with torch's unpicklable configs.
     from experiments.run import main as importable_main
