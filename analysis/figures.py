@@ -24,7 +24,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
-from analysis.load import caption, geomean, load_results  # noqa: E402
+from analysis.load import caption, drop_noisy, geomean, load_results  # noqa: E402
 from experiments import registry  # noqa: E402
 
 matplotlib.rcParams["svg.hashsalt"] = "triton-vs-compile"  # SVG ids stay the same across reruns
@@ -422,11 +422,16 @@ FIGURES = {  # name -> (function, needs_kernel)
 }
 
 
-def save_all(frame: pd.DataFrame, out_dir) -> list[Path]:
+def save_all(frame: pd.DataFrame, out_dir, include_noisy: bool = False) -> list[Path]:
     """PNG and SVG of every figure (per-kernel ones once per kernel); returns the paths written.
 
-    A figure with nothing to plot (no compiled rows, say) is skipped with a note on stderr.
+    A figure with nothing to plot (no compiled rows, say) is skipped with a note on stderr. Rows
+    flagged noisy are left out unless `include_noisy`, and a note on stderr says how many.
     """
+    if not include_noisy:
+        frame, left_out = drop_noisy(frame)
+        if left_out:
+            print(f"left out {left_out} noisy rows (--include-noisy keeps them)", file=sys.stderr)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = frame.sort_values(["kernel", "mode", "activations", "shape_label", "job_dir"],
@@ -452,6 +457,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", type=Path, help="folder searched for results.jsonl files")
     parser.add_argument("out_dir", type=Path, help="where the PNG and SVG files go")
+    parser.add_argument("--include-noisy", action="store_true",
+                        help="plot the rows flagged noisy too")
     args = parser.parse_args(argv)
     try:
         results = load_results(args.results_dir)
@@ -459,7 +466,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"error: {exc}") from None
     for problem in results.problems:
         print(f"warning: skipped {problem}", file=sys.stderr)
-    for path in save_all(results.frame, args.out_dir):
+    for path in save_all(results.frame, args.out_dir, include_noisy=args.include_noisy):
         print(path)
 
 

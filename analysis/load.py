@@ -24,7 +24,8 @@ from experiments import registry
 from experiments.records import FIELDS, geomean, validate
 
 __all__ = [
-    "ENV_COLUMNS", "Results", "caption", "geomean", "load_results", "load_wandb", "records_frame",
+    "ENV_COLUMNS", "Results", "caption", "drop_noisy", "geomean", "load_results", "load_wandb",
+    "records_frame",
 ]
 
 ENV_COLUMNS = [
@@ -84,6 +85,14 @@ def activations(kernel: str, static_inputs) -> str:
     if spec is None or not isinstance(static_inputs, list | tuple):
         return "inputs"
     return "static" if set(spec.workload.input_names) <= set(static_inputs) else "inputs"
+
+
+def drop_noisy(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The frame without its ok rows flagged noisy (repeats that disagreed by more than
+    bench.noisy_threshold), and how many were left out. Geomeans and figures use this view by
+    default; `--include-noisy` on their CLIs keeps every row."""
+    noisy = (frame["status"] == "ok") & frame["noisy"].fillna(False).astype(bool)
+    return frame[~noisy], int(noisy.sum())
 
 
 def records_frame(rows: list[dict]) -> pd.DataFrame:

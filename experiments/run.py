@@ -324,14 +324,20 @@ def measure_job(plan: Plan) -> list[dict]:
 
 
 def summarize(rows: list[dict]) -> dict:
+    """Row counts and geomeans; the geomeans leave out the rows flagged noisy (their repeats
+    disagree by more than bench.noisy_threshold), and say how many."""
     ok = [r for r in rows if r["status"] == "ok"]
+    steady = [r for r in ok if not r.get("noisy")]
     return {
         "rows": len(rows),
         "ok": len(ok),
         "failed": sum(r["status"] == "failed" for r in rows),
         "skipped": sum(r["status"] == "skipped" for r in rows),
-        "geomean_speedup_vs_eager": geomean([r["speedup_vs_eager"] for r in ok]),
-        "geomean_latency_speedup_vs_eager": geomean([r["latency_speedup_vs_eager"] for r in ok]),
+        "noisy_left_out": len(ok) - len(steady),
+        "geomean_speedup_vs_eager": geomean([r["speedup_vs_eager"] for r in steady]),
+        "geomean_latency_speedup_vs_eager": geomean(
+            [r["latency_speedup_vs_eager"] for r in steady]
+        ),
     }
 
 
@@ -341,7 +347,9 @@ def print_summary(cfg, rows, summary, output_dir: Path, device) -> None:
         "",
         f"{cfg.name} on {device}: {summary['ok']} ok, {summary['failed']} failed, "
         f"{summary['skipped']} skipped; geomean speedup_vs_eager "
-        + (f"{speedup:.3f}" if speedup else "-"),
+        + (f"{speedup:.3f}" if speedup else "-")
+        + (f" ({summary['noisy_left_out']} noisy rows left out)"
+           if summary["noisy_left_out"] else ""),
         format_table(rows),
         f"records: {output_dir / 'results.jsonl'}",
         f"env:     {output_dir / 'env.json'}",

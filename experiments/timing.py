@@ -11,7 +11,8 @@
 - Call latency (`call_latency_us`): wall-clock per call over back-to-back calls with one final
   sync: what a Python caller waits, CPU overhead included. This is what reduce-overhead cuts.
 
-On a CPU device there is no separate GPU queue: `cpu_time_ms` times single calls on the wall clock.
+On a CPU device there is no separate GPU queue: `cpu_time_ms` is torch.utils.benchmark's
+blocked_autorange on a fixed thread count (docs/methodology.md, "CPU timings").
 """
 
 import time
@@ -70,16 +71,34 @@ def calls_for_budget(estimate_ms: float, budget_ms: float, lowest: int = 3) -> i
     return int(min(MAX_SAMPLES, max(lowest, budget_ms / max(estimate_ms, 1e-3))))
 
 
-def cpu_time_ms(fn, warmup_ms: float, rep_ms: float) -> dict:
-    _, estimate_s = first_call_s(fn, torch.device("cpu"))
-    for _ in range(calls_for_budget(estimate_s * 1e3, warmup_ms, lowest=1)):
+def cpu_time_ms(fn, warmup_ms: float, rep_ms: float, threads: int | None = None) -> dict:
+    """CPU time per call (ms) from torch.utils.benchmark's blocked_autorange.
+
+    The calls run in blocks sized so each block is long against the clock's resolution and the
+    timer's own overhead; the samples are the blocks' per-call means, so a call preempted by
+    another process spoils one block, and the median over blocks leaves it out. The thread count
+    is fixed for the measurement: `threads`, else the job's (experiments.run sets it from
+    bench.cpu_threads, 1 by default), so two jobs on a small machine do not oversubscribe it.
+    """
+    from torch.utils import benchmark
+
+    threads = torch.get_num_threads() if threads is None else threads
+    # Warm up for warmup_ms of wall time, not for a count estimated from the first call: a cold
+    # first call (allocator, caches, clock ramp) would make the count too small.
+    fn()
+    deadline = time.perf_counter() + warmup_ms / 1e3
+    while time.perf_counter() < deadline:
         fn()
-    samples = []
-    for _ in range(calls_for_budget(estimate_s * 1e3, rep_ms)):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return summarize(samples)
+    # One thread: the calling thread's CPU clock, which does not run while another process holds
+    # the core, so preemption costs nothing (cache pollution still does). More threads: the wall
+    # clock, since the other threads' work is not on this thread's clock.
+    clock, name = (time.thread_time, "cpu-thread-time") if threads == 1 else (
+        time.perf_counter, "cpu-wall")
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads, timer=clock)
+    measurement = timer.blocked_autorange(min_run_time=rep_ms / 1e3)
+    samples_ms = [t * 1e3 for t in measurement.times]
+    return {**summarize(samples_ms), "threads": threads, "timer": name,
+            "calls": measurement.number_per_run * len(samples_ms)}
 
 
 class GpuTimer:
