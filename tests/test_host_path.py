@@ -323,3 +323,13 @@ def test_failure_reason_of_an_empty_assert():
     from experiments.measure import failure_reason
 
     assert failure_reason(AssertionError()) == "AssertionError"
+
+
+@pytest.mark.parametrize("argv", [["--ops", "matmul,nope"], ["--dtype", "fp8"], ["--calls", "3"]])
+def test_host_path_script_rejects_bad_arguments(argv, capsys):
+    from experiments.host_path import parse_args
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("host_path: ")
