@@ -3,7 +3,8 @@
     python -m analysis.summary multirun/2026-11-22/10-00-00   # or outputs/, or results/current/h100
 
 Reads every results.jsonl below the folder and prints, per kernel and mode, the geomean of
-speedup_vs_eager over the ok rows that are not flagged noisy (GPU time), the same for call latency, and the row counts.
+speedup_vs_eager over the ok rows that are not flagged noisy (GPU time), the same for call
+latency, and the row counts (`--include-noisy` keeps the noisy rows).
 Rows measured with static activations (bench.static_inputs=true) are kept apart from the default
 view, in which CUDA-graph modes copy their inputs on every call.
 """

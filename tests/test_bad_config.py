@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the table of bad values reads best one case a line)
 """Every config key's bad values: one `error:` line naming the key, the value and what is allowed,
 exit 2, before anything is written or measured (experiments/schema.py; docs/configuration.md).
 
