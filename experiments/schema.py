@@ -338,9 +338,11 @@ def _check(schema, values: dict, prefix: str) -> None:
         if isinstance(exc, oc_errors.ConfigKeyError) or _hint(schema, path) is None:
             parent = _hint(schema, path[:-1]) if len(path) > 1 else schema
             known = _keys(parent) if dataclasses.is_dataclass(parent) else ""
+            where = f"{prefix}{'.'.join(path[:-1])}{'.' if len(path) > 1 else ''}*"
+            where = "the top level" if where == "*" else where
             raise ConfigError(
-                f"{dotted}={_show(value)}: unknown key" + (f"; {prefix}{'.'.join(path[:-1])}"
-                f"{'.' if len(path) > 1 else ''}* takes {known}" if known else "")
+                f"{dotted}={_show(value)}: unknown key" + (f"; {where} takes {known}"
+                                                           if known else "")
             ) from None
         raise ConfigError(
             f"{dotted}={_show(value)}: expected {allowed(_hint(schema, path))}"
