@@ -73,8 +73,9 @@ render() {  # render <template> <output>
       "$1" >"$2"
 }
 
-node_state() { sinfo -h -N -n "$HOST" -o %t 2>/dev/null | head -n 1; }
+node_state() { timeout 10 sinfo -h -N -n "$HOST" -o %t 2>/dev/null | head -n 1; }
 node_idle() { [[ "$(node_state)" == idle ]]; }
+node_up() { [[ "$(node_state)" =~ ^(idle|mix|alloc)$ ]]; }
 
 munge_works() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
@@ -105,8 +106,8 @@ start_database() {
 
 start() {
   install_packages
-  if [[ -f "$DIR/slurm.conf" ]] && node_idle; then
-    say "already running: node $HOST idle in partition $PARTITION (SLURM_CONF=$SLURM_CONF)"
+  if alive "$DIR/slurmctld.pid" && node_up; then
+    say "already running: node $HOST $(node_state) in partition $PARTITION (SLURM_CONF=$SLURM_CONF)"
     return
   fi
   ((EUID == 0)) || die "the daemons run as root: sudo bash $0 start" 2
@@ -164,19 +165,22 @@ stop() {
 }
 
 status() {
+  # Without our slurm.conf, sinfo would go looking for a configless controller in DNS: say so now.
+  [[ -f "$DIR/slurm.conf" ]] || { say "not running (no $DIR/slurm.conf)"; return 1; }
   local ok=0 name
   for name in munged slurmdbd slurmctld slurmd mariadb; do
     if alive "$DIR/$name.pid"; then
-      say "$(basename "$name"): running (pid $(cat "$DIR/$name.pid"))"
+      say "$name: running (pid $(cat "$DIR/$name.pid"))"
+    elif [[ $name == munged ]] && munge_works; then
+      say "munged: running (not started here)"
     else
-      say "$(basename "$name"): not running"; ok=1
+      say "$name: not running"; ok=1
     fi
   done
-  ((ok == 0)) && sinfo -N -l || true
-  local state; state="$(node_state)"
-  [[ "$state" =~ ^(idle|mix|alloc)$ ]] || ok=1
-  say "node $HOST: ${state:-unknown}; SLURM_CONF=$SLURM_CONF"
-  return $ok
+  ((ok == 0)) || return 1
+  sinfo -N -l
+  say "node $HOST: $(node_state); SLURM_CONF=$SLURM_CONF"
+  node_up
 }
 
 case "${1:-}" in
