@@ -14,7 +14,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup experiment sweep bench promote resume resources test test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup experiment sweep bench promote resume resources test test-all test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -56,8 +56,16 @@ resources: $(SETUP) ## Registers/spills/smem/PTX hash of each kernel a GPU would
 	$(if $(TRITON),test -d $(TRITON_DIR)/triton || $(PY) -m pip install -q --no-deps --target $(TRITON_DIR) triton==$(TRITON))
 	TRITON_INTERPRET=0 $(if $(TRITON),PYTHONPATH=$(TRITON_DIR)) $(PY) -m experiments.resources $(if $(kernel),--kernel $(kernel)) $(if $(dtype),--dtype $(dtype)) $(if $(pass),--pass $(pass)) $(ARGS)
 
-test: $(SETUP) ## CPU test suite (what CI runs): kernels in the Triton interpreter, Inductor on CPU
-	$(PY) -m pytest -m "not gpu" $(ARGS)
+# The CPU suites run on TEST_WORKERS pytest-xdist workers (0: in this process). loadgroup keeps
+# tests marked @pytest.mark.xdist_group(name) on one worker (ones that share a service).
+TEST_WORKERS ?= 2
+PYTEST_XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadgroup)
+
+test: $(SETUP) ## Fast CPU suite: every op in the Triton interpreter, every config, one CLI run per op, the analysis
+	$(PY) -m pytest $(PYTEST_XDIST) -m "not gpu and not slow and not integration" $(ARGS)
+
+test-all: $(SETUP) ## Every CPU test (what CI runs): adds the slow and integration ones (slurm: start scripts/slurm/cluster.sh)
+	$(PY) -m pytest $(PYTEST_XDIST) -m "not gpu" $(ARGS)
 
 test-gpu: $(SETUP) ## GPU-marked tests, on a CUDA machine
 	$(PY) -m pytest -m gpu --durations=20 $(ARGS)

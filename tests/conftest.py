@@ -2,11 +2,23 @@
 
 Without a GPU every Triton kernel runs in the interpreter, which must be switched on before
 `triton.jit` decorates anything, so it is set here, before any test module imports `kernels`.
+
+Each pytest process (each pytest-xdist worker: `make test` runs two) gets its own Triton and
+Inductor caches, W&B and matplotlib folders, set in the environment so that the CLI subprocesses
+the tests start use them too: two workers never write one cache entry at the same time, and a
+test run never reads what another session (or an older checkout) left there.
 """
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
-import torch
+# Inductor's pool of compile subprocesses costs more to start than it saves on a small machine,
+# and two workers' pools would contend for the same cores.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -14,6 +26,39 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+CACHE_DIRS = {
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "WANDB_CACHE_DIR": "wandb-cache",
+    "WANDB_CONFIG_DIR": "wandb-config",
+    "WANDB_DATA_DIR": "wandb-data",
+    "MPLCONFIGDIR": "matplotlib",
+}
+_cache_root = None  # this process's, removed at the end unless kept (KBENCH_TEST_CACHE)
+
+
+def pytest_configure(config):
+    """The caches of this process (an xdist worker, or the only one), before any test runs.
+
+    A hook rather than module code: test modules import this file again as tests.conftest.
+    Per session and worker under the system temp folder; KBENCH_TEST_CACHE names a folder to
+    keep between sessions instead (warm Inductor and Triton caches: a rerun compiles less).
+    """
+    global _cache_root
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    kept = os.environ.get("KBENCH_TEST_CACHE")
+    root = Path(kept) / worker if kept else Path(tempfile.mkdtemp(prefix=f"kbench-test-{worker}-"))
+    for var, sub in CACHE_DIRS.items():
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        os.environ[var] = str(root / sub)
+    _cache_root = None if kept else root
+
+
+def pytest_unconfigure(config):
+    if _cache_root is not None:
+        shutil.rmtree(_cache_root, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -30,7 +75,7 @@ def device():
     return DEVICE
 
 
-REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
 
 

@@ -1,4 +1,8 @@
-"""End to end on the CPU: the real CLI writes schema-valid records and env.json for every kernel."""
+"""End to end on the CPU: the real CLI writes schema-valid records and env.json for every kernel.
+
+`make test` keeps one run of each op through `make experiment` (FAST_MODE); every other mode,
+the fwd_bwd sweeps and the remaining modes are `slow` and `integration` (`make test-all`).
+"""
 
 import json
 import subprocess
@@ -25,6 +29,10 @@ ENV_KEYS = {
     "device",
     "inductor_options",
 }
+SLOW_CLI = (pytest.mark.slow, pytest.mark.integration)
+# The mode of each op's run in the fast suite: our Triton kernels through the harness, and for
+# matmul Inductor (the cheapest compile), so that saving its generated code is checked too.
+FAST_MODE = {"matmul": "default"}
 
 
 def make(target, tmp_path, *overrides, env=None):
@@ -70,8 +78,14 @@ def check_job_dir(job_dir, kernel, mode, pass_name="fwd"):
     return rows
 
 
-@pytest.mark.parametrize("kernel", list(OPS))
-@pytest.mark.parametrize("mode", ["eager", "default", "triton"])
+def experiment_params():
+    for mode in ("eager", "default", "triton"):
+        for kernel in OPS:
+            fast = mode == FAST_MODE.get(kernel, "triton")
+            yield pytest.param(kernel, mode, marks=() if fast else SLOW_CLI, id=f"{mode}-{kernel}")
+
+
+@pytest.mark.parametrize("kernel, mode", experiment_params())
 def test_make_experiment(tmp_path, kernel, mode):
     result = make("experiment", tmp_path, f"kernel={kernel}", f"mode={mode}", "dtype=fp32")
     rows = check_job_dir(tmp_path / "run", kernel, mode)
@@ -83,12 +97,16 @@ def test_make_experiment(tmp_path, kernel, mode):
 
 
 @pytest.mark.parametrize("kernel", [n for n, s in OPS.items() if "fwd_bwd" in s.passes])
+@pytest.mark.slow
+@pytest.mark.integration
 def test_fwd_bwd(tmp_path, kernel):
     make("sweep", tmp_path, f"kernel={kernel}", "mode=triton,default", "pass=fwd_bwd", "dtype=fp32")
     for job_dir, mode in zip(sweep_jobs(tmp_path), ["triton", "default"], strict=True):
         check_job_dir(job_dir, kernel, mode, "fwd_bwd")
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_two_job_sweep_through_the_cli(tmp_path):
     """Also covers the modes the other tests leave out, in bf16 (upcast in the interpreter)."""
     make("sweep", tmp_path, "kernel=softmax", "mode=triton-compiled,torchscript")
@@ -104,6 +122,8 @@ def test_two_job_sweep_through_the_cli(tmp_path):
         assert env["job_id"].endswith(job_dir.name.split("_")[0])
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_cuda_graph_modes_run_on_cpu(tmp_path):
     make(
         "sweep",

@@ -181,6 +181,7 @@ def test_cli_without_records_is_a_clear_error(tmp_path):
         figures.main([str(tmp_path), str(tmp_path / "out")])
 
 
+@pytest.mark.slow  # draws every figure of the committed records
 @pytest.mark.skipif(not COMMITTED.exists(), reason="no committed figures")
 def test_save_all_reproduces_the_committed_figures_byte_for_byte(tmp_path):
     written = figures.save_all(load_results(H100).frame, tmp_path)

@@ -106,6 +106,8 @@ def job_window(job_dir):
 
 
 @pytest.mark.parametrize("fake_gpus", ["0,1", "0"])
+@pytest.mark.slow
+@pytest.mark.integration
 def test_gpus_sweep_runs_one_job_per_gpu(tmp_path, fake_gpus):
     sweep_dir = tmp_path / "sweep"
     lock_dir = tmp_path / "tmp"  # the per-GPU locks, away from any real sweep's

@@ -22,6 +22,8 @@ def cell_text(notebook_path) -> str:
     return "\n".join(texts)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("source", sorted(NOTEBOOKS.glob("*.py")), ids=lambda p: p.stem)
 def test_notebook_executes_on_committed_records(source, tmp_path):
     executed = execute(source, H100, tmp_path)
@@ -30,11 +32,14 @@ def test_notebook_executes_on_committed_records(source, tmp_path):
     assert "Figure" in text  # figures were drawn
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_deep_dive_takes_another_kernel(tmp_path):
     executed = execute(NOTEBOOKS / "kernel_deep_dive.py", H100, tmp_path, kernel="conv")
     assert "32x64x56x56-k64-3x3-p1" in cell_text(executed)
 
 
+@pytest.mark.slow  # draws every figure of the committed records
 def test_report_has_every_figure_and_the_table(tmp_path):
     path = build(H100, tmp_path)
     page = path.read_text()

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def sh(*command, **kwargs):

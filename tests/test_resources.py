@@ -73,6 +73,10 @@ def test_pretend_gpu_is_what_dispatch_sees_and_is_undone():
     assert gpu_info(cpu) is None
 
 
+# Compiling for a GPU target takes seconds a kernel: the compile tests are `slow` (make
+# test-all); the helpers and the tool's bad-input lines stay in the fast suite.
+
+
 @pytest.fixture(scope="module")
 def hopper_matmul(tmp_path_factory):
     out = tmp_path_factory.mktemp("resources") / "matmul.json"
@@ -81,6 +85,8 @@ def hopper_matmul(tmp_path_factory):
     return done.stdout, json.loads(out.read_text())
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_matmul_on_hopper_compiles_the_tma_kernels_with_a_compiler_report(hopper_matmul):
     stdout, payload = hopper_matmul
     records = payload["compiled"]
@@ -102,6 +108,8 @@ def test_matmul_on_hopper_compiles_the_tma_kernels_with_a_compiler_report(hopper
     assert "matmul_tma_host_desc_kernel" in stdout and "sm_90" in stdout.splitlines()[0]
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_an_ampere_target_takes_the_pointer_kernels_and_the_same_code_hashes_alike(hopper_matmul):
     _, hopper = hopper_matmul
     done = run_tool("--kernel", "matmul", "--shapes", "cpu", "--arch", "80", "--sms", "108")
@@ -112,6 +120,8 @@ def test_an_ampere_target_takes_the_pointer_kernels_and_the_same_code_hashes_ali
         assert r["ptx_sha"] in again.stdout  # a rerun of the same code gives the same hashes
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_conv_fwd_and_linear_fwd_bwd_compile(tmp_path):
     out = tmp_path / "conv.json"
     done = run_tool("--kernel", "conv", "--shapes", "cpu", "--set", "activation=relu",
@@ -140,6 +150,8 @@ def test_bad_input_is_one_error_line_and_exit_2(args, interpret, message):
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "kernel, shapes, dtype, pass_name",
     [

@@ -4,8 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from experiments.records import read_jsonl, validate
 from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # sweeps through the CLI
 
 CPU = ["kernel=softmax", "mode=eager", "dtype=fp32", "bench=quick", "wandb.mode=disabled"]
 

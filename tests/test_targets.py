@@ -157,6 +157,8 @@ def test_epilogue_names_what_a_job_fused():
     assert math.isnan(epilogue({"name": "matmul"}))
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_make_bench_runs_the_grid_and_prints_the_targets(tmp_path):
     import subprocess
     import sys
