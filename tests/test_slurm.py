@@ -214,6 +214,7 @@ def check_records(job_dir: Path, expected_shapes: int) -> list[dict]:
 @pytest.mark.integration
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.xdist_group("slurm")  # with --dist loadgroup: one worker, one cluster session
 def test_sweep_runs_as_slurm_array_tasks(slurm_env, sweep_dir):
     process = start_sweep(sweep_dir, slurm_env, "kernel=matmul,softmax", "mode=eager,triton")
     code, output = finish(process)
@@ -239,6 +240,7 @@ def test_sweep_runs_as_slurm_array_tasks(slurm_env, sweep_dir):
 @pytest.mark.integration
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.xdist_group("slurm")  # with --dist loadgroup: one worker, one cluster session
 def test_cancelled_task_resumes_without_loss_or_duplicates(slurm_env, sweep_dir):
     process = start_sweep(sweep_dir, slurm_env, "kernel=softmax", "mode=eager,triton", *SLOW_SET)
     victim = sweep_dir / "1_softmax-triton-fp32-fwd" / "results.jsonl"
@@ -281,6 +283,7 @@ def test_cancelled_task_resumes_without_loss_or_duplicates(slurm_env, sweep_dir)
 @pytest.mark.integration
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.xdist_group("slurm")  # with --dist loadgroup: one worker, one cluster session
 def test_a_failing_setup_line_fails_the_sweep_clearly(slurm_env, sweep_dir):
     """Setup lines run in the sbatch script before Python: with `set -e` a missing command ends the
     task there (without it, bash would carry on and the job would run without its setup)."""

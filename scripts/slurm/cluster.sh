@@ -89,7 +89,7 @@ start_munge() {
   mkdir -p /run/munge; chmod 755 /run/munge
   # --force: root owns everything here, where munged would rather run as the munge user.
   munged --force --pid-file="$DIR/munged.pid" --log-file="$DIR/log/munged.log" \
-    --seed-file="$DIR/munged.seed"
+    --seed-file="$DIR/munged.seed" 9>&-
   wait_for munged munge_works
 }
 
@@ -100,7 +100,7 @@ start_database() {
   # mariadbd stays in the foreground: setsid + & detaches it from this shell and its terminal.
   setsid mariadbd --no-defaults --datadir="$DIR/mysql" --user=root --bind-address=127.0.0.1 \
     --port="$DB_PORT" --socket="$DIR/mysql.sock" --pid-file="$DIR/mariadb.pid" \
-    --log-error="$DIR/log/mariadb.log" --skip-name-resolve </dev/null >/dev/null 2>&1 &
+    --log-error="$DIR/log/mariadb.log" --skip-name-resolve </dev/null >/dev/null 2>&1 9>&- &
   wait_for MariaDB mariadb-admin --no-defaults --socket="$DIR/mysql.sock" -uroot ping
 }
 
@@ -126,12 +126,13 @@ start() {
 
   start_munge
   start_database
-  slurmdbd  # finds slurmdbd.conf beside $SLURM_CONF; daemonizes
+  # Each daemon closes fd 9, the start/stop lock (see lock), which it would otherwise hold forever.
+  slurmdbd 9>&-  # finds slurmdbd.conf beside $SLURM_CONF; daemonizes
   wait_for slurmdbd sacctmgr -n list cluster
   sacctmgr -i add cluster kbench >/dev/null
-  slurmctld
+  slurmctld 9>&-
   wait_for slurmctld scontrol ping
-  slurmd
+  slurmd 9>&-
   wait_for "node $HOST idle" node_idle
   say "up: node $HOST ($NODE_LINE) idle in partition $PARTITION"
   say "clients: export SLURM_CONF=$SLURM_CONF"
@@ -144,14 +145,23 @@ stop_daemons() {
     local deadline=$((SECONDS + 15))
     while [[ -n "$(squeue -h -o %i 2>/dev/null)" ]] && ((SECONDS < deadline)); do sleep 0.5; done
   fi
-  local pidfile pid
-  for pidfile in slurmd.pid slurmctld.pid slurmdbd.pid mariadb.pid munged.pid; do
-    alive "$DIR/$pidfile" || continue
-    pid="$(cat "$DIR/$pidfile")"
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+  # The SLURM daemons first, then what they report to; each group stops in parallel.
+  terminate slurmd.pid slurmctld.pid
+  terminate slurmdbd.pid mariadb.pid munged.pid
+}
+
+terminate() {  # terminate <pidfile under $DIR>...: SIGTERM, up to 10 s, then SIGKILL
+  local pids=() pidfile pid
+  for pidfile in "$@"; do
+    alive "$DIR/$pidfile" && pids+=("$(cat "$DIR/$pidfile")")
   done
+  ((${#pids[@]})) || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 100); do
+    kill -0 "${pids[@]}" 2>/dev/null || break  # true while any of them lives
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
 }
 
 stop() {
@@ -183,9 +193,13 @@ status() {
   node_up
 }
 
+# One start or stop at a time (pytest-xdist workers may each try): the lock sits beside $DIR,
+# which stop deletes.
+lock() { exec 9>"$DIR.lock"; flock -w $((TIMEOUT * 5)) 9 || die "another start/stop holds $DIR.lock"; }
+
 case "${1:-}" in
-  start) start ;;
-  stop) stop ;;
+  start) lock; start ;;
+  stop) lock; stop ;;
   status) status ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac
