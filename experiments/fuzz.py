@@ -192,6 +192,33 @@ def _compare(name: str, out, ref, limit: float) -> str | None:
     return None if error <= limit else f"{name}: relative error {error:.3g} > {limit:.3g}"
 
 
+def _eager_errors(eager, case: Case, args, ref, ref_args, grad_out) -> list[float]:
+    """Eager PyTorch's own relative errors on the same rounded inputs in the same dtype (the
+    output, then each gradient). On a few elements one rounding is the whole norm (a 1x1 bf16
+    gelu gradient is 2% off in eager as well), so a case fails only where ours is off by more
+    than the dtype's tolerance AND by more than twice what eager gets."""
+    mine = [None if a is None else a.detach().clone().requires_grad_(case.grad) for a in args]
+    with _tf32_off():
+        out = eager(*mine, **case.kwargs)
+        errors = [relative_error(out, ref) if ref.abs().max() > 0 else 0.0]
+        if case.grad:
+            out.backward(grad_out)
+            errors += [relative_error(a.grad, r.grad) if r.grad.abs().max() > 0 else 0.0
+                       for a, r in zip(mine, ref_args, strict=True) if a is not None]
+    return errors
+
+
+@contextlib.contextmanager
+def _tf32_off():
+    """torch's own TF32 switches off (cuDNN's is on by default, and the conv kernel follows it)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def run_case(case: Case, device: str) -> str | None:
     """None if our call matches float64, else what differs. Errors raised by our call count as
     failures too (every case is a valid call of the API)."""
@@ -207,21 +234,29 @@ def run_case(case: Case, device: str) -> str | None:
             if a is not None:
                 a.requires_grad_()
     try:
-        out = ours(*args, **copy.deepcopy(case.kwargs))
+        with _tf32_off():  # fp32 is checked at fp32's tolerance: TF32 off, as the harness sets it
+            out = ours(*args, **copy.deepcopy(case.kwargs))
     except Exception as exc:  # noqa: BLE001 (any error of a valid call is the finding)
         return f"raised {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
     ref = eager(*ref_args, **case.kwargs)
-    limit = tolerance(case.dtype, tf32=False)
     if out.dtype != dtype:
         return f"output dtype {out.dtype} != {dtype}"
-    if problem := _compare("output", out.detach(), ref.detach(), limit):
-        return problem
+    grad_out = None
     if case.grad:
         grad_out = torch.randn(out.shape, generator=generator, device=device).to(dtype)
-        out.backward(grad_out)
+        with _tf32_off():
+            out.backward(grad_out)
         ref.backward(grad_out.to(torch.float64))
+    eager_errors = iter(_eager_errors(eager, case, args, ref, ref_args, grad_out))
+    tol = tolerance(case.dtype, tf32=False)
+    if problem := _compare("output", out.detach(), ref.detach(), max(tol, 2 * next(eager_errors))):
+        return problem
+    if case.grad:
         for t, a, r in zip(case.tensors, args, ref_args, strict=True):
-            if a is not None and (problem := _compare(f"grad {t[0]}", a.grad, r.grad, limit)):
+            if a is None:
+                continue
+            limit = max(tol, 2 * next(eager_errors))
+            if problem := _compare(f"grad {t[0]}", a.grad, r.grad, limit):
                 return problem
     return None
 

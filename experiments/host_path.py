@@ -107,7 +107,7 @@ def main(argv=None) -> None:
         for op in args.ops:
             cfg = load_kernel_cfg(op, [])
             workload = make_workload(cfg)
-            _, shapes = resolve_shapes(workload, cfg, args.shapes, on_gpu=True)
+            _, shapes = resolve_shapes(workload, cfg, args.shapes or "auto", on_gpu=True)
             for pass_name in PASSES[op]:
                 for shape in shapes:
                     label = workload.label(shape)

@@ -384,6 +384,10 @@ def launch_split(launch, moved: list[torch.Tensor], backward: bool, rows: tuple[
         pair = coop_workspace(n_ws, device) if launch is direct else None
         if pair is None:
             ws = torch.zeros(n_ws, device=device, dtype=torch.int64)
+            # torch.compile's launcher takes every parameter of the kernel, defaults included:
+            # without next_ptr the grid lands in its place (Inductor: "launcher() missing
+            # '_grid_1' and '_grid_2'"). Nothing reads it with CLEAR off.
+            meta.update(CLEAR=False, next_ptr=ws)
         else:
             ws, next_ws = pair[pair[2]], pair[1 - pair[2]]
             meta.update(CLEAR=True, next_ptr=next_ws)
