@@ -6,7 +6,9 @@ Without a GPU every Triton kernel runs in the interpreter, which must be switche
 Each pytest process (each pytest-xdist worker: `make test` runs two) gets its own Triton and
 Inductor caches, W&B and matplotlib folders, set in the environment so that the CLI subprocesses
 the tests start use them too: two workers never write one cache entry at the same time, and a
-test run never reads what another session (or an older checkout) left there.
+test run never reads what another session (or an older checkout) left there. (A benchmark job
+also points Inductor at a fresh folder of its own, compile.fresh_cache; these folders serve the
+tests' own torch.compile calls and the offline compiles of experiments.resources.)
 """
 
 import os
@@ -14,11 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# Inductor's pool of compile subprocesses costs more to start than it saves on a small machine,
-# and two workers' pools would contend for the same cores.
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-
-import torch  # noqa: E402
+import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -26,8 +24,6 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
 CACHE_DIRS = {
     "TRITON_CACHE_DIR": "triton",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
