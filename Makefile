@@ -14,7 +14,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup experiment sweep bench promote resume resources test test-all test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup experiment sweep bench promote fuzz resume resources test test-all test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -43,6 +43,9 @@ bench: $(SETUP) ## An op's speed-target grids + ratio table (grids: experiments/
 promote: $(SETUP) ## Copy a finished run's records into results/current: make promote RUN=multirun/bench-softmax/<stamp> GPU=h100 NAME=softmax [ARGS=--force]
 	@$(if $(and $(RUN),$(GPU),$(NAME)),,echo "error: make promote needs RUN=<multirun or bench dir> GPU=h100|h200 NAME=<folder>" >&2; exit 2)
 	$(PY) -m analysis.promote $(RUN) $(GPU) $(NAME) $(ARGS)
+
+fuzz: $(SETUP) ## Fuzz every op's kernel API against float64 on a GPU: make fuzz [ARGS="--cases 2000 --autotune-share 0.2"]
+	$(PY) -m experiments.fuzz $(ARGS)
 
 resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
 	$(PY) -m experiments.resume $(SWEEP) $(ARGS)

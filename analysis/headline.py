@@ -11,7 +11,9 @@ found in two folders counts once, from the folder named after the op. Per
 op and GPU it takes the ok rows of the default view (bf16, forward, activations as inputs) and
 the shape set that the most modes ran (then the one with the most shapes), so both sides of a
 comparison cover the same shapes; each figure is a geomean over those shapes of the row's own
-ratio to eager (measured in the same job).
+ratio to eager (measured in the same job). Unlike the figures, the table keeps rows flagged
+noisy, so that every mode of a set covers the same shapes; the line under it says how many there
+are.
 A cell is "-" where the current records hold no such mode.
 """
 
@@ -95,6 +97,7 @@ def rows(current: Path = CURRENT) -> list[dict]:
             mine = mine[mine["shape_set"] == shape_set]
             out.append({
                 "op": op, "gpu": gpu, "shapes": f"{shape_set} ({mine['shape_label'].nunique()})",
+                "rows": len(mine), "noisy": int(mine["noisy"].fillna(False).astype(bool).sum()),
                 "triton": _best(mine, TRITON_MODES), "compile": _best(mine, COMPILE_MODES),
             })  # fmt: skip
     return out
@@ -119,6 +122,11 @@ def table(current: Path = CURRENT) -> str:
             f"| {tri[0] if tri else '-'} | {_cell(tri, 1)} | {_cell(tri, 2)} "
             f"| {comp[0] if comp else '-'} | {_cell(comp, 1)} | {_cell(comp, 2)} |"
         )
+    used = rows(current)
+    noisy, total = sum(r["noisy"] for r in used), sum(r["rows"] for r in used)
+    lines.append("")
+    lines.append(f"{noisy} of these {total} rows are flagged noisy (their repeats spread more "
+                 "than 5%); they are kept, so every mode of a set covers the same shapes.")
     return "\n".join(lines) + "\n"
 
 

@@ -323,8 +323,9 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
 def time_once(job: Job, fn, enqueue_us: float, record: Record) -> dict:
     bench = job.bench
     if job.timer is None:
-        record.timer = "cpu-wall"
-        return timing.cpu_time_ms(fn, bench.warmup_ms, bench.rep_ms)
+        result = timing.cpu_time_ms(fn, bench.warmup_ms, bench.rep_ms)
+        record.timer = result.get("timer", "cpu-wall")  # cpu-thread-time with one thread
+        return result
     record.timer = "cuda-events-l2flush" if bench.flush_l2 else "cuda-events"
     result = job.timer.measure(fn, bench.warmup_ms, bench.rep_ms, lead_us=1.5 * enqueue_us + 20)
     if result["lead_retries"]:

@@ -38,7 +38,8 @@ class Record:
     max_rel_err: float | None = None  # worst ||out - ref|| / ||ref|| over seeds and outputs
     tolerance: float | None = None
     seeds_checked: int = 0
-    # GPU time of one call (ms): events + L2 flush, CPU path kept off the clock; cpu-wall on a CPU
+    # GPU time of one call (ms): events + L2 flush, CPU path kept off the clock; on a CPU the
+    # calling thread's CPU time (cpu-thread-time, one thread) or the wall clock (cpu-wall)
     timer: str | None = None
     time_ms_p50: float | None = None
     time_ms_p20: float | None = None

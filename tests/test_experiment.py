@@ -69,7 +69,7 @@ def check_job_dir(job_dir, kernel, mode, pass_name="fwd"):
         assert (row["kernel"], row["mode"], row["pass"]) == (kernel, mode, pass_name)
         assert row["status"] == "ok", row["reason"]
         assert row["max_rel_err"] <= row["tolerance"]
-        assert row["speedup_vs_eager"] > 0 and row["timer"] == "cpu-wall"
+        assert row["speedup_vs_eager"] > 0 and row["timer"] in ("cpu-thread-time", "cpu-wall")
         assert row["call_latency_us_p50"] > 0 and row["seeds_checked"] == 2
         assert row["flops"] > 0 and row["min_bytes"] > 0
     env = json.loads((job_dir / "env.json").read_text())
