@@ -44,8 +44,8 @@ promote: $(SETUP) ## Copy a finished run's records into results/current: make pr
 	@$(if $(and $(RUN),$(GPU),$(NAME)),,echo "error: make promote needs RUN=<multirun or bench dir> GPU=h100|h200 NAME=<folder>" >&2; exit 2)
 	$(PY) -m analysis.promote $(RUN) $(GPU) $(NAME) $(ARGS)
 
-fuzz: $(SETUP) ## Fuzz every op's kernel API against float64 on a GPU: make fuzz [ARGS="--cases 2000 --autotune-share 0.2"]
-	$(PY) -m experiments.fuzz $(ARGS)
+fuzz: $(SETUP) ## Fuzz every op's kernel API against float64 on a GPU (1000 cases, 8 processes): make fuzz [ARGS="--cases 2000"]
+	$(PY) -m experiments.fuzz --cases 1000 --autotune-share 0.05 --workers 8 $(ARGS)
 
 resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<date>/<time> [ARGS=...]
 	$(PY) -m experiments.resume $(SWEEP) $(ARGS)

@@ -318,6 +318,35 @@ def fuzz(n: int, device: str, seed: int, autotuned: bool, high: int, budget: int
         failures.append(str(exc).strip().splitlines()[0])
 
 
+def _run_workers(args, argv: list[str], tally: Counter, failures: list) -> None:
+    """Split the cases over `args.workers` processes, seeds apart, and add up what they found."""
+    import subprocess
+
+    base, skip = [], False
+    for arg in argv:  # the caller's arguments less those each worker gets its own value of
+        if skip:
+            skip = False
+        elif arg.split("=")[0] in ("--workers", "--cases", "--seed"):
+            skip = "=" not in arg
+        else:
+            base.append(arg)
+    share = [args.cases // args.workers + (i < args.cases % args.workers)
+             for i in range(args.workers)]  # fmt: skip
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "experiments.fuzz", *base, "--workers", "1", "--cases", str(n),
+         "--seed", str(args.seed + 1000 * i), "--summary-json"],
+        stdout=subprocess.PIPE, text=True) for i, n in enumerate(share) if n]  # fmt: skip
+    for proc in procs:
+        out, _ = proc.communicate()
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if proc.returncode or not lines:
+            failures.append(f"a worker exited {proc.returncode} without its summary")
+            continue
+        summary = json.loads(lines[-1])
+        tally.update(summary["tally"])
+        failures.extend(summary["failures"])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=1000, help="cases in all (default 1000)")
@@ -329,9 +358,14 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=int, default=1 << 22,
                         help="bound on a case's work (product of its main sizes)")
     parser.add_argument("--case", help="rerun one case: the JSON a failure printed")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes sharing the cases (each a seed of its own): compiling a "
+                        "new shape's kernel is CPU work, and a GPU host has the cores")
+    parser.add_argument("--summary-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if not 0 <= args.autotune_share <= 1 or args.cases < 1:
-        print("error: --cases must be >= 1 and --autotune-share within [0, 1]", file=sys.stderr)
+    if not 0 <= args.autotune_share <= 1 or args.cases < 1 or args.workers < 1:
+        print("error: --cases and --workers must be >= 1 and --autotune-share within [0, 1]",
+              file=sys.stderr)  # fmt: skip
         return 2
     if args.case:
         case = Case(**json.loads(args.case))
@@ -339,11 +373,17 @@ def main(argv=None) -> int:
         print(f"{'FAIL ' + problem if problem else 'ok'}: {case.call_text()}")
         return 1 if problem else 0
     tally, failures, started = Counter(), [], time.perf_counter()
-    tuned = round(args.cases * args.autotune_share)
-    fuzz(tuned, args.device, args.seed, True, args.max_dim, args.budget, tally, failures)
-    with heuristic_configs():
-        fuzz(args.cases - tuned, args.device, args.seed + 1, False, args.max_dim, args.budget,
-             tally, failures)
+    if args.workers > 1:
+        _run_workers(args, argv if argv is not None else sys.argv[1:], tally, failures)
+    else:
+        tuned = round(args.cases * args.autotune_share)
+        fuzz(tuned, args.device, args.seed, True, args.max_dim, args.budget, tally, failures)
+        with heuristic_configs():
+            fuzz(args.cases - tuned, args.device, args.seed + 1, False, args.max_dim,
+                 args.budget, tally, failures)  # fmt: skip
+    if args.summary_json:
+        print(json.dumps({"tally": tally, "failures": failures}))
+        return 0
     wall = time.perf_counter() - started
     ops = {k[3:]: v for k, v in sorted(tally.items()) if k.startswith("op:")}
     dtypes = {k[6:]: v for k, v in sorted(tally.items()) if k.startswith("dtype:")}
