@@ -108,7 +108,10 @@ def cluster_command(action: str, timeout: int) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def slurm_env():
     """The environment a SLURM client needs; starts the cluster if it is not up, stops it after."""
-    env = {**os.environ, "SLURM_CONF": str(STATE_DIR / "slurm.conf")}
+    # Without the outer make's variables: under `make test-all ARGS=...` MAKEFLAGS would hand
+    # that ARGS to the `make resume` these tests run.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env["SLURM_CONF"] = str(STATE_DIR / "slurm.conf")
     required = os.environ.get("KBENCH_SLURM_REQUIRED") == "1"
     if sys.platform != "linux":
         pytest.skip("the test cluster runs on Linux only")
