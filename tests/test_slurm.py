@@ -108,8 +108,8 @@ def cluster_command(action: str, timeout: int) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def slurm_env():
     """The environment a SLURM client needs; starts the cluster if it is not up, stops it after."""
-    # Without the outer make's variables: under `make test-all ARGS=...` MAKEFLAGS would hand
-    # that ARGS to the `make resume` these tests run.
+    # Without the outer make's flags: under `make test-all ARGS=...` they would hand that ARGS
+    # to the `make resume` these tests run (which also sets ARGS= on its command line).
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     env["SLURM_CONF"] = str(STATE_DIR / "slurm.conf")
     required = os.environ.get("KBENCH_SLURM_REQUIRED") == "1"
@@ -265,7 +265,7 @@ def test_cancelled_task_resumes_without_loss_or_duplicates(slurm_env, sweep_dir)
     assert len(before["1_softmax-triton-fp32-fwd"]) == 1
 
     resumed = subprocess.run(
-        ["make", "resume", f"SWEEP={sweep_dir}", f"PY={sys.executable}"],
+        ["make", "resume", f"SWEEP={sweep_dir}", f"PY={sys.executable}", "ARGS="],
         cwd=REPO_ROOT, env=slurm_env, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
