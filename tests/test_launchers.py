@@ -22,7 +22,7 @@ SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher"
 EXPECTED_LAUNCHER = {
     "local": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
     "gpus": f"{SUBMITIT}.LocalLauncher",
-    "slurm": f"{SUBMITIT}.SlurmLauncher",
+    "slurm": "hydra_plugins.kbench_launchers.slurm.SlurmLauncher",
 }
 
 

@@ -296,10 +296,15 @@ def test_a_failing_setup_line_fails_the_sweep_clearly(slurm_env, sweep_dir):
     assert code != 0, "a sweep whose task failed at startup exited 0"
 
     (array,) = array_ids(sweep_dir)
-    wait_until_gone(array, slurm_env)  # the launcher stops at the first failed task
+    wait_until_gone(array, slurm_env)
     states = sacct_states(array, slurm_env)
     assert states == {f"{array}_{i}": ("FAILED", "127:0") for i in range(2)}, states
     assert f"Job {array}_0" in output and "(state: FAILED)" in output, output[-3000:]
+    # the sweep's summary: every task waited for, one line per failed task with its state
+    assert "2 of 2 SLURM tasks failed:" in output, output[-3000:]
+    for i, mode in enumerate(("eager", "triton")):
+        line = next(x for x in output.splitlines() if f"task #{i} (SLURM job {array}_{i}" in x)
+        assert "state FAILED" in line and f"mode={mode}" in line, line
     log = sweep_dir / ".submitit" / f"{array}_0" / f"{array}_0_0_log.err"
     assert "no-such-setup-command: command not found" in log.read_text()
     assert not (sweep_dir / "sweep_results.jsonl").exists()  # no summary that claims success

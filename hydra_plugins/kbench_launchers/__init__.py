@@ -1,0 +1,2 @@
+"""This repo's Hydra launcher plugins (Hydra finds launchers only under the hydra_plugins
+namespace package): `slurm.SlurmLauncher`, hydra-submitit-launcher's with a failure summary."""
