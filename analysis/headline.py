@@ -115,14 +115,14 @@ def table(current: Path = CURRENT) -> str:
         "| best compile mode | GPU time | call latency |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in rows(current):
+    used = rows(current)
+    for row in used:
         tri, comp = row["triton"], row["compile"]
         lines.append(
             f"| {row['op']} | {row['gpu'].upper()} | {row['shapes']} "
             f"| {tri[0] if tri else '-'} | {_cell(tri, 1)} | {_cell(tri, 2)} "
             f"| {comp[0] if comp else '-'} | {_cell(comp, 1)} | {_cell(comp, 2)} |"
         )
-    used = rows(current)
     noisy, total = sum(r["noisy"] for r in used), sum(r["rows"] for r in used)
     lines.append("")
     lines.append(f"{noisy} of these {total} rows are flagged noisy (their repeats spread more "

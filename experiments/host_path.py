@@ -25,24 +25,23 @@ from pathlib import Path
 
 import torch
 
-PASSES = {"matmul": ("fwd",), "linear": ("fwd", "fwd_bwd"), "softmax": ("fwd", "fwd_bwd"),
-          "conv": ("fwd",)}  # fmt: skip
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from experiments.registry import OPS
+from experiments.resources import DTYPES
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", default=",".join(PASSES))
+    parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--shapes", default=None, help="a shape set name (default: each op's)")
     parser.add_argument("--out", default="host_path.jsonl")
     args = parser.parse_args(argv)
     ops = [op for op in args.ops.split(",") if op]
-    unknown = [op for op in ops if op not in PASSES]
+    unknown = [op for op in ops if op not in OPS]
     problem = None
     if unknown:
-        problem = f"unknown op(s) {unknown}; choose from {sorted(PASSES)}"
+        problem = f"unknown op(s) {unknown}; choose from {sorted(OPS)}"
     elif args.dtype not in DTYPES:
         problem = f"unknown dtype {args.dtype!r}; choose one of {sorted(DTYPES)}"
     elif args.calls < 10:
@@ -108,7 +107,7 @@ def main(argv=None) -> None:
             cfg = load_kernel_cfg(op, [])
             workload = make_workload(cfg)
             _, shapes = resolve_shapes(workload, cfg, args.shapes or "auto", on_gpu=True)
-            for pass_name in PASSES[op]:
+            for pass_name in OPS[op].passes:
                 for shape in shapes:
                     label = workload.label(shape)
                     reset_tuning()

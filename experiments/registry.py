@@ -96,8 +96,8 @@ def unsupported(mode_cfg, name: str) -> str | None:
     listed = mode_cfg.get("ops", "all")
     if listed != "all" and name not in listed:
         return f"unsupported: mode {mode_cfg.name} does not implement {name}"
-    impl = {"triton": "triton", "triton_compiled": "triton_compiled"}.get(mode_cfg.kind)
-    if impl and name in OPS and getattr(OPS[name], impl) is None:
+    impl = mode_cfg.kind  # the mode kinds named after an OpSpec field: triton, triton_compiled
+    if impl in ("triton", "triton_compiled") and name in OPS and getattr(OPS[name], impl) is None:
         return f"unsupported: {name} has no {impl} implementation"
     return None
 

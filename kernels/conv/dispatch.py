@@ -55,7 +55,7 @@ def split_k_rule(M, K, C, R, S, sms) -> int:
     reduction on `sms` SMs: double the split while the 64x128 tiles times the split stay under
     one per SM and each split keeps at least 18 steps of 64 channels, up to 2 (split 4 spilled
     and lost everywhere). ResNet-50 at batch 32 on 132 SMs: 2 for the 7x7-output 3x3s (100 tiles,
-    512 channels), 1 elsewhere. docs/kernels/conv.md, "Round 3 (measured ...)"."""
+    512 channels), 1 elsewhere. docs/kernels/conv.md, "Shipped design"."""
     tiles = cdiv(M, 64) * cdiv(K, 128)
     steps = R * S * cdiv(C, 64)
     split = 1

@@ -6,7 +6,7 @@ Two launches of one tile body (_gemm_tile):
         tiles in grouped order, and tl.range(flatten=True) lets the pipeliner issue the next
         tile's loads while this tile's epilogue runs (the 1x1 layers have 1-32 reduction steps
         per tile, so a one-tile program has little else to overlap). On Hopper x, w and y go
-        through TMA descriptors. docs/kernels/conv.md, "Round 3 (measured ...)".
+        through TMA descriptors. docs/kernels/conv.md, "Shipped design".
     conv_gemm_kernel  one program per tile, pointer loads, under a hook-free autotuner: what the
         traced launches (launch=wrap_triton, torch.compile) run.
 

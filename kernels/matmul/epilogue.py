@@ -41,7 +41,7 @@ def apply_activation(x, ACTIVATION: tl.constexpr):
     elif ACTIVATION == GELU:
         # Exact gelu x·Phi(x), Phi the normal CDF, without tl.erf: libdevice's erff evaluates
         # both of its branches an element, and in the matmul epilogue that ran with the tensor
-        # cores idle (docs/kernels/matmul.md, "Round 5"). Here Q = Phi(-|x|) = erfc(u)/2 with
+        # cores idle (docs/kernels/matmul.md, "Shipped design"). Here Q = Phi(-|x|) = erfc(u)/2 with
         # u = |x|/sqrt(2), and erfc(u) = t·exp(-u² + P(t)), t = 1/(1 + u/2), P a degree-9
         # polynomial (Numerical Recipes' erfcc, fractional error < 1.2e-7 for all u): one
         # division, one exp, no branches. Unlike the 1 + erf form it keeps its relative accuracy

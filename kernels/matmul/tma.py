@@ -121,7 +121,7 @@ def heuristic_tile(M: int, N: int, K: int, num_sms: int) -> Tile:
 def epilogue_splits(tile: Tile, act_id: int) -> int:
     """Column blocks of the host-descriptor kernel's epilogue: 1 unless the tile is subtiled,
     else 2, or 4 with an activation (whose temporaries then cover a quarter of the tile).
-    docs/kernels/matmul.md, "Round 5"."""
+    docs/kernels/matmul.md, "Shipped design"."""
     if not tile.subtile:
         return 1
     return 2 if act_id == ACTIVATIONS["none"] else 4
@@ -242,7 +242,7 @@ def matmul_tma_host_desc_kernel(
             # load its slice of the bias, add, activate, store. The activation's temporaries and
             # the broadcast bias cover 1/EPILOGUE_SPLITS of the tile, and a block's registers die
             # once it is stored (a full-tile epilogue at 128x256 / 8 warps spills with exact
-            # gelu: docs/kernels/matmul.md, "Round 5").
+            # gelu: docs/kernels/matmul.md, "Shipped design").
             h0, h1 = _halves(acc, BLOCK_M, BLOCK_N)
             if EPILOGUE_SPLITS == 4:
                 q0, q1 = _halves(h0, BLOCK_M, BLOCK_N // 2)
