@@ -292,6 +292,74 @@ def conv_report(frame: pd.DataFrame) -> Report:
     return Report(checks, tables)
 
 
+# The host path (issue: kernels fast as they are called), for every op and pass: call latency
+# (back-to-back calls, one sync) against eager's in the same job, as eager / ours, and plain
+# triton.testing.do_bench of the public function against the harness's GPU time.
+LATENCY_GEOMEAN = 1.0  # ours at most eager's latency, geomean
+LATENCY_WORST = 1 / 1.5  # no shape above 1.5x eager's
+DO_BENCH_FROM_MS = 0.020  # do_bench within 5% of the GPU time from 20 us of GPU time
+DO_BENCH_WITHIN = 1 / 1.05
+
+
+def host_path_report(frame: pd.DataFrame, kernel: str) -> Report:
+    checks, tables = [], []
+    rows = _ok(frame, kernel=kernel)
+    for dtype in _dtypes(rows):
+        for pass_name in dict.fromkeys(rows["pass"]):
+            part = _ok(rows, dtype=dtype, mode="triton", **{"pass": pass_name})
+            part = part[part["latency_speedup_vs_eager"].notna()]
+            if part.empty:
+                continue
+            tag = f"{kernel} {dtype} {pass_name} call latency, eager / triton"
+            checks.append(Check(f"{tag} (geomean)", _gm(part["latency_speedup_vs_eager"]),
+                                LATENCY_GEOMEAN, f" ({len(part)} rows)"))
+            worst, where = _worst(part, "latency_speedup_vs_eager")
+            checks.append(Check(f"{tag}, worst shape (1.5x eager's at most)", worst,
+                                LATENCY_WORST, where))
+            timed = part[(part["time_ms_p50"] >= DO_BENCH_FROM_MS) & part["do_bench_ms_p50"].notna()]
+            timed = timed.assign(gpu_over_do_bench=timed["time_ms_p50"] / timed["do_bench_ms_p50"])
+            worst, where = _worst(timed, "gpu_over_do_bench")
+            checks.append(Check(f"{kernel} {dtype} {pass_name} GPU time / plain do_bench, worst "
+                                f"shape from 20 us (do_bench 5% over at most)", worst,
+                                DO_BENCH_WITHIN, where + f" ({len(timed)} rows)"))
+            table = part.set_index("shape_label")
+            tables.append((f"{kernel} {dtype} {pass_name} host path: call latency (us) and "
+                           "plain do_bench (ms)", pd.DataFrame({
+                               "triton us": table["call_latency_us_p50"],
+                               "eager us": table["eager_call_latency_us_p50"],
+                               "eager/triton": table["latency_speedup_vs_eager"],
+                               "gpu ms": table["time_ms_p50"],
+                               "do_bench ms": table["do_bench_ms_p50"],
+                           })))  # fmt: skip
+        checks += _compiled_checks(frame, kernel, dtype)
+    return Report(checks, tables)
+
+
+def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str) -> list[Check]:
+    """triton-compiled: every row ok, and call latency no worse than compile `default`'s on the
+    same rows (shape, pass, epilogue)."""
+    ours = frame[(frame["kernel"] == kernel) & (frame["dtype"] == dtype)
+                 & (frame["mode"] == "triton-compiled") & (frame["activations"] == "inputs")]
+    if ours.empty:
+        return []
+    tag = f"{kernel} {dtype} triton-compiled"
+    ok = ours[ours["status"] == "ok"]
+    failed = ours[ours["status"] != "ok"]
+    note = f" ({len(ok)} of {len(ours)})"
+    if not failed.empty:
+        note += f"; first not ok: {failed.iloc[0]['shape_label']}: {failed.iloc[0].get('reason')}"
+    checks = [Check(f"{tag}: rows ok", len(ok) / len(ours), 1.0, note)]
+    default = _ok(frame, kernel=kernel, dtype=dtype, mode="default")
+    keys = ["shape_label", "pass", "epilogue"]
+    both = ok.merge(default, on=keys, suffixes=("", "_default"))
+    ratio = both["call_latency_us_p50_default"] / both["call_latency_us_p50"]
+    both = both.assign(ratio=ratio)
+    worst, where = _worst(both, "ratio")
+    checks.append(Check(f"{tag} call latency: default's / ours (geomean)", _gm(ratio), 1.0,
+                        _worst_note(worst, where) + f" ({len(both)} rows)"))
+    return checks
+
+
 REPORTS = {
     "matmul": matmul_report,
     "linear": linear_report,
@@ -327,6 +395,15 @@ def render(frame: pd.DataFrame, kernels: list[str],
                     out.append(f"  MISS  no {kernel} rows that the targets read")
                     all_passed = False
             for check in report.checks:
+                out.append(check.line())
+                all_passed &= check.passed
+        for kernel in kernels:
+            host = host_path_report(frame, kernel)
+            for title, table in host.tables:
+                out += [f"\n{title}", table.to_string()]
+            if host.checks:
+                out.append(f"\n{kernel} host-path targets:")
+            for check in host.checks:
                 out.append(check.line())
                 all_passed &= check.passed
     gpus = sorted(frame["gpu_name"].dropna().unique())

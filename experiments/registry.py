@@ -143,7 +143,8 @@ register(OpSpec(
     name="matmul", function="matmul", workload=MatmulWorkload, eager=torch.matmul,
     triton="kernels:matmul", triton_compiled="kernels.ops:matmul", bound="compute",
     # fwd only: the backward of a bare matmul is two matmuls, measured through `linear`
-    bench=("kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm",),
+    bench=("kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm",
+           "kernel=matmul mode=triton-compiled,default dtype=bf16 shapes=default"),
     markers={"marker": "o"},
 ))  # fmt: skip
 
@@ -200,7 +201,8 @@ register(OpSpec(
     name="linear", function="linear", workload=LinearWorkload, eager=torch_linear,
     triton="kernels:linear", triton_compiled="kernels.ops:linear", bound="compute",
     passes=("fwd", "fwd_bwd"),
-    bench=("kernel=linear mode=triton,default,max-autotune-no-cudagraphs pass=fwd dtype=bf16,fp16",
+    bench=("kernel=linear mode=triton,triton-compiled,default,max-autotune-no-cudagraphs pass=fwd "
+           "dtype=bf16,fp16",
            "kernel=linear mode=triton pass=fwd_bwd dtype=bf16,fp16"),
     markers={"marker": "s"},
 ))  # fmt: skip
@@ -243,10 +245,10 @@ register(OpSpec(
     name="softmax", function="softmax", workload=SoftmaxWorkload, eager=torch.softmax,
     triton="kernels:softmax", triton_compiled="kernels.ops:softmax", bound="memory",
     passes=("fwd", "fwd_bwd"),
-    bench=("kernel=softmax mode=triton,default,max-autotune-no-cudagraphs dtype=bf16,fp32 "
-           "shapes=rows",
+    bench=("kernel=softmax mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
+           "dtype=bf16,fp32 shapes=rows",
            "kernel=softmax mode=triton pass=fwd_bwd dtype=bf16,fp32 shapes=rows",
-           "kernel=softmax mode=eager,triton,default,reduce-overhead shapes=small"),
+           "kernel=softmax mode=eager,triton,triton-compiled,default,reduce-overhead shapes=small"),
     # ours and both compile modes timed in one process, interleaved round by round: where both
     # run at the copy's rate, separate jobs differ by more than the kernels do
     paired="--kernel softmax --shapes rows --only-n 128,512,1024,4096,16384 --rounds 7 "
@@ -352,8 +354,8 @@ register(OpSpec(
     triton="kernels:conv2d", triton_compiled="kernels.ops:conv2d", bound="compute",
     bench=("kernel=conv mode=triton kernel.bias=true,false shapes=resnet50",
            "kernel=conv mode=triton shapes=resnet50_b128",
-           "kernel=conv kernel.activation=relu mode=triton,default,max-autotune-no-cudagraphs "
-           "shapes=resnet50_core"),
+           "kernel=conv kernel.activation=relu "
+           "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core"),
     markers={"marker": "D"},
 ))  # fmt: skip
 

@@ -99,12 +99,16 @@ def _cuda_info(index: int) -> GpuInfo:
 def pretend_gpu(capability: tuple[int, int], sms: int):
     """Dispatch as if the tensors sat on a GPU of this capability and SM count, whatever their
     device: for compiling the kernels a GPU would launch on a machine without one
-    (experiments.resources). Launching anything inside it is the caller's problem."""
+    (experiments.resources). Launching anything inside it is the caller's problem. The tuning
+    caches and plans are emptied on the way in and out: a plan's key holds the device, not the
+    GPU dispatch saw there."""
+    reset_tuning()
     _PRETEND.append(GpuInfo(tuple(capability), int(sms)))
     try:
         yield _PRETEND[-1]
     finally:
         _PRETEND.pop()
+        reset_tuning()
 
 
 def check_tensor(name: str, t, *, ndim: int | None = None, min_ndim: int | None = None) -> None:
@@ -154,7 +158,10 @@ _TILE_COUNTERS: dict = {}
 
 def tile_counters(device: torch.device, count: int, minimum: int = 1024) -> torch.Tensor:
     """At least `count` zeroed int32 counters for split-K launches on `device`'s current stream."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    stream = None
+    if device.type == "cuda":
+        index = torch._C._cuda_getDevice() if device.index is None else device.index
+        stream = torch._C._cuda_getCurrentRawStream(index)
     key = (device.type, device.index, stream)
     counters = _TILE_COUNTERS.get(key)
     if counters is None or counters.numel() < count:

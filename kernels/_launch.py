@@ -1,34 +1,48 @@
-"""The host path of a direct launch: launch plans cached per call key, launched through the
-compiled kernel's own launcher instead of the JIT's argument binding.
+"""The host path of a direct launch: launch plans cached per call key, launched through Triton's
+C launcher with arguments bound once per plan instead of the JIT's argument binding per call.
 
 `kernel[grid](*args, **meta)` binds every argument, computes a specialization key, looks the
-compiled kernel up, evaluates the grid and only then calls the C launcher: tens of microseconds
-a launch on the GPU machines. A wrapper that already knows, for its own call key (shapes,
-strides, dtype, device, flags), every argument but the tensors' pointers can skip all of that:
+compiled kernel up (or, under an autotuner, looks the tuned config up and runs its pre-hook),
+evaluates the grid, builds each host TMA descriptor's CUtensorMap and only then calls the C
+launcher: tens of microseconds a launch on the GPU machines, several times what a cuBLAS call
+costs its caller. A wrapper that knows, for its own call key (shapes, strides, dtype, device,
+flags), every argument but the tensors' pointers skips all of that:
 
-    Step(kernel, grid, args, meta)   one launch; args/meta are everything after the `lead`
-                                     (pointer-like) arguments, fixed by the wrapper's key
-    step(*lead)                      the first call launches through kernel[grid] (compiling, or
-                                     autotuning) and keeps the CompiledKernel it returns; later
-                                     calls go to CompiledKernel.run with the lead tensors'
-                                     pointers and the remembered rest, where fast_ok() allows
-    PlanCache                        the wrappers' per-key plans (bounded; emptied with the
-                                     tuning caches, kernels._common.reset_tuning)
-    host_descriptor(...)             TMA TensorDescriptors cached by (pointer, shape, strides,
-                                     block): a value of all of them, so never stale
+    Step(kernel, grid, args, meta, descs=...)
+        One launch. Its lead arguments come with each call, `step(*tensors)`: tensors (or None)
+        and, in the slots `descs` names, host TMA descriptors of one of those tensors with a
+        shape, strides and block fixed by the key (DescSpec). `args` (positional, after the
+        lead) and `meta` (keyword) are fixed by the key.
+    the first call         launches through kernel[grid] (compiling, or autotuning), then arms
+                           the step: binds the remaining arguments, the grid and the tuned
+                           config once, and generates a function of the lead tensors that
+                           checks what the compiled kernel was specialized on (each pointer's
+                           16-byte alignment, None where None, the current device) and calls
+                           the launcher
+    later calls            that function: the tensors' data_ptr()s, a CUtensorMap per
+                           descriptor from a cache keyed by pointer (its shape, strides, block
+                           and dtype being the plan's), one C call
+    PlanCache              the wrappers' per-key plans (bounded; emptied with the tuning
+                           caches, kernels._common.reset_tuning)
 
-What stays on `kernel[grid]`: the interpreter, launches traced by torch.compile (wrap_triton in
-kernels/ops.py never comes here), launches while Triton's launch hooks are set (profilers), an
-autotuner with hooks, a pointer whose 16-byte alignment differs from the compiled kernel's
-specialization, and a current CUDA device other than the one the kernel was loaded on.
-The entry point `CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata,
-launch_metadata, enter_hook, exit_hook, *all_args)` is the one JITFunction.run calls in
-triton 3.6 and 3.8 alike.
+The launcher is Triton's own per-kernel C module (`mod.launch`, what CompiledKernel.run calls
+after expanding descriptors in Python), reached where the driver is the one this was written
+against (triton 3.6's "iiiKKppOOOOOO" argument format); elsewhere the armed function calls
+CompiledKernel.run with cached TensorDescriptors instead, as JITFunction.run does after binding.
+Kernels that need a global scratch buffer (device-side descriptors) also go through
+CompiledKernel.run, which asks the allocator for it.
+
+What stays on `kernel[grid]` every call: the interpreter, launches traced by torch.compile
+(wrap_triton: kernels/ops.py), launches while Triton's launch hooks are set (profilers), an
+autotuner with a pre-hook other than one that only sets descriptor block shapes
+(BLOCK_HOOKS), and a call that fails one of the checks above: it takes the JIT path, which
+picks (or compiles) the right kernel.
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 import torch
 
@@ -44,6 +58,13 @@ except ImportError:  # pragma: no cover - every pinned Triton has these
 
 _FAST = not is_interpreter() and CompiledKernel is not None
 
+# Autotuner pre-hooks that only give the TMA descriptors a config's block shape: an armed step
+# reads the tuned blocks off the descriptors after its first launch (kernels.conv registers
+# its hook here).
+BLOCK_HOOKS: set = set()
+# Cached CUtensorMaps (or TensorDescriptors) of one descriptor slot, by pointer
+DESC_CACHE_MAX = 64
+
 
 def hooks_unset() -> bool:
     """No launch hook (a profiler such as proton) wants to see each launch's metadata."""
@@ -54,6 +75,13 @@ def hooks_unset() -> bool:
 def _inactive(hook) -> bool:
     # triton 3.6: None or a function; 3.8: a HookChain, inactive while it holds no calls
     return hook is None or getattr(hook, "calls", True) == []
+
+
+def fast_ok(device: torch.device) -> bool:
+    """Whether direct launches on `device`'s tensors may take the cached plans' fast path: a
+    CUDA tensor, Triton compiling for the GPU, and no torch.compile trace (which wants to see
+    `kernel[grid]` itself)."""
+    return _FAST and device.type == "cuda" and not torch.compiler.is_compiling()
 
 
 class PlanCache(dict):
@@ -72,12 +100,21 @@ class PlanCache(dict):
         return value
 
 
-# ---------------------------------------------------------------------------------------------
-# Host TMA descriptors
-# ---------------------------------------------------------------------------------------------
+class DescSpec(NamedTuple):
+    """A host TMA descriptor in lead slot `slot`: `tensor` (an index into the step's tensors)
+    described as `shape` / `strides` (elements, last stride 1), `block` its box (an autotuner's
+    BLOCK_HOOKS pre-hook may change it per config)."""
+
+    slot: int
+    tensor: int
+    shape: tuple
+    strides: tuple
+    block: tuple
+
+
 class _Pointer:
-    """The base of a cached descriptor: the launcher reads only data_ptr() (and the descriptor's
-    own shape/strides), so a cached descriptor keeps no tensor alive."""
+    """The base of a cached descriptor: the launcher reads only data_ptr() and dtype (and the
+    descriptor's own shape/strides), so a cached descriptor keeps no tensor alive."""
 
     __slots__ = ("ptr", "dtype")
 
@@ -88,136 +125,203 @@ class _Pointer:
         return self.ptr
 
 
-_DESCRIPTORS: dict = {}
-DESCRIPTORS_MAX = 4096
+def desc_cache(dtype, shape, strides, block, padding="zero", expand=None):
+    """ptr -> the descriptor of the memory at ptr (dtype, shape, strides, block), or what
+    `expand` makes of it (the launcher's arguments for it: a CUtensorMap, shape, strides).
+    Keyed by the pointer only, every other field being fixed: an entry describes exactly that
+    memory so, and is never stale."""
+    cache: dict = {}
+    shape, strides, block = list(shape), list(strides), list(block)
+
+    def get(ptr: int):
+        value = cache.get(ptr)
+        if value is None:
+            if len(cache) >= DESC_CACHE_MAX:
+                cache.clear()
+            desc = TensorDescriptor(_Pointer(ptr, dtype), shape, strides, block, padding=padding)
+            value = cache[ptr] = desc if expand is None else expand(desc)
+        return value
+
+    return get
 
 
-def host_descriptor(ptr: int, dtype: torch.dtype, shape: tuple, strides: tuple, block: tuple):
-    """TensorDescriptor(memory at ptr, shape, strides, block) for a launch on the fast path,
-    cached by all five: every field the launcher encodes, so an entry can only be reused for
-    the same memory described the same way."""
-    key = (ptr, dtype, shape, strides, block)
-    desc = _DESCRIPTORS.get(key)
-    if desc is None:
-        if len(_DESCRIPTORS) >= DESCRIPTORS_MAX:
-            _DESCRIPTORS.clear()
-        desc = TensorDescriptor(_Pointer(ptr, dtype), list(shape), list(strides), list(block))
-        _DESCRIPTORS[key] = desc
-    return desc
+# ---------------------------------------------------------------------------------------------
+# Triton's C launcher
+# ---------------------------------------------------------------------------------------------
+def _raw_entry(compiled):
+    """(C launch function, cooperative-grid flag, PDL flag, descriptor expander) of a compiled
+    kernel whose launcher has triton 3.6's layout and needs no scratch buffers; else None."""
+    try:
+        from triton.backends.nvidia import driver
+    except ImportError:  # pragma: no cover
+        return None
+    runner = compiled.run
+    if getattr(driver, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO":
+        return None
+    expand = getattr(driver, "make_tensordesc_arg", None)
+    if expand is None or len(inspect.signature(expand).parameters) != 2:
+        return None
+    if getattr(runner, "global_scratch_size", 1) or getattr(runner, "profile_scratch_size", 1):
+        return None
+    launch = getattr(runner, "launch", None)
+    if launch is not None and not inspect.isbuiltin(launch):
+        # wrap_handle_tensordesc's `inner`: the module's launch is its closure's `launcher`
+        code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
+        if code is None or not cells or "launcher" not in code.co_freevars:
+            return None
+        launch = cells[code.co_freevars.index("launcher")].cell_contents
+    if launch is None or not inspect.isbuiltin(launch):
+        return None
+    return launch, runner.launch_cooperative_grid, runner.launch_pdl, expand
+
+
+def _python_function(kernel):
+    """The Python function under a JITFunction, an Autotuner or triton.heuristics wrapper."""
+    while kernel is not None and not inspect.isfunction(kernel):
+        kernel = getattr(kernel, "fn", None)
+    return kernel
 
 
 # ---------------------------------------------------------------------------------------------
 # One launch
 # ---------------------------------------------------------------------------------------------
-_SIGNATURES: dict = {}
-
-
-def _signature(fn) -> inspect.Signature:
-    sig = _SIGNATURES.get(fn)
-    if sig is None:
-        sig = _SIGNATURES[fn] = inspect.signature(fn.fn)
-    return sig
-
-
-class _Compiled:
-    """A CompiledKernel bound to its grid, device and every non-lead argument."""
-
-    __slots__ = ("run", "function", "packed", "grid", "device", "rest", "kinds")
-
-    def __init__(self, compiled, grid, device, rest, kinds):
-        self.run = compiled.run
-        self.function = compiled.function
-        self.packed = compiled.packed_metadata
-        self.grid, self.device, self.rest, self.kinds = grid, device, rest, kinds
-
-
-def _kind(value):
-    """How a lead argument was specialized: None (a constexpr), a descriptor, or a pointer and
-    whether it was 16-byte aligned (Triton's pointer specialization)."""
-    if value is None:
-        return None
-    if TensorDescriptor is not None and isinstance(value, TensorDescriptor):
-        return "desc"
-    return value.data_ptr() % 16 == 0
-
-
 class Step:
-    """One kernel launch of a plan; see the module docstring. `lead` arguments (tensors, None,
-    descriptors) come with each call; `args` (positional, after the lead) and `meta` (keyword)
-    are fixed by the plan's key."""
+    """One kernel launch of a plan; see the module docstring."""
 
-    __slots__ = ("kernel", "grid", "args", "meta", "compiled")
+    __slots__ = ("kernel", "grid", "args", "meta", "descs", "width", "fast")
 
-    def __init__(self, kernel, grid, args: tuple = (), meta: dict | None = None):
+    def __init__(self, kernel, grid, args: tuple = (), meta: dict | None = None, *,
+                 descs: tuple = (), width: int = 0):  # fmt: skip
         self.kernel, self.grid, self.args, self.meta = kernel, grid, tuple(args), meta or {}
-        self.compiled = None
+        self.descs = tuple(DescSpec(*d) for d in descs)
+        # lead slots: the tensors, then None up to `width` and past it up to the last descriptor
+        self.width = max([width, *(d.slot + 1 for d in self.descs)])
+        self.fast = None  # the armed launch (a generated function of the tensors)
 
-    def __call__(self, *lead, descriptors=None):
-        """Launch with these lead arguments. `descriptors` (a function of no arguments giving
-        the lead with each descriptor slot filled by host_descriptor) is used on the fast path
-        only; the JIT path takes `lead` as given."""
-        compiled = self.compiled
-        if compiled is not None and hooks_unset():
-            if descriptors is not None:
-                lead = descriptors()
-            if self._fast(compiled, lead):
-                return
-        self._launch(lead)
+    def __call__(self, *tensors) -> None:
+        fast = self.fast
+        if fast is not None and hooks_unset() and fast(tensors):
+            return
+        self._launch(tensors)
 
-    def _fast(self, compiled: _Compiled, lead) -> bool:
-        device = compiled.device
-        if torch._C._cuda_getDevice() != device:
-            return False
-        args = []
-        for value, kind in zip(lead, compiled.kinds, strict=True):
-            if value is None or kind == "desc":
-                if (value is None) != (kind is None):
-                    return False
-                args.append(value)
-                continue
-            if kind is None:
-                return False
-            ptr = value.data_ptr()
-            if (ptr % 16 == 0) != kind:
-                return False  # compiled for the other alignment: the JIT path picks the right one
-            args.append(ptr)
-        gx, gy, gz = compiled.grid
-        compiled.run(gx, gy, gz, torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                     compiled.packed, None, None, None, *args, *compiled.rest)  # fmt: skip
-        return True
+    def lead(self, tensors) -> list:
+        """The JIT path's lead: the tensors, None past them up to `width`, and a new
+        TensorDescriptor in each descriptor slot."""
+        lead = list(tensors)
+        lead.extend([None] * (self.width - len(lead)))
+        for d in self.descs:
+            lead[d.slot] = TensorDescriptor(tensors[d.tensor], list(d.shape), list(d.strides),
+                                            list(d.block))  # fmt: skip
+        return lead
 
-    def _launch(self, lead) -> None:
+    def _launch(self, tensors) -> None:
+        lead = self.lead(tensors)
         result = self.kernel[self.grid](*lead, *self.args, **self.meta)
-        if _FAST and self.compiled is None and isinstance(result, CompiledKernel):
-            self.compiled = self._arm(result, lead)
+        if _FAST and self.fast is None and isinstance(result, CompiledKernel):
+            self.fast = arm(self, result, tensors, lead)
 
-    def _arm(self, result, lead) -> _Compiled | None:
-        """The fast launch of what kernel[grid] just launched, or None where it does not apply."""
-        kernel, meta = self.kernel, self.meta
-        if isinstance(kernel, Autotuner):
-            config = getattr(kernel, "best_config", None)
-            if (config is None or config.pre_hook is not None or kernel.user_defined_pre_hook
-                    or getattr(kernel, "user_defined_post_hook", False)):  # fmt: skip
+
+def arm(step: Step, compiled, tensors, lead):
+    """The fast launch of what step.kernel[grid] just launched as `compiled` with this lead, or
+    None where it does not apply (see the module docstring)."""
+    kernel, meta = step.kernel, dict(step.meta)
+    if isinstance(kernel, Autotuner):
+        config = getattr(kernel, "best_config", None)
+        if (config is None or kernel.user_defined_pre_hook
+                or getattr(kernel, "user_defined_post_hook", False)
+                or (config.pre_hook is not None and config.pre_hook not in BLOCK_HOOKS)):  # fmt: skip
+            return None
+        meta.update(config.all_kwargs())
+    fn = _python_function(kernel)
+    if fn is None or getattr(compiled, "function", None) is None:
+        return None  # not loaded (the JIT path loads it when it launches)
+    signature = compiled.src.signature
+    names, types = list(signature), list(signature.values())
+    width = len(lead)
+    if width + len(step.args) > len(names):
+        return None
+    # every argument by name, as the grid function and the launcher see them
+    named = dict(zip(names, lead))
+    named.update(zip(names[width:], step.args))
+    defaults = inspect.signature(fn).parameters
+    rest = []
+    for name, ty in zip(names[width:], types[width:], strict=True):
+        if name not in named:
+            if name in meta:
+                named[name] = meta[name]
+            elif defaults[name].default is not inspect.Parameter.empty:
+                named[name] = defaults[name].default
+            elif ty != "constexpr":
                 return None
-            meta = {**meta, **config.all_kwargs()}
-            kernel = kernel.fn
-        if lead and isinstance(lead[0], torch.Tensor) and lead[0].device.type != "cuda":
-            return None
-        sig = _signature(kernel)
-        bound = sig.bind(*lead, *self.args, **{k: v for k, v in meta.items()
-                                               if k in sig.parameters})  # fmt: skip
-        bound.apply_defaults()
-        grid = self.grid(bound.arguments) if callable(self.grid) else self.grid
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        rest = tuple(bound.arguments.values())[len(lead) :]
-        kinds = tuple(_kind(v) for v in lead)
-        if result.function is None:  # not loaded (the JIT path loads it when it launches)
-            return None
-        return _Compiled(result, grid, torch._C._cuda_getDevice(), rest, kinds)
+            else:
+                named[name] = None  # a constexpr: the launcher reads and ignores its slot
+        rest.append(named[name])
+    for key, value in meta.items():
+        named.setdefault(key, value)
+    grid = step.grid(named) if callable(step.grid) else step.grid
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    raw = _raw_entry(compiled)
+    return _generate(step, compiled, tensors, lead, types, grid, rest, raw)
 
 
-def fast_ok(device: torch.device) -> bool:
-    """Whether direct launches on `device`'s tensors may take the cached plans' fast path: a
-    CUDA tensor, Triton compiling for the GPU, and no torch.compile trace (which wants to see
-    `kernel[grid]` itself)."""
-    return _FAST and device.type == "cuda" and not torch.compiler.is_compiling()
+def _generate(step, compiled, tensors, lead, types, grid, rest, raw):
+    """The armed launch as a generated function of the tensors: one line per lead slot, so a
+    call does no per-slot dispatch (Triton's own argument binder is generated the same way)."""
+    descs = {d.slot: d for d in step.descs}
+    tensordesc_meta = getattr(compiled.metadata, "tensordesc_meta", None) or None
+    env = {"_device": torch._C._cuda_getDevice, "_stream": torch._C._cuda_getCurrentRawStream,
+           "DEVICE": torch._C._cuda_getDevice(), "FUNCTION": compiled.function,
+           "PACKED": compiled.packed_metadata, "REST": tuple(rest)}  # fmt: skip
+    checks, args = [], []
+    desc_index = 0
+    for slot, value in enumerate(lead):
+        spec = descs.get(slot)
+        if spec is not None:
+            if not types[slot].startswith("tensordesc"):
+                return None
+            meta = tensordesc_meta[desc_index] if tensordesc_meta else None
+            desc_index += 1
+            expand = None if raw is None else (lambda d, m=meta, f=raw[3]: f(d, m))
+            env[f"D{slot}"] = desc_cache(tensors[spec.tensor].dtype, spec.shape, spec.strides,
+                                         tuple(value.block_shape), value.padding, expand)  # fmt: skip
+            checks.append(f"q{slot} = t{spec.tensor}.data_ptr()")
+            checks.append(f"if q{slot} & 15: return False")
+            args.append(f"*D{slot}(q{slot})" if raw is not None else f"D{slot}(q{slot})")
+        elif types[slot].startswith("tensordesc"):
+            return None  # a descriptor the step does not rebuild
+        elif value is None:
+            if slot < len(tensors):
+                checks.append(f"if t{slot} is not None: return False")
+            args.append("None")
+        elif isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            aligned = value.data_ptr() % 16 == 0
+            checks.append(f"if t{slot} is None: return False")
+            checks.append(f"p{slot} = t{slot}.data_ptr()")
+            # compiled for the other alignment: the JIT path picks (or compiles) the right one
+            checks.append(f"if {'' if aligned else 'not '}p{slot} & 15: return False")
+            args.append(f"p{slot}")
+        else:
+            return None
+    gx, gy, gz = grid
+    head = f"{gx}, {gy}, {gz}, _stream(DEVICE), FUNCTION"
+    if raw is not None:
+        env["LAUNCH"] = raw[0]
+        call = f"LAUNCH({head}, {bool(raw[1])}, {bool(raw[2])}, None, None, PACKED, None, None, None"
+    else:
+        env["LAUNCH"] = compiled.run
+        call = f"LAUNCH({head}, PACKED, None, None, None"
+    unpack = ", ".join(f"t{i}" for i in range(len(tensors)))
+    source = "\n    ".join([
+        "def fast(tensors):",
+        f"if len(tensors) != {len(tensors)}: return False",
+        f"{unpack}, = tensors" if tensors else "pass",
+        *checks,
+        "if _device() != DEVICE: return False",
+        f"{call}, {', '.join([*args, '*REST'])})",
+        "return True",
+    ])  # fmt: skip
+    name = getattr(_python_function(step.kernel), "__name__", "kernel")
+    exec(compile(source, f"<armed {name}>", "exec"), env)
+    fast = env["fast"]
+    fast.source = source  # for tests and for reading what a plan launches
+    return fast

@@ -15,7 +15,7 @@ import torch
 from experiments.correctness import relative_error, tolerance
 from kernels import _launch
 from kernels._common import pretend_gpu, reset_tuning
-from kernels._launch import Step, _Compiled, host_descriptor
+from kernels._launch import Step
 from kernels.linear import linear, linear_reference
 from kernels.matmul import dispatch as matmul_dispatch
 from kernels.matmul import matmul
@@ -69,12 +69,15 @@ def test_strides_dtype_and_device_are_in_the_key(plans):
     # another device (meta tensors: same shapes and strides, data_ptr 0)
     am, bm = a.to("meta"), b.to("meta")
     assert matmul_dispatch._plan_key(am, bm, None, 0, False) != key
-    # another GPU (kernels._common.pretend_gpu stands in for a device of another capability)
+    # another GPU (kernels._common.pretend_gpu stands in for a device of another capability):
+    # the plans made for the device as it was are gone on the way in, and those made while
+    # pretending on the way out
+    assert plans
     with pretend_gpu((9, 0), 132):
-        hopper = matmul_dispatch._plan_key(a, b, None, 0, False)
-    with pretend_gpu((8, 0), 108):
-        ampere = matmul_dispatch._plan_key(a, b, None, 0, False)
-    assert len({key, hopper, ampere}) == 3
+        assert not plans
+        matmul(a, b)
+        assert plans
+    assert not plans
 
 
 def test_views_of_one_storage_and_in_place_changes(plans):
@@ -133,86 +136,157 @@ def test_reset_tuning_empties_the_plans(plans):
 
 
 # ---------------------------------------------------------------------------------------------
-# The fast launch, with a stand-in compiled kernel
+# The armed launch, with a stand-in compiled kernel
 # ---------------------------------------------------------------------------------------------
-class _Recorder:
-    """Stands in for CompiledKernel.run and for a kernel indexed with a grid."""
+def _kernel_fn(a_ptr, b_ptr, c_desc, M, N, stride, BLOCK: "constexpr", FLAG: "constexpr" = 0,
+               EXTRA=7):  # fmt: skip
+    pass
+
+
+class _Kernel:
+    """Stands in for a JIT kernel: indexed with a grid, it records the JIT path's launch."""
+
+    fn = staticmethod(_kernel_fn)
 
     def __init__(self):
-        self.fast, self.jit = [], []
-
-    def run(self, *args):
-        self.fast.append(args)
+        self.jit = []
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.jit.append((grid, args, kwargs))
+        def launch(*args, **kwargs):
+            self.jit.append((grid, args, kwargs))
+            for arg in args:  # a block pre-hook: the tuned box
+                if isinstance(arg, _launch.TensorDescriptor):
+                    arg.block_shape = [16, 8]
+
+        return launch
+
+
+class _Compiled:
+    """Stands in for a CompiledKernel: its launcher records what it was called with."""
+
+    SIGNATURE = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_desc": "tensordesc<fp16[16, 8]>",
+                 "M": "i32", "N": "i32", "stride": "i32", "BLOCK": "constexpr",
+                 "FLAG": "constexpr", "EXTRA": "i32"}  # fmt: skip
+
+    def __init__(self):
+        self.calls = []
+        self.function, self.packed_metadata = "fn", ("warps", 1, 0)
+        self.src = type("Src", (), {"signature": self.SIGNATURE})()
+        self.metadata = type("Meta", (), {"tensordesc_meta": None})()
+        self.run = lambda *args: self.calls.append(args)
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
+    """torch's current device and stream as the armed launch reads them, on a CPU machine; the
+    tensors pass for CUDA tensors where the armed launch asks."""
     state = {"device": 0}
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: state["device"], raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 1000 + d, raising=False)
     return state
 
 
-def _armed_step(recorder, lead):
-    step = Step(recorder, (7, 2), (11, 12), {"BLOCK": 64})
-    compiled = type("C", (), {})()
-    compiled.run, compiled.function, compiled.packed_metadata = recorder.run, "fn", "meta"
-    kinds = tuple(_launch._kind(v) for v in lead)
-    step.compiled = _Compiled(compiled, (7, 2, 1), 0, (11, 12, 64), kinds)
-    return step
+def _armed(fake_cuda, monkeypatch, raw=None):
+    """A step over (a, b, c) whose slot 2 is a descriptor of c, launched once through the JIT
+    path, then armed with the stand-in compiled kernel."""
+    monkeypatch.setattr(_launch, "_raw_entry", lambda compiled: raw)
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda t: torch.device("cuda", 0)))
+    kernel, compiled = _Kernel(), _Compiled()
+    step = Step(kernel, lambda meta: (meta["M"] // meta["BLOCK"], 2), (64, 32, 8),
+                {"BLOCK": 16}, descs=[(2, 2, (64, 32), (32, 1), (64, 64))])  # fmt: skip
+    a, b, c = (torch.zeros(64 * 32, dtype=torch.float16) for _ in range(3))
+    step(a, b, c)
+    launched_lead = list(kernel.jit[0][1][:3])
+    step.fast = _launch.arm(step, compiled, (a, b, c), launched_lead)
+    return step, kernel, compiled, (a, b, c)
 
 
-def test_fast_launch_passes_current_pointers(fake_cuda):
-    rec = _Recorder()
-    a, c = torch.zeros(8), torch.zeros(8)
-    step = _armed_step(rec, (a, None, c))
-    step(a, None, c)
-    a2 = torch.ones(8)  # a new tensor at the same shape: its own pointer, never the old one
-    step(a2, None, c)
-    assert not rec.jit
-    (first, second) = rec.fast
-    assert first[:4] == (7, 2, 1, 1000) and first[4:6] == ("fn", "meta")
-    assert first[9:] == (a.data_ptr(), None, c.data_ptr(), 11, 12, 64)
-    assert second[9:] == (a2.data_ptr(), None, c.data_ptr(), 11, 12, 64)
+def test_armed_launch_passes_current_pointers_and_the_bound_rest(fake_cuda, monkeypatch):
+    step, kernel, compiled, (a, b, c) = _armed(fake_cuda, monkeypatch)
+    assert step.fast is not None and len(kernel.jit) == 1
+    grid, args, kwargs = kernel.jit[0]
+    assert args[2].block_shape == [16, 8] and kwargs == {"BLOCK": 16}
+    step(a, b, c)
+    a2 = torch.ones(64 * 32, dtype=torch.float16)  # a new tensor: its own pointer, never the old
+    step(a2, b, c)
+    assert len(kernel.jit) == 1
+    first, second = compiled.calls
+    # grid (from the callable, padded to 3-D), the stream of the current device, the function
+    assert first[:6] == (4, 2, 1, 1000, "fn", ("warps", 1, 0))
+    assert first[6:9] == (None, None, None)  # launch metadata and hooks
+    assert first[9:11] == (a.data_ptr(), b.data_ptr())
+    desc = first[11]  # a descriptor of c's memory with the block the pre-hook chose
+    assert desc.base.data_ptr() == c.data_ptr() and desc.block_shape == [16, 8]
+    assert (desc.shape, desc.strides) == ([64, 32], [32, 1])
+    # M, N, stride, the constexprs (slots the launcher ignores), EXTRA's default
+    assert first[12:] == (64, 32, 8, 16, 0, 7)
+    assert second[9] == a2.data_ptr() and second[10:] == first[10:]
+    assert second[11] is desc  # the same memory: the cached descriptor
 
 
-def test_fast_launch_falls_back_to_the_jit(fake_cuda, monkeypatch):
-    rec = _Recorder()
-    base = torch.zeros(64)
-    a = base[:8]
-    step = _armed_step(rec, (a, None))
-    step(base[1:9], None)  # another alignment than the compiled kernel's specialization
-    step(a, a)  # a tensor where the kernel was compiled for None
+def test_armed_launch_falls_back_to_the_jit(fake_cuda, monkeypatch):
+    step, kernel, compiled, (a, b, c) = _armed(fake_cuda, monkeypatch)
+    base = torch.zeros(64 * 33, dtype=torch.float16)
+    step(base[1:2049], b, c)  # another alignment than the compiled kernel's specialization
+    step(a, None, c)  # None where the kernel was compiled for a pointer
     fake_cuda["device"] = 1  # another current device than the one the kernel was loaded on
-    step(a, None)
+    step(a, b, c)
     fake_cuda["device"] = 0
     monkeypatch.setattr(_launch._knobs.runtime, "launch_enter_hook", lambda *args: None)
-    step(a, None)  # a launch hook (a profiler) wants the JIT path's metadata
-    assert not rec.fast and len(rec.jit) == 4
-    assert all(grid == (7, 2) and kwargs == {"BLOCK": 64} for grid, _, kwargs in rec.jit)
+    step(a, b, c)  # a launch hook (a profiler) wants the JIT path's metadata
+    assert not compiled.calls and len(kernel.jit) == 5
+    assert all(grid == step.grid and kwargs == {"BLOCK": 16} for grid, _, kwargs in kernel.jit)
+
+
+def test_armed_launch_through_the_c_launcher(fake_cuda, monkeypatch):
+    """Where the driver's launcher is reachable, descriptors go in expanded (the CUtensorMap,
+    shape and strides the launcher takes), expanded once per pointer."""
+    launched, expanded = [], []
+
+    def expand(desc, meta):
+        expanded.append(desc.base.data_ptr())
+        return [("map", desc.base.data_ptr()), *desc.shape, *desc.strides]
+
+    raw = (lambda *args: launched.append(args), False, True, expand)
+    step, kernel, compiled, (a, b, c) = _armed(fake_cuda, monkeypatch, raw=raw)
+    step(a, b, c)
+    step(a, b, c)
+    assert not compiled.calls and len(launched) == 2 and expanded == [c.data_ptr()]
+    args = launched[0]
+    assert args[:13] == (4, 2, 1, 1000, "fn", False, True, None, None, ("warps", 1, 0), None,
+                         None, None)  # fmt: skip
+    assert args[13:] == (a.data_ptr(), b.data_ptr(), ("map", c.data_ptr()), 64, 32, 32, 1,
+                         64, 32, 8, 16, 0, 7)  # fmt: skip
+
+
+def test_arm_refuses_what_it_cannot_bind(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda t: torch.device("cuda", 0)))
+    a = torch.zeros(8, dtype=torch.float16)
+    compiled = _Compiled()
+    # N has no value and no default, and is no constexpr
+    step = Step(_Kernel(), (1,), (64,), {"BLOCK": 16}, descs=[(2, 2, (8,), (1,), (8,))])
+    assert _launch.arm(step, compiled, (a, a, a), step.lead((a, a, a))) is None
+    # a descriptor slot the step does not rebuild
+    step = Step(_Kernel(), (1,), (64, 32, 8), {"BLOCK": 16})
+    desc = _launch.TensorDescriptor(a, [8], [1], [8])
+    assert _launch.arm(step, compiled, (a, a, desc), [a, a, desc]) is None
 
 
 def test_unarmed_step_uses_the_jit_and_arms_only_on_a_compiled_kernel():
-    rec = _Recorder()
-    step = Step(rec, (3,), (5,), {"X": 1})
+    kernel = _Kernel()
+    step = Step(kernel, (3,), (5,), {"X": 1})
     step(torch.zeros(2))
-    assert step.compiled is None and len(rec.jit) == 1  # the recorder returned no CompiledKernel
+    assert step.fast is None and len(kernel.jit) == 1  # the stand-in returned no CompiledKernel
 
 
-def test_host_descriptors_are_cached_by_pointer_and_layout():
+def test_descriptor_cache_is_keyed_by_pointer():
     t = torch.zeros(64, 64, dtype=torch.float16)
-    d1 = host_descriptor(t.data_ptr(), t.dtype, (64, 64), (64, 1), (16, 32))
-    assert host_descriptor(t.data_ptr(), t.dtype, (64, 64), (64, 1), (16, 32)) is d1
     other = torch.zeros(64, 64, dtype=torch.float16)
-    d2 = host_descriptor(other.data_ptr(), t.dtype, (64, 64), (64, 1), (16, 32))
-    d3 = host_descriptor(t.data_ptr(), t.dtype, (64, 64), (64, 1), (32, 32))
-    d4 = host_descriptor(t.data_ptr(), t.dtype, (64, 32), (64, 1), (16, 32))
-    assert len({id(d) for d in (d1, d2, d3, d4)}) == 4
-    assert d2.base.data_ptr() == other.data_ptr() and d3.block_shape == [32, 32]
-    assert d4.shape == [64, 32] and d4.strides == [64, 1]
+    get = _launch.desc_cache(torch.float16, (64, 64), (64, 1), (16, 32))
+    d1 = get(t.data_ptr())
+    assert get(t.data_ptr()) is d1 and get(other.data_ptr()) is not d1
+    assert get(other.data_ptr()).base.data_ptr() == other.data_ptr()
+    assert (d1.shape, d1.strides, d1.block_shape) == ([64, 64], [64, 1], [16, 32])
     # a cached descriptor keeps no tensor alive
     ref = weakref.ref(other)
     del other

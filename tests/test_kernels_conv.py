@@ -14,15 +14,15 @@ import torch.nn.functional as F
 from experiments.correctness import relative_error, tolerance
 from kernels._common import direct, pretend_gpu
 from kernels.conv import conv2d, conv2d_forward, conv2d_reference, dispatch
-from kernels.conv.flat_reduction import conv_flat, conv_flat_kernel
+from kernels.conv.flat_reduction import flat_step, conv_flat_kernel
 from kernels.conv.gemm import (
     conv_gemm,
     conv_gemm_kernel,
-    conv_gemm_persistent,
+    gemm_persistent_step,
     conv_gemm_persistent_kernel,
 )
-from kernels.conv.implicit_gemm import IMPLICIT_TILES, conv_implicit, conv_implicit_kernel
-from kernels.conv.window import conv_window, conv_window_kernel
+from kernels.conv.implicit_gemm import IMPLICIT_TILES, implicit_step, conv_implicit_kernel
+from kernels.conv.window import window_step, conv_window_kernel
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -221,7 +221,11 @@ def test_bad_inputs(device):
 # ---------------------------------------------------------------------------------------------
 def run_design(design, x, weight, bias, stride, padding, dilation, activation="relu", **options):
     conv = dispatch.prepare(x, weight, bias, stride, padding, dilation, activation)
-    design(conv, **options)
+    made = design(conv, **options)  # a (Step, scratch), or None where it launched itself
+    if made is not None:
+        step, scratch = made
+        extra = () if scratch is None else scratch(conv.x.device)
+        step(conv.x, conv.w2d, conv.bias, conv.y, *extra)
     assert_close(conv.y, x, weight, bias, stride, padding, dilation, activation)
     return conv.y
 
@@ -236,7 +240,7 @@ ONE_BY_ONE = ((2, 24, 9, 11), (40, 1, 1), 1, 0, 1)
 def test_gemm_persistent(tma, bias_on, device):
     dtype = torch.float16 if tma else torch.float32  # TMA takes 16-bit operands only
     x, weight, bias = make_inputs(ONE_BY_ONE, dtype, device, bias_on, channels_last=True)
-    y = run_design(conv_gemm_persistent, x, weight, bias, 1, 0, 1, tma=tma)
+    y = run_design(gemm_persistent_step, x, weight, bias, 1, 0, 1, tma=tma)
     assert y.is_contiguous(memory_format=torch.channels_last)
 
 
@@ -250,7 +254,7 @@ def test_gemm_pointer_kernel(device):
 def test_flat_reduction(tma, device):
     geometry = GEOMETRIES["7x7-stride2-pad3-C3"]
     x, weight, bias = make_inputs(geometry, torch.float16, device, channels_last=True)
-    run_design(conv_flat, x, weight, bias, *geometry[2:], tma=tma)
+    run_design(flat_step, x, weight, bias, *geometry[2:], tma=tma)
 
 
 # geometry, tma, split_k: 5 splits of a reduction with fewer steps than that (C = 20: 2 channel
@@ -269,7 +273,7 @@ def test_implicit_gemm(case, channels_last, device):
     geometry, tma, split_k = IMPLICIT_CASES[case]
     dtype = torch.float16 if tma else torch.float32
     x, weight, bias = make_inputs(geometry, dtype, device, channels_last=channels_last)
-    y = run_design(conv_implicit, x, weight, bias, *geometry[2:], tma=tma, split_k=split_k)
+    y = run_design(implicit_step, x, weight, bias, *geometry[2:], tma=tma, split_k=split_k)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     assert y.is_contiguous(memory_format=fmt)
 
@@ -288,7 +292,7 @@ WINDOW_CASES = {
 def test_window(case, device):
     geometry, tma, split_k = WINDOW_CASES[case]
     x, weight, bias = make_inputs(geometry, torch.float16, device, channels_last=True)
-    y = run_design(conv_window, x, weight, bias, *geometry[2:], tma=tma, split_k=split_k)
+    y = run_design(window_step, x, weight, bias, *geometry[2:], tma=tma, split_k=split_k)
     assert y.is_contiguous(memory_format=torch.channels_last)
 
 
@@ -298,11 +302,11 @@ def test_split_k_counters_reset_between_calls(device):
 
     geometry = ((1, 20, 6, 7), (40, 3, 3), 1, 1, 1)
     x, weight, bias = make_inputs(geometry, torch.float32, device)
-    first = run_design(conv_implicit, x, weight, bias, 1, 1, 1, split_k=3)
+    first = run_design(implicit_step, x, weight, bias, 1, 1, 1, split_k=3)
     for locks in _TILE_COUNTERS.values():
         assert int(locks.abs().sum()) == 0
     for _ in range(2):
-        assert torch.equal(first, run_design(conv_implicit, x, weight, bias, 1, 1, 1, split_k=3))
+        assert torch.equal(first, run_design(implicit_step, x, weight, bias, 1, 1, 1, split_k=3))
 
 
 def test_tile_counters_are_cached_zeroed_and_grow(device):
@@ -498,22 +502,22 @@ def test_resnet50_layers_on_gpu(name, dtype_name, channels_last, one_config):
 @pytest.mark.parametrize(
     "name, design, options",
     [
-        ("layer1-3x3", conv_implicit, dict(tma=False)),
-        ("layer1-3x3", conv_implicit, dict(tma=True)),
-        ("layer1-3x3", conv_window, dict(tma=False)),
-        ("layer1-3x3", conv_flat, dict(tma=False)),
-        ("layer4-downsample", conv_implicit, dict(tma=True)),
+        ("layer1-3x3", implicit_step, dict(tma=False)),
+        ("layer1-3x3", implicit_step, dict(tma=True)),
+        ("layer1-3x3", window_step, dict(tma=False)),
+        ("layer1-3x3", flat_step, dict(tma=False)),
+        ("layer4-downsample", implicit_step, dict(tma=True)),
         ("layer1-1x1-expand", conv_gemm, {}),
-        ("layer1-1x1-reduce", conv_gemm_persistent, dict(tma=False)),
-        ("layer4-3x3", conv_implicit, dict(tma=True, split_k=2)),
-        ("layer4-downsample", conv_implicit, dict(tma=True, split_k=2)),
-        ("layer3-3x3", conv_window, dict(tma=True, split_k=2)),
+        ("layer1-1x1-reduce", gemm_persistent_step, dict(tma=False)),
+        ("layer4-3x3", implicit_step, dict(tma=True, split_k=2)),
+        ("layer4-downsample", implicit_step, dict(tma=True, split_k=2)),
+        ("layer3-3x3", window_step, dict(tma=True, split_k=2)),
     ],
 )
 def test_designs_on_gpu(name, design, options, one_config):
     """Each design on real layer sizes, also where the dispatch would not take it (TMA off on a
     Hopper, flat on 64 channels); split-K twice, on the counters the first call left at zero."""
-    needs_hopper = options.get("tma") or design is conv_window
+    needs_hopper = options.get("tma") or design is window_step
     if needs_hopper and torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA needs a Hopper GPU")
     x, weight, bias, stride, padding = resnet_inputs(name, torch.bfloat16, True)

@@ -222,3 +222,37 @@ def test_softmax_bandwidth_target_reads_percent_as_the_records_store_it():
     check = {c.target: c for c in softmax_report(frame).checks}[
         "softmax bf16 fwd: triton % of copy bandwidth, every N"]
     assert check.value == pytest.approx(51.6) and not check.passed and "2x512" in check.detail
+
+
+def test_host_path_targets_read_latency_do_bench_and_triton_compiled():
+    from analysis.targets import host_path_report
+
+    def lat(mode, label, ours_us, eager_us, gpu_ms=None, do_bench_ms=None, **fields):
+        return row("linear", mode, label, call_latency_us_p50=ours_us,
+                   eager_call_latency_us_p50=eager_us, latency_speedup_vs_eager=eager_us / ours_us,
+                   time_ms_p50=gpu_ms, do_bench_ms_p50=do_bench_ms, **fields)
+
+    frame = records_frame([
+        lat("triton", "small", 12.0, 10.0, 0.005, 0.012),  # launch-bound: do_bench not judged
+        lat("triton", "big", 100.0, 120.0, 0.100, 0.104),
+        lat("triton", "mid", 40.0, 50.0, 0.030, 0.036),  # do_bench 20% over the GPU time
+        lat("triton-compiled", "small", 20.0, 10.0),
+        lat("triton-compiled", "big", 100.0, 120.0),
+        lat("triton-compiled", "mid", 50.0, 50.0, status="failed", reason="ValueError: boom"),
+        lat("default", "small", 25.0, 10.0),
+        lat("default", "big", 90.0, 120.0),
+    ])
+    checks = {c.target: c for c in host_path_report(frame, "linear").checks}
+    geo = checks["linear bf16 fwd call latency, eager / triton (geomean)"]
+    assert geo.value == pytest.approx((10 / 12 * 1.2 * 1.25) ** (1 / 3)) and geo.passed
+    worst = checks["linear bf16 fwd call latency, eager / triton, worst shape (1.5x eager's at most)"]
+    assert worst.value == pytest.approx(10 / 12) and worst.passed and "small" in worst.detail
+    do_bench = checks["linear bf16 fwd GPU time / plain do_bench, worst shape from 20 us "
+                      "(do_bench 5% over at most)"]
+    assert do_bench.value == pytest.approx(0.030 / 0.036) and not do_bench.passed
+    assert "mid" in do_bench.detail and "(2 rows)" in do_bench.detail
+    ok = checks["linear bf16 triton-compiled: rows ok"]
+    assert ok.value == pytest.approx(2 / 3) and not ok.passed and "ValueError: boom" in ok.detail
+    vs_default = checks["linear bf16 triton-compiled call latency: default's / ours (geomean)"]
+    assert vs_default.value == pytest.approx((25 / 20 * 90 / 100) ** 0.5)
+    assert "worst 0.900 at big" in vs_default.detail

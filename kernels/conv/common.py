@@ -16,7 +16,8 @@ Functions:
     split_k_gather       @triton.jit: the last-arriving program of a tile sums the split partials
     tma_ok               a 2-D operand TMA can describe
     as_matrix            an (N, C, H, W) tensor is an (N·H·W, C) matrix
-    output_operand       y, or its (M, K) TMA descriptor when the output is NHWC and TMA applies
+    output_desc          the (M, K) TMA descriptor of an NHWC output where TMA applies
+    weight_desc          the weight matrix's TMA descriptor where TMA applies
     config, window_config, configs_of   the autotuners' triton.Config lists
     set_tma_blocks       autotune pre-hook: the TMA descriptors' block shapes of a config
     prune                autotune pruning: tiles far wider than the problem, taps TMA would cross
@@ -24,7 +25,7 @@ Functions:
     autotune             triton.autotune with prune and tune_bench
     traceable            the same jit function under a hook-free autotuner (launch=wrap_triton)
     SIZES_ONLY, CONV_KEY the implicit / flat / window kernels' unspecialised sizes and tuning key
-    split_buffers        fp32 workspace and arrival counters of a split-K launch
+    split_scratch        fp32 workspace and arrival counters of a split-K launch
     row_tiles            output tiles of a (BLOCK_M, BLOCK_N) config
 """
 
@@ -41,6 +42,7 @@ from kernels._common import (
     next_power_of_2,
     tile_counters,
 )
+from kernels._launch import BLOCK_HOOKS
 from kernels.matmul import apply_activation
 
 try:  # host-side TMA descriptors (triton >= 3.3)
@@ -143,13 +145,26 @@ def as_matrix(t: torch.Tensor) -> bool:
     return sc == 1 and (H == 1 or sh == W * sw) and (N == 1 or sn == H * W * sw) and sw >= C
 
 
-def output_operand(conv: Conv, tma: bool):
-    """(operand, Y_TMA): an NHWC output is an (M, K) matrix, written by TMA stores where TMA
-    applies (the pre-hook sets the box); y itself, written by strides, otherwise."""
+def output_desc(conv: Conv, tma: bool):
+    """(descriptor spec or None, Y_TMA): an NHWC output is an (M, K) matrix, written by TMA
+    stores where TMA applies (lead slot 3, tensor 3: kernels._launch.DescSpec; the pre-hook sets
+    the box); y itself, written by strides, otherwise."""
     y = conv.y
-    y2d = y.as_strided((conv.M, conv.K), (y.stride(3), 1)) if as_matrix(y) else None
-    y_tma = bool(tma and y2d is not None and tma_ok(y2d))
-    return (TensorDescriptor.from_tensor(y2d, [64, 64]) if y_tma else y), y_tma
+    if not as_matrix(y):
+        return None, False
+    y2d = y.as_strided((conv.M, conv.K), (y.stride(3), 1))
+    if not (tma and tma_ok(y2d)):
+        return None, False
+    return (3, 3, (conv.M, conv.K), (y.stride(3), 1), (64, 64)), True
+
+
+def weight_desc(conv: Conv, tma: bool):
+    """(descriptor spec or None, B_TMA): the (K, R·S·C) weight matrix by TMA (lead slot 1) where
+    TMA applies and, for the per-tap designs, C % 32 == 0."""
+    w2d = conv.w2d
+    if not (tma and tma_ok(w2d)):
+        return None, False
+    return (1, 1, tuple(w2d.shape), (w2d.stride(0), 1), (64, 64)), True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +196,9 @@ def set_tma_blocks(nargs):
         arg = nargs.get(name)
         if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
             arg.block_shape = shape
+
+
+BLOCK_HOOKS.add(set_tma_blocks)  # an armed launch reads the tuned blocks off its descriptors
 
 
 def configs_of(tiles):
@@ -255,10 +273,16 @@ CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "conv_stride_h", "conv_
             "dil_h", "stride_xc", "stride_yk", "B_TMA", "SPLIT_K"]  # fmt: skip
 
 
-def split_buffers(kernel, split_k, tiles_of, device):
-    """fp32 workspace for every tile's SPLIT_K partial tiles, and the per-tile arrival counters
-    (kernels._common.tile_counters: cached per stream, zero between calls). Sized for the largest
-    grid any of the kernel's configs can launch (tiles_of(meta): that config's tile count)."""
+def no_scratch(device):
+    """The (workspace, counters) of an unsplit launch: none."""
+    return None, None
+
+
+def split_scratch(kernel, split_k, tiles_of):
+    """A function of the device giving a split-K launch's (fp32 workspace for every tile's
+    SPLIT_K partial tiles, per-tile arrival counters: kernels._common.tile_counters, cached per
+    stream, zero between calls). Sized for the largest grid any of the kernel's configs can
+    launch (tiles_of(meta): that config's tile count); the workspace is new each call."""
     tiles = ws = 0
     for cfg in kernel.configs:
         meta = cfg.kwargs
@@ -266,8 +290,12 @@ def split_buffers(kernel, split_k, tiles_of, device):
         count = tiles_of(meta)
         tiles = max(tiles, count)
         ws = max(ws, count * block_m * meta["BLOCK_N"])
-    locks = tile_counters(device, tiles, minimum=4096)
-    return torch.empty(ws * split_k, device=device, dtype=torch.float32), locks
+
+    def scratch(device):
+        locks = tile_counters(device, tiles, minimum=4096)
+        return torch.empty(ws * split_k, device=device, dtype=torch.float32), locks
+
+    return scratch
 
 
 def row_tiles(conv: Conv, meta) -> int:

@@ -44,10 +44,11 @@ from kernels._common import (
     is_interpreter,
 )
 from kernels.conv.common import Conv, TensorDescriptor
-from kernels.conv.flat_reduction import conv_flat
-from kernels.conv.gemm import conv_gemm, conv_gemm_persistent, is_gemm
-from kernels.conv.implicit_gemm import conv_implicit
-from kernels.conv.window import conv_window, window_ok
+from kernels._launch import PlanCache
+from kernels.conv.flat_reduction import flat_step
+from kernels.conv.gemm import conv_gemm, gemm_persistent_step, is_gemm
+from kernels.conv.implicit_gemm import implicit_step
+from kernels.conv.window import window_ok, window_step
 
 
 def split_k_rule(M, K, C, R, S, sms) -> int:
@@ -89,17 +90,59 @@ def plan(conv: Conv, launch: Launcher = direct) -> Plan:
     return Plan("window" if window else "implicit", tma, split)
 
 
-def _run(conv: Conv, chosen: Plan, launch: Launcher) -> None:
+def _design_step(conv: Conv, chosen: Plan, launch: Launcher):
+    """(Step, scratch) of the chosen design (scratch: None where the kernel takes no split
+    buffers, else a function of the device giving them), or None for the traced one-tile gemm,
+    which launches at once."""
     if chosen.design == "gemm_persistent":
-        conv_gemm_persistent(conv, tma=chosen.tma)
-    elif chosen.design == "gemm":
+        return gemm_persistent_step(conv, tma=chosen.tma)
+    if chosen.design == "gemm":
         conv_gemm(conv, launch=launch)
-    elif chosen.design == "flat":
-        conv_flat(conv, launch=launch, tma=chosen.tma)
-    elif chosen.design == "window":
-        conv_window(conv, tma=chosen.tma, split_k=chosen.split_k)
+        return None
+    if chosen.design == "flat":
+        return flat_step(conv, launch=launch, tma=chosen.tma)
+    if chosen.design == "window":
+        return window_step(conv, tma=chosen.tma, split_k=chosen.split_k)
+    return implicit_step(conv, launch=launch, tma=chosen.tma, split_k=chosen.split_k)
+
+
+class _Launch(NamedTuple):
+    """A direct call's plan (_PLANS): the design's Step and what a call allocates for it."""
+
+    step: object  # kernels._launch.Step over (x, w2d, bias, y[, workspace, counters])
+    scratch: object  # None, or device -> (workspace, counters)
+    shape: tuple  # y's (N, K, P, Q)
+    memory_format: torch.memory_format
+    copy_w: bool  # the weight is not channels_last: its (K, R·S·C) matrix is a copy per call
+
+
+# Direct 4-D calls' plans by _plan_key; see kernels/_launch.py
+_PLANS = PlanCache()
+
+
+def _plan_key(x, weight, bias, stride, padding, dilation, activation) -> tuple:
+    """Everything a direct call's launch (and its argument checks) depend on but the tensors'
+    pointers; raises AttributeError or TypeError for arguments no plan can have (not tensors,
+    unhashable lists)."""
+    key = (
+        x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device,
+        weight.device, x.data_ptr() % 16, weight.data_ptr() % 16,
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device,
+                                   bias.data_ptr() % 16),
+        stride, padding, dilation, activation, torch.backends.cudnn.allow_tf32,
+    )  # fmt: skip
+    hash(key)
+    return key
+
+
+def _launch_planned(p: _Launch, x, weight, bias) -> torch.Tensor:
+    y = torch.empty(p.shape, device=x.device, dtype=x.dtype, memory_format=p.memory_format)
+    w2d = _weight_matrix(weight) if p.copy_w else weight  # the same pointer as its matrix view
+    if p.scratch is None:
+        p.step(x, w2d, bias, y)
     else:
-        conv_implicit(conv, launch=launch, tma=chosen.tma, split_k=chosen.split_k)
+        p.step(x, w2d, bias, y, *p.scratch(x.device))
+    return y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +247,17 @@ def conv2d_forward(
     *,
     launch: Launcher = direct,
 ) -> torch.Tensor:
-    """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d."""
+    """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d. A direct call
+    with a planned key launches its plan at once: a planned key passed every check."""
+    key = None
+    if launch is direct and not torch.compiler.is_compiling():
+        try:
+            key = _plan_key(x, weight, bias, stride, padding, dilation, activation)
+        except (AttributeError, TypeError):
+            key = None  # the checks below say what is wrong, or the call goes unplanned
+        p = None if key is None else _PLANS.get(key)
+        if p is not None:
+            return _launch_planned(p, x, weight, bias)
     stride_hw, padding_hw, dilation_hw, pq, act = _check(
         x, weight, bias, stride, padding, dilation, activation
     )
@@ -212,7 +265,8 @@ def conv2d_forward(
     if unbatched:
         x = x.unsqueeze(0)
     dtype = x.dtype
-    if is_interpreter() and dtype == torch.bfloat16:
+    upcast = is_interpreter() and dtype == torch.bfloat16
+    if upcast:
         # The triton 3.8 interpreter multiplies bf16 tl.dot operands as their raw uint16 bits, so
         # run the fp32 kernel on upcast copies; the products are exact in fp32 either way, and the
         # result is rounded to bf16 once, as on the GPU.
@@ -220,7 +274,16 @@ def conv2d_forward(
         bias = None if bias is None else bias.float()
     conv = _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act)
     if conv.y.numel():
-        _run(conv, plan(conv, launch), launch)
+        made = _design_step(conv, plan(conv, launch), launch)
+        if made is not None:
+            step, scratch = made
+            extra = () if scratch is None else scratch(x.device)
+            step(conv.x, conv.w2d, conv.bias, conv.y, *extra)
+            if key is not None and not (unbatched or upcast):
+                memory_format = (torch.channels_last if _channels_last_output(x)
+                                 else torch.contiguous_format)  # fmt: skip
+                copy_w = conv.w2d.data_ptr() != weight.data_ptr()
+                _PLANS.put(key, _Launch(step, scratch, tuple(conv.y.shape), memory_format, copy_w))
     y = conv.y if conv.y.dtype == dtype else conv.y.to(dtype)
     return y.squeeze(0) if unbatched else y
 

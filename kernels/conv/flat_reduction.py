@@ -5,13 +5,15 @@ mask per element. docs/kernels/conv.md, "Measurements" (stem: 3.9x the per-tap p
 
 Functions:
     conv_flat_kernel  @triton.jit, autotuned (and a hook-free copy for traced launches)
-    conv_flat         launch it for a Conv, through `launch`; `tma`: an NHWC output by TMA
+    flat_step         its launch for a Conv (a kernels._launch.Step), through `launch`; `tma`:
+                      an NHWC output by TMA
 """
 
 import triton
 import triton.language as tl
 
 from kernels._common import direct
+from kernels._launch import Step
 from kernels.conv.common import (
     CONV_KEY,
     SIZES_ONLY,
@@ -20,7 +22,8 @@ from kernels.conv.common import (
     bias_activation,
     configs_of,
     epilogue,
-    output_operand,
+    no_scratch,
+    output_desc,
     row_tiles,
     traceable,
 )
@@ -99,18 +102,21 @@ def conv_flat_kernel(
 _TRACEABLE = traceable(conv_flat_kernel.configs, CONV_KEY, conv_flat_kernel.fn)
 
 
-def conv_flat(conv: Conv, *, launch=direct, tma: bool = False):
-    """Run `conv` by conv_flat_kernel; `tma` (Hopper, direct launches): an NHWC output by TMA."""
-    out, y_tma = output_operand(conv, tma)
+def flat_step(conv: Conv, *, launch=direct, tma: bool = False):
+    """(Step, scratch) of `conv` by conv_flat_kernel through `launch`; tensors as
+    implicit_step's. `tma` (Hopper, direct launches): an NHWC output by TMA stores."""
+    y_desc, y_tma = output_desc(conv, tma)
     kernel = conv_flat_kernel if launch is direct else _TRACEABLE
 
     def grid(meta):
         return (row_tiles(conv, meta),)
 
-    launch(kernel)[grid](
-        conv.x, conv.w2d, conv.bias, out, None, None,
-        conv.M, conv.N, conv.C, conv.H, conv.W, conv.K, conv.P, conv.Q, conv.R, conv.S,
-        *conv.stride, *conv.padding, *conv.dilation,
-        *conv.x.stride(), conv.w2d.stride(0), *conv.y.stride(),
-        B_TMA=False, Y_TMA=y_tma, SPLIT_K=1, **conv.constexprs,
+    step = Step(
+        launch(kernel), grid,
+        (conv.M, conv.N, conv.C, conv.H, conv.W, conv.K, conv.P, conv.Q, conv.R, conv.S,
+         *conv.stride, *conv.padding, *conv.dilation,
+         *conv.x.stride(), conv.w2d.stride(0), *conv.y.stride()),
+        dict(B_TMA=False, Y_TMA=y_tma, SPLIT_K=1, **conv.constexprs),
+        descs=[y_desc] if y_desc is not None else [],
     )  # fmt: skip
+    return step, no_scratch

@@ -15,7 +15,8 @@ Functions:
     conv_gemm_persistent_kernel  @triton.jit, autotuned: the persistent tile loop
     conv_gemm_kernel             @triton.jit, hook-free autotuner: one tile per program
     is_gemm                      the conv is this GEMM (1x1, stride 1, unpadded, NHWC in and out)
-    conv_gemm_persistent         launch the persistent kernel (direct launches)
+    gemm_persistent_step         the persistent kernel's launch, a kernels._launch.Step (direct
+                                 launches)
     conv_gemm                    launch the one-tile kernel through `launch` (pointer loads)
 """
 
@@ -23,19 +24,20 @@ import triton
 import triton.language as tl
 
 from kernels._common import direct, gpu_info, is_interpreter
+from kernels._launch import Step
 from kernels.conv.common import (
     Conv,
-    TensorDescriptor,
     as_matrix,
     autotune,
     bias_activation,
     config,
     configs_of,
     epilogue,
-    output_operand,
+    output_desc,
     row_tiles,
     tma_ok,
     traceable,
+    weight_desc,
 )
 from kernels.matmul import grouped_tile
 
@@ -175,27 +177,32 @@ def _x_matrix(conv: Conv):
     return conv.x.as_strided((conv.M, conv.C), (conv.x.stride(3), 1))
 
 
-def conv_gemm_persistent(conv: Conv, *, tma: bool):
-    """Run an is_gemm conv by conv_gemm_persistent_kernel, the operands by TMA where `tma`
-    (Hopper) and they allow it. Launched directly only (its configs carry the TMA pre-hook)."""
+def gemm_persistent_step(conv: Conv, *, tma: bool):
+    """(Step, scratch) of an is_gemm conv by conv_gemm_persistent_kernel, the operands by TMA
+    where `tma` (Hopper) and they allow it; the step's tensors are (x, w2d, bias, y) (x and y
+    read as the (M, C) and (M, K) matrices they are). Direct launches only (its configs carry
+    the TMA pre-hook)."""
     x2d, w2d, y = _x_matrix(conv), conv.w2d, conv.y
+    descs = []
     a_tma = bool(tma and tma_ok(x2d))
-    b_tma = bool(tma and tma_ok(w2d))
-    dummy = [64, 64]  # the pre-hook sets each config's block shape
-    a = TensorDescriptor.from_tensor(x2d, dummy) if a_tma else x2d
-    b = TensorDescriptor.from_tensor(w2d, dummy) if b_tma else w2d
-    out, y_tma = output_operand(conv, tma)
+    if a_tma:  # the pre-hook sets each config's block shape
+        descs.append((0, 0, (conv.M, conv.C), (x2d.stride(0), 1), (64, 64)))
+    w_desc, b_tma = weight_desc(conv, tma)
+    y_desc, y_tma = output_desc(conv, tma)
+    descs += [d for d in (w_desc, y_desc) if d is not None]
     info = gpu_info(y.device)  # the interpreter's 4 programs loop over several tiles
     programs = 4 if info is None else info.sms
 
     def grid(meta):
         return (min(row_tiles(conv, meta), programs * meta.get("PER_SM", 1)),)
 
-    conv_gemm_persistent_kernel[grid](
-        a, b, conv.bias, out, conv.M, conv.C, conv.K,
-        x2d.stride(0), w2d.stride(0), y.stride(3), y.stride(1),
-        A_TMA=a_tma, B_TMA=b_tma, Y_TMA=y_tma, **conv.constexprs,
+    step = Step(
+        conv_gemm_persistent_kernel, grid,
+        (conv.M, conv.C, conv.K, x2d.stride(0), w2d.stride(0), y.stride(3), y.stride(1)),
+        dict(A_TMA=a_tma, B_TMA=b_tma, Y_TMA=y_tma, **conv.constexprs),
+        descs=descs,
     )  # fmt: skip
+    return step, None
 
 
 def conv_gemm(conv: Conv, *, launch=direct):

@@ -14,28 +14,30 @@ too few output tiles to fill the GPU (dispatch.split_k_rule).
 
 Functions:
     conv_implicit_kernel  @triton.jit, autotuned (and a hook-free copy for traced launches)
-    conv_implicit         launch it for a Conv, through `launch`, TMA where `tma`, split_k splits
+    implicit_step         its launch for a Conv (a kernels._launch.Step), through `launch`, TMA
+                          where `tma`, split_k splits
 """
 
 import triton
 import triton.language as tl
 
 from kernels._common import direct
+from kernels._launch import Step
 from kernels.conv.common import (
     CONV_KEY,
     SIZES_ONLY,
     Conv,
-    TensorDescriptor,
     autotune,
     bias_activation,
     configs_of,
     epilogue,
-    output_operand,
+    no_scratch,
+    output_desc,
     row_tiles,
-    split_buffers,
     split_k_gather,
-    tma_ok,
+    split_scratch,
     traceable,
+    weight_desc,
 )
 from kernels.matmul import grouped_tile
 
@@ -138,27 +140,29 @@ def conv_implicit_kernel(
 _TRACEABLE = traceable(conv_implicit_kernel.configs, CONV_KEY, conv_implicit_kernel.fn)
 
 
-def conv_implicit(conv: Conv, *, launch=direct, tma: bool = False, split_k: int = 1):
-    """Run `conv` by conv_implicit_kernel. `tma` (Hopper, direct launches): the weight by TMA
-    where C % 32 == 0 and the matrix allows it, an NHWC output by TMA stores. split_k > 1 splits
-    the reduction over grid axis 1 (direct launches only: it needs the split workspace)."""
+def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int = 1):
+    """(Step, scratch) of `conv` by conv_implicit_kernel; the step's tensors are (x, w2d, bias,
+    y, then scratch(device): the split workspace and counters, or None, None). `tma` (Hopper,
+    direct launches): the weight by TMA where C % 32 == 0 and the matrix allows it, an NHWC
+    output by TMA stores. split_k > 1 splits the reduction over grid axis 1 (direct launches
+    only: it needs the split workspace)."""
     w2d, y = conv.w2d, conv.y
-    b_tma = bool(tma and conv.C % 32 == 0 and tma_ok(w2d))
-    b = TensorDescriptor.from_tensor(w2d, [64, 64]) if b_tma else w2d
-    out, y_tma = output_operand(conv, tma)
+    w_desc, b_tma = weight_desc(conv, tma and conv.C % 32 == 0)
+    y_desc, y_tma = output_desc(conv, tma)
     kernel = conv_implicit_kernel if launch is direct else _TRACEABLE
-    ws = locks = None
+    scratch = no_scratch
     if split_k > 1:
-        ws, locks = split_buffers(kernel, split_k, lambda meta: row_tiles(conv, meta),
-                                  conv.x.device)  # fmt: skip
+        scratch = split_scratch(kernel, split_k, lambda meta: row_tiles(conv, meta))
 
     def grid(meta):
         return (row_tiles(conv, meta), split_k) if split_k > 1 else (row_tiles(conv, meta),)
 
-    launch(kernel)[grid](
-        conv.x, b, conv.bias, out, ws, locks,
-        conv.M, conv.N, conv.C, conv.H, conv.W, conv.K, conv.P, conv.Q, conv.R, conv.S,
-        *conv.stride, *conv.padding, *conv.dilation,
-        *conv.x.stride(), w2d.stride(0), *y.stride(),
-        B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, **conv.constexprs,
+    step = Step(
+        launch(kernel), grid,
+        (conv.M, conv.N, conv.C, conv.H, conv.W, conv.K, conv.P, conv.Q, conv.R, conv.S,
+         *conv.stride, *conv.padding, *conv.dilation,
+         *conv.x.stride(), w2d.stride(0), *y.stride()),
+        dict(B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, **conv.constexprs),
+        descs=[d for d in (w_desc, y_desc) if d is not None],
     )  # fmt: skip
+    return step, scratch

@@ -12,7 +12,8 @@ Split-K as in the implicit GEMM (common.split_k_gather).
 Functions:
     conv_window_kernel  @triton.jit, autotuned
     window_ok           the 4-D TMA box can read x
-    conv_window         launch it for a Conv (direct launches: its operands are descriptors)
+    window_step         its launch for a Conv, a kernels._launch.Step (direct launches: its
+                        operands are descriptors)
 """
 
 import torch
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, is_interpreter
+from kernels._launch import Step
 from kernels.conv.common import (
     CONV_KEY,
     SIZES_ONLY,
@@ -28,10 +30,11 @@ from kernels.conv.common import (
     autotune,
     bias_activation,
     epilogue,
-    output_operand,
-    split_buffers,
+    no_scratch,
+    output_desc,
     split_k_gather,
-    tma_ok,
+    split_scratch,
+    weight_desc,
     window_config,
 )
 from kernels.matmul import grouped_tile
@@ -138,36 +141,40 @@ def window_ok(x: torch.Tensor, stride_hw) -> bool:
     return all((x.stride(d) * x.element_size()) % 16 == 0 for d in (0, 2, 3))
 
 
-def conv_window(conv: Conv, *, tma: bool = True, split_k: int = 1):
-    """Run `conv` (window_ok) by conv_window_kernel: x always by 4-D TMA boxes; `tma` (Hopper):
-    the weight by TMA where C % 32 == 0 and the matrix allows it, an NHWC output by 4-D TMA
-    stores. split_k > 1 splits the reduction over grid axis 1."""
+def window_step(conv: Conv, *, tma: bool = True, split_k: int = 1):
+    """(Step, scratch) of `conv` (window_ok) by conv_window_kernel; tensors as implicit_step's.
+    x always by 4-D TMA boxes; `tma` (Hopper): the weight by TMA where C % 32 == 0 and the matrix
+    allows it, an NHWC output by 4-D TMA stores. split_k > 1 splits the reduction over grid
+    axis 1. Direct launches only (its operands are descriptors)."""
     x, w2d, y = conv.x, conv.w2d, conv.y
     N, C, H, W = x.shape
-    b_tma = bool(tma and C % 32 == 0 and tma_ok(w2d))
-    b = TensorDescriptor.from_tensor(w2d, [64, 64]) if b_tma else w2d
-    x_strides = [x.stride(0), x.stride(2), x.stride(3), 1]
-    a = TensorDescriptor(x, [N, H, W, C], x_strides, [1, 8, 8, 64])  # the pre-hook sets the box
-    out, y_tma = output_operand(conv, tma)
+    w_desc, b_tma = weight_desc(conv, tma and C % 32 == 0)
+    # the pre-hook sets the boxes
+    descs = [(0, 0, (N, H, W, C), (x.stride(0), x.stride(2), x.stride(3), 1), (1, 8, 8, 64))]
+    if w_desc is not None:
+        descs.append(w_desc)
+    y_tma = output_desc(conv, tma)[1]
     if y_tma:
-        y_strides = [y.stride(0), y.stride(2), y.stride(3), 1]
-        out = TensorDescriptor(y, [N, conv.P, conv.Q, conv.K], y_strides, [1, 8, 8, 64])
+        descs.append((3, 3, (N, conv.P, conv.Q, conv.K), (y.stride(0), y.stride(2), y.stride(3), 1),
+                      (1, 8, 8, 64)))  # fmt: skip
 
     def tiles_of(meta):
         tiles = cdiv(conv.P, meta["BLOCK_H"]) * cdiv(conv.Q, meta["BLOCK_W"])
         return N * tiles * cdiv(conv.K, meta["BLOCK_N"])
 
-    ws = locks = None
+    scratch = no_scratch
     if split_k > 1:
-        ws, locks = split_buffers(conv_window_kernel, split_k, tiles_of, x.device)
+        scratch = split_scratch(conv_window_kernel, split_k, tiles_of)
 
     def grid(meta):
         return (tiles_of(meta), split_k) if split_k > 1 else (tiles_of(meta),)
 
-    conv_window_kernel[grid](
-        a, b, conv.bias, out, ws, locks,
-        conv.M, N, C, H, W, conv.K, conv.P, conv.Q, conv.R, conv.S,
-        *conv.stride, *conv.padding, *conv.dilation,
-        *x.stride(), w2d.stride(0), *y.stride(),
-        B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, **conv.constexprs,
+    step = Step(
+        conv_window_kernel, grid,
+        (conv.M, N, C, H, W, conv.K, conv.P, conv.Q, conv.R, conv.S,
+         *conv.stride, *conv.padding, *conv.dilation,
+         *x.stride(), w2d.stride(0), *y.stride()),
+        dict(B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, **conv.constexprs),
+        descs=descs,
     )  # fmt: skip
+    return step, scratch

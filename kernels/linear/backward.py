@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv
+from kernels._common import cdiv, direct
+from kernels._launch import PlanCache, Step
 from kernels.matmul import GELU, GELU_TANH, GELU_TANH_CUBIC, RELU, SILU, SQRT_2_OVER_PI, SQRT_HALF
 
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2·pi), the normal density's scale
@@ -134,6 +135,21 @@ def dz_rows(M: int, N: int) -> int:
     return DZ_BLOCK_M * max(1, blocks // DZ_PROGRAMS)
 
 
+# Direct launches' Steps by (kernel, shapes, strides, dtype, device, alignments, flags): the
+# backward's host path skips the JIT's argument binding as the GEMMs' plans do (kernels/_launch.py)
+_PLANS = PlanCache()
+
+
+def _planned(launch, key: tuple, make) -> Step:
+    """make() (a Step), kept under key for direct launches outside a torch.compile trace."""
+    if launch is not direct or torch.compiler.is_compiling():
+        return make()
+    step = _PLANS.get(key)
+    if step is None:
+        step = _PLANS.put(key, make())
+    return step
+
+
 def activation_backward(dy, z, act_id, need_db, launch):
     """(dZ, db | None): dZ = dY * act'(Z), with db = column sums of dZ fused in when need_db."""
     M, N = dy.shape
@@ -150,14 +166,20 @@ def activation_backward(dy, z, act_id, need_db, launch):
         partial = (
             db if splits == 1 else torch.empty((splits, N), device=dy.device, dtype=torch.float32)
         )
-    launch(activation_backward_kernel)[(cdiv(N, DZ_BLOCK_N), splits)](
-        dy, z, dz, partial,
-        M, N, rows,
-        dy.stride(0), dy.stride(1), z.stride(0), z.stride(1), dz.stride(0), dz.stride(1),
-        partial.stride(0) if partial is not None and partial.dim() == 2 else 0,
-        ACTIVATION=act_id, COLUMN_SUMS=need_db, BLOCK_M=DZ_BLOCK_M, BLOCK_N=DZ_BLOCK_N,
-        num_warps=DZ_NUM_WARPS,
-    )  # fmt: skip
+
+    def make():
+        return Step(
+            launch(activation_backward_kernel), (cdiv(N, DZ_BLOCK_N), splits),
+            (M, N, rows,
+             dy.stride(0), dy.stride(1), z.stride(0), z.stride(1), dz.stride(0), dz.stride(1),
+             partial.stride(0) if partial is not None and partial.dim() == 2 else 0),
+            dict(ACTIVATION=act_id, COLUMN_SUMS=need_db, BLOCK_M=DZ_BLOCK_M,
+                 BLOCK_N=DZ_BLOCK_N, num_warps=DZ_NUM_WARPS),
+        )  # fmt: skip
+
+    key = ("dz", dy.shape, dy.stride(), z.stride(), dy.dtype, z.dtype, dy.device,
+           dy.data_ptr() % 16, z.data_ptr() % 16, act_id, need_db, rows)  # fmt: skip
+    _planned(launch, key, make)(dy, z, dz, partial)
     if need_db and splits > 1:
         _launch_column_sum(partial, db, splits, launch)
     return dz, db
@@ -166,13 +188,19 @@ def activation_backward(dy, z, act_id, need_db, launch):
 def _launch_column_sum(x, out, rows_per_program, launch):
     """Column sums of each rows_per_program rows of x (M, N): out is (N,) or (splits, N)."""
     M, N = x.shape
-    grid = lambda META: (cdiv(N, META["BLOCK_N"]), max(1, cdiv(M, rows_per_program)))
-    launch(column_sum_kernel)[grid](
-        x, out,
-        M, N, rows_per_program,
-        x.stride(0), x.stride(1), out.stride(0) if out.dim() == 2 else 0,
-        BLOCK_M=64, BLOCK_N=64,
-    )  # fmt: skip
+
+    def make():
+        grid = lambda META: (cdiv(N, META["BLOCK_N"]), max(1, cdiv(M, rows_per_program)))
+        return Step(
+            launch(column_sum_kernel), grid,
+            (M, N, rows_per_program, x.stride(0), x.stride(1),
+             out.stride(0) if out.dim() == 2 else 0),
+            dict(BLOCK_M=64, BLOCK_N=64),
+        )  # fmt: skip
+
+    key = ("sum", x.shape, x.stride(), x.dtype, out.shape, out.dtype, x.device,
+           x.data_ptr() % 16, rows_per_program)  # fmt: skip
+    _planned(launch, key, make)(x, out)
 
 
 def column_sum(x, launch):

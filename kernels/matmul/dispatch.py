@@ -50,7 +50,6 @@ from kernels.matmul.tma import (
     Tile,
     device_desc_step,
     heuristic_tile,
-    host_desc_lead,
     host_desc_step,
     set_scratch_allocator,
     tma_layout,
@@ -116,7 +115,7 @@ class _Launches(NamedTuple):
     kernel: str
     split_k: int
     steps: tuple  # kernels._launch.Step, in launch order
-    specs: tuple  # the host-descriptor kernel's descriptor specs (tma.host_desc_step)
+    shape: tuple  # the output's (M, N)
     copy_b: bool  # tf32 device-descriptor: B copied K-major first
     copy_a: bool  # ... and A made row-major
 
@@ -126,16 +125,31 @@ _PLANS = PlanCache()
 
 
 def _plan_key(a, b, bias, act_id, save_preact) -> tuple:
-    """Everything a direct call's launches depend on but the tensors' pointers: shapes, strides,
-    dtypes, device (and the GPU dispatch sees there), the start alignments (TMA's and Triton's
-    pointer specialization), the epilogue flags and torch's TF32 switch."""
+    """Everything a direct call's launches (and its argument checks) depend on but the tensors'
+    pointers: shapes, strides, dtypes, devices (kernels._common.pretend_gpu empties the plans,
+    so the GPU dispatch sees is a function of the device), the start alignments (TMA's and
+    Triton's pointer specialization), the epilogue flags and torch's TF32 switch. Raises
+    AttributeError or TypeError where a or b is no tensor."""
     return (
-        a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, gpu_info(a.device),
+        a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
         a.data_ptr() % 16, b.data_ptr() % 16,
         (a.storage_offset() * a.element_size()) % 16, (b.storage_offset() * b.element_size()) % 16,
-        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.data_ptr() % 16),
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device,
+                                   bias.data_ptr() % 16),
         act_id, save_preact, torch.backends.cuda.matmul.allow_tf32,
     )  # fmt: skip
+
+
+def _cached(a, b, bias, act_id, save_preact) -> _Launches | None:
+    """The plan of a direct call whose key was planned before, or None. A planned key passed
+    every argument check (each is a function of the key), so a hit needs none."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        key = _plan_key(a, b, bias, act_id, save_preact)
+    except (AttributeError, TypeError):
+        return None  # not tensors: the checks say what is wrong
+    return _PLANS.get(key)
 
 
 def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
@@ -152,8 +166,8 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
     )
     sms = device_info(a.device)[1]
     if kernel == "tma_host_desc":
-        step, specs = host_desc_step(a, b, c, bias, preact, tile, common, sms)
-        return _Launches(kernel, 1, (step,), specs, False, False)
+        step = host_desc_step(a, b, c, bias, preact, tile, common, sms)
+        return _Launches(kernel, 1, (step,), (M, N), False, False)
     if kernel == "tma_device_desc":
         copy_b = copy_a = False
         if common["INPUT_PRECISION"] == "tf32":
@@ -164,7 +178,7 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
             a, b = _k_major(a, b, copy_a, copy_b)
         if tma_layout(a) is not None and tma_layout(b) is not None:
             step = device_desc_step(a, b, c, bias, preact, common, sms)
-            return _Launches(kernel, 1, (step,), (), copy_b, copy_a)
+            return _Launches(kernel, 1, (step,), (M, N), copy_b, copy_a)
         # the K-major copy's rows are not 16-byte aligned: the pointer kernel, unsplit
         kernel = "pointer"
     grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), split_k)
@@ -177,7 +191,7 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
     )]  # fmt: skip
     if split_k > 1:
         steps.append(splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch))
-    return _Launches(kernel, split_k, tuple(steps), (), False, False)
+    return _Launches(kernel, split_k, tuple(steps), (M, N), False, False)
 
 
 def _k_major(a, b, copy_a: bool, copy_b: bool):
@@ -191,19 +205,16 @@ def _k_major(a, b, copy_a: bool, copy_b: bool):
 def _run(p: _Launches, a, b, c, bias, preact) -> None:
     """Launch a plan's steps on this call's tensors."""
     if p.kernel == "tma_host_desc":
-        tensors = (a, b, c, bias, preact)
-        p.steps[0](*host_desc_lead(tensors, p.specs, cached=False),
-                   descriptors=lambda: host_desc_lead(tensors, p.specs, cached=True))  # fmt: skip
+        p.steps[0](a, b, c, bias, preact)
         return
     if p.kernel == "tma_device_desc":
         a, b = _k_major(a, b, p.copy_a, p.copy_b)
         set_scratch_allocator()
         p.steps[0](a, b, c, bias, preact)
         return
-    M, N = c.shape
     partial = None
     if p.split_k > 1:
-        partial = torch.empty((p.split_k, M, N), device=a.device, dtype=torch.float32)
+        partial = torch.empty((p.split_k, *p.shape), device=a.device, dtype=torch.float32)
     p.steps[0](a, b, c, bias, preact, partial)
     if p.split_k > 1:
         p.steps[1](partial, c, bias, preact)
@@ -222,25 +233,33 @@ def fused_matmul(
     pre-activation z when save_preact. Callers check the inputs (check_matmul_args). Direct
     calls keep their plan per _plan_key (kernels/_launch.py); traced ones (launch=wrap_triton)
     plan every call, so torch.compile sees each kernel[grid] launch."""
+    p = _cached(a, b, bias, act_id, save_preact) if launch is direct else None
+    if p is not None:
+        c = a.new_empty(p.shape)
+        preact = a.new_empty(p.shape) if save_preact else None
+        _run(p, a, b, c, bias, preact)
+        return c, preact
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
     preact = torch.empty_like(c) if save_preact else None
     if c.numel() == 0:  # an empty grid is an error on some launch paths; nothing to write anyway
         return c, preact
+    p = _build(a, b, c, bias, preact, act_id, save_preact, launch)
     if launch is direct and not torch.compiler.is_compiling():
-        key = _plan_key(a, b, bias, act_id, save_preact)
-        p = _PLANS.get(key)
-        if p is None:
-            p = _PLANS.put(key, _build(a, b, c, bias, preact, act_id, save_preact, launch))
-    else:
-        p = _build(a, b, c, bias, preact, act_id, save_preact, launch)
+        _PLANS.put(_plan_key(a, b, bias, act_id, save_preact), p)
     _run(p, a, b, c, bias, preact)
     return c, preact
 
 
 def matmul_impl(a: torch.Tensor, b: torch.Tensor, *, launch=direct) -> torch.Tensor:
-    """matmul with the launcher kernels/ops.py passes (torch.library.wrap_triton)."""
+    """matmul with the launcher kernels/ops.py passes (torch.library.wrap_triton). A direct
+    call with a planned key launches its plan at once (_cached): no checks, no planning."""
+    p = _cached(a, b, None, 0, False) if launch is direct else None
+    if p is not None:
+        c = a.new_empty(p.shape)
+        _run(p, a, b, c, None, None)
+        return c
     check_matmul_args(a, b)
     return fused_matmul(a, b, launch=launch)[0]
 

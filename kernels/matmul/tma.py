@@ -29,13 +29,11 @@ Functions:
         The device-descriptor kernel's autotuning tiles (fp32).
     matmul_tma_host_desc_kernel, matmul_tma_device_desc_kernel
         The @triton.jit kernels (args: pointers, descriptors, sizes, strides, constexprs).
-    host_desc_step(a, b, c, bias, preact, tile, common, num_sms) -> (Step, descriptor specs)
-    host_desc_lead(tensors, specs, cached) -> the host-descriptor kernel's lead arguments
+    host_desc_step(a, b, c, bias, preact, tile, common, num_sms) -> Step
     device_desc_step(a, b, c, bias, preact, common, num_sms) -> Step
-        Their launches as kernels._launch Steps (kept in kernels.matmul.dispatch's plans);
-        `common` holds the epilogue and precision constexprs.
-    launch_host_desc(...), launch_device_desc(...)
-        The same, launched once through kernel[grid].
+        Their launches as kernels._launch Steps (kept in kernels.matmul.dispatch's plans) over
+        the tensors (a, b, c, bias, preact); `common` holds the epilogue and precision
+        constexprs.
 """
 
 from typing import NamedTuple
@@ -45,7 +43,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import ACTIVATIONS, cdiv, is_interpreter
-from kernels._launch import Step, host_descriptor
+from kernels._launch import Step
 from kernels.matmul.epilogue import apply_activation, bias_activation, grouped_tile, store_masked
 from kernels.matmul.pointer import SKINNY_M, interpreter_configs, make_config, prune_by_m
 
@@ -375,11 +373,11 @@ def _alloc_scratch(size: int, alignment: int, stream):
 
 
 def host_desc_step(a, b, c, bias, preact, tile, common, num_sms):
-    """matmul_tma_host_desc_kernel on `tile` (heuristic_tile's): one program per SM at most
-    (four in the interpreter, with its one-stage pipeline). Returns (the Step, the descriptor
-    specs): a spec is (lead slot, tensor slot, transposed, dtype, shape, strides, block) for each
-    descriptor, the lead being (a, b, c, bias, preact, a_desc, b_desc, c_desc, z_desc); the
-    descriptor slots are filled per call (host_desc_lead)."""
+    """matmul_tma_host_desc_kernel on `tile` (heuristic_tile's) as a Step: one program per SM at
+    most (four in the interpreter, with its one-stage pipeline). Its tensors are (a, b, c, bias,
+    preact); the lead slots 5-8 (a_desc, b_desc, c_desc, z_desc) are descriptors of a, b, c and
+    preact (kernels._launch.DescSpec), None where there is none (no TMA store, no
+    pre-activation)."""
     M, K = a.shape
     N = b.shape[1]
     (a_col, stride_a), (b_col, stride_b) = tma_layout(a), tma_layout(b)
@@ -390,51 +388,27 @@ def host_desc_step(a, b, c, bias, preact, tile, common, num_sms):
 
     def spec(slot, tensor_slot, t, transposed, block):
         shape = (t.shape[1], t.shape[0]) if transposed else tuple(t.shape)
-        strides = (t.stride(1), t.stride(0)) if transposed else t.stride()
-        return (slot, tensor_slot, transposed, t.dtype, shape, strides, tuple(block))
+        strides = (t.stride(1), t.stride(0)) if transposed else tuple(t.stride())
+        return (slot, tensor_slot, shape, strides, tuple(block))
 
-    specs = [spec(5, 0, a, a_col, [bk, bm] if a_col else [bm, bk]),
+    descs = [spec(5, 0, a, a_col, [bk, bm] if a_col else [bm, bk]),
              spec(6, 1, b, b_col, [bn, bk] if b_col else [bk, bn])]  # fmt: skip
     if tma_store:
-        specs.append(spec(7, 2, c, False, [bm, store_n]))
+        descs.append(spec(7, 2, c, False, [bm, store_n]))
         if preact is not None:
-            specs.append(spec(8, 4, preact, False, [bm, store_n]))
+            descs.append(spec(8, 4, preact, False, [bm, store_n]))
     tiles = cdiv(M, bm) * cdiv(N, bn)
     stages, warps = (1, 4) if is_interpreter() else (tile.num_stages, tile.num_warps)
     grid = (min(4 if is_interpreter() else num_sms, tiles),)
-    step = Step(
+    return Step(
         matmul_tma_host_desc_kernel, grid,
         (M, N, K,
          stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0),
         dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
              BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
              num_stages=stages, num_warps=warps),
+        descs=descs, width=9,
     )  # fmt: skip
-    return step, tuple(specs)
-
-
-def host_desc_lead(tensors, specs, cached: bool):
-    """The lead arguments of matmul_tma_host_desc_kernel: `tensors` (a, b, c, bias, preact) and
-    a descriptor for each spec, None where there is none (no TMA store, no pre-activation).
-    cached: from kernels._launch.host_descriptor (the fast path), else new TensorDescriptors
-    over the tensors (the JIT path, which specializes on them)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    lead = [*tensors, None, None, None, None]
-    for slot, tensor_slot, transposed, dtype, shape, strides, block in specs:
-        t = tensors[tensor_slot]
-        if cached:
-            lead[slot] = host_descriptor(t.data_ptr(), dtype, shape, strides, block)
-        else:
-            view = t.t() if transposed else t
-            lead[slot] = TensorDescriptor.from_tensor(view, list(block))
-    return lead
-
-
-def launch_host_desc(a, b, c, bias, preact, tile, common, num_sms):
-    """host_desc_step's launch, through kernel[grid] (no plan kept)."""
-    step, specs = host_desc_step(a, b, c, bias, preact, tile, common, num_sms)
-    step(*host_desc_lead((a, b, c, bias, preact), specs, cached=False))
 
 
 def device_desc_step(a, b, c, bias, preact, common, num_sms):
@@ -461,9 +435,3 @@ def set_scratch_allocator() -> None:
     """Device-side TMA descriptors live in a global scratch buffer Triton asks for per launch."""
     if not is_interpreter():
         triton.set_allocator(_alloc_scratch)
-
-
-def launch_device_desc(a, b, c, bias, preact, common, num_sms):
-    """device_desc_step's launch, through kernel[grid] (no plan kept)."""
-    set_scratch_allocator()
-    device_desc_step(a, b, c, bias, preact, common, num_sms)(a, b, c, bias, preact)

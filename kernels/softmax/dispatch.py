@@ -45,7 +45,7 @@ from kernels._common import (
     is_interpreter,
     next_power_of_2,
 )
-from kernels._launch import Step
+from kernels._launch import PlanCache, Step
 from kernels.softmax.coop import coop_workspace
 from kernels.softmax.online import softmax_backward_online_kernel, softmax_online_kernel
 from kernels.softmax.split import launch_split
@@ -389,17 +389,18 @@ def _plan_key(moved: list[torch.Tensor], backward: bool) -> tuple:
 
 
 def _launch_planned(launch: Launcher, kernel, grid: int, moved: list[torch.Tensor], args: tuple,
-                    meta: dict, plan_key: tuple | None) -> None:  # fmt: skip
+                    meta: dict, plan_key: tuple | None) -> Step | None:  # fmt: skip
     """launch(kernel)[(grid,)](*moved, *args, **meta), remembered under plan_key (unless None)
     as a kernels._launch.Step for the next call with the same key (_PLANS): that call launches
-    the compiled kernel through its own launcher."""
+    the compiled kernel through its own launcher. Returns the step remembered, if any."""
     step = Step(launch(kernel), (grid,), args, meta)
     step(*moved)
-    if plan_key is None or step.compiled is None:
-        return  # no key, or no compiled kernel (the interpreter, an offline compile)
+    if plan_key is None or step.fast is None:
+        return None  # no key, or no compiled kernel (the interpreter, an offline compile)
     if len(_PLANS) >= PLANS_MAX:
         _PLANS.clear()
     _PLANS[plan_key] = step
+    return step
 
 
 def _normalize_dim(dim, ndim: int, shape: tuple) -> int:
@@ -505,12 +506,13 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
 
 def _launch_rows(
     launch: Launcher, moved: list[torch.Tensor], backward: bool, config: Config | None = None
-) -> None:
+) -> Step | None:
     """Launch the forward or backward over the rows of `moved` (inputs, then the output),
-    with `config`, or the pick (and the first call's choice) where None."""
+    with `config`, or the pick (and the first call's choice) where None. Returns the launch's
+    plan (a Step over `moved`) where it has one."""
     n_cols = moved[0].shape[-1]
     if moved[0].numel() == 0:
-        return
+        return None
     device = moved[0].device
     plan_key = None
     if config is None and launch is direct and gpu_info(device) is not None:
@@ -518,7 +520,7 @@ def _launch_rows(
         plan = _PLANS.get(plan_key)
         if plan is not None:
             plan(*moved)
-            return
+            return plan
     layout = _row_dims(moved)
     if layout is None:
         # More than two non-mergeable row dims (e.g. a permuted 4-D view): the kernel decodes
@@ -559,10 +561,10 @@ def _launch_rows(
             )
     if config.design in ("coop", "split2"):
         launch_split(launch, moved, backward, (rows_outer, rows_inner), strides, config)
-        return
+        return None
     if config.design == "smem":
         _launch_smem(launch, moved, backward, (rows_outer, rows_inner), strides, config)
-        return
+        return None
     if config.design not in ("tile", "online"):
         raise ValueError(f"unknown softmax design {config.design!r}")
     if config.design == "tile" and config.block_cols < n_cols:
@@ -585,30 +587,60 @@ def _launch_rows(
             meta.update(FIRST_POLICY="evict_last" if config.evict else "", POLICY=policy,
                         EXP2=int(config.exp2), STORE_POLICY="" if config.inductor else policy,
                         INDUCTOR=config.inductor, LIBDEVICE=not is_interpreter())  # fmt: skip
-    _launch_planned(launch, kernel, row_blocks, moved, args, meta, plan_key)
+    return _launch_planned(launch, kernel, row_blocks, moved, args, meta, plan_key)
 
 
 def _launch_moved(inputs: list[torch.Tensor], dim: int, backward: bool, launch: Launcher,
-                  config: Config | None) -> torch.Tensor:  # fmt: skip
+                  config: Config | None, front_key=None) -> torch.Tensor:  # fmt: skip
     """The output of the forward or backward over `dim` of `inputs` (checked, dim normalized):
     dim moved last (as they are where it is last: no views to make, host time as _PLANS),
-    a row-major output, the launch, and the output with dim moved back."""
+    a row-major output, the launch, and the output with dim moved back. With a front_key, a
+    launch over the last dim that has a plan leaves it under that key (_FRONT)."""
     last = dim == inputs[0].dim() - 1
     moved = [t if last else t.movedim(dim, -1) for t in inputs]
     out = torch.empty(moved[0].shape, device=moved[0].device, dtype=moved[0].dtype)
-    _launch_rows(launch, [*moved, out], backward, config)
+    step = _launch_rows(launch, [*moved, out], backward, config)
+    if step is not None and last and front_key is not None:
+        _FRONT.put(front_key, step)
     return out if last else out.movedim(-1, dim)
 
 
-def _forward(x: torch.Tensor, dim: int, launch: Launcher, config: Config | None) -> torch.Tensor:
+# The public functions' plans: a direct call whose key (the front_key functions below) was
+# planned before launches its Step at once, with no checks (each is a function of the key) and
+# none of the layers between; softmax over the last dim only (the others move it first).
+_FRONT = PlanCache()
+
+
+def _forward_key(x, dim) -> tuple | None:
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, dim)
+    except AttributeError:
+        return None  # not a tensor: the checks say so
+
+
+def _backward_key(y, dy, dim) -> tuple | None:
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        return (y.shape, y.stride(), dy.shape, dy.stride(), y.dtype, dy.dtype, y.device,
+                dy.device, y.data_ptr() % 16, dy.data_ptr() % 16, dim)  # fmt: skip
+    except AttributeError:
+        return None
+
+
+def _forward(x: torch.Tensor, dim: int, launch: Launcher, config: Config | None,
+             front_key=None) -> torch.Tensor:  # fmt: skip
     check_tensor("x", x)
     dim = _normalize_dim(dim, x.dim(), tuple(x.shape))
     if x.dim() == 0:
         return _forward(x.unsqueeze(0), 0, launch, config).squeeze(0)
-    return _launch_moved([x], dim, False, launch, config)
+    return _launch_moved([x], dim, False, launch, config, front_key)
 
 
-def _backward(y, dy, dim, launch: Launcher, config: Config | None) -> torch.Tensor:
+def _backward(y, dy, dim, launch: Launcher, config: Config | None,
+              front_key=None) -> torch.Tensor:  # fmt: skip
     check_tensor("y", y)
     check_tensor("dy", dy)
     check_same({"y": y, "dy": dy})
@@ -617,19 +649,33 @@ def _backward(y, dy, dim, launch: Launcher, config: Config | None) -> torch.Tens
     dim = _normalize_dim(dim, y.dim(), tuple(y.shape))
     if y.dim() == 0:
         return _backward(y.unsqueeze(0), dy.unsqueeze(0), 0, launch, config).squeeze(0)
-    return _launch_moved([y, dy], dim, True, launch, config)
+    return _launch_moved([y, dy], dim, True, launch, config, front_key)
 
 
 def softmax_forward(x: torch.Tensor, dim: int, *, launch: Launcher = direct) -> torch.Tensor:
     """torch.softmax(x, dim) without autograd; the output is a view of a row-major buffer."""
-    return _forward(x, dim, launch, None)
+    key = _forward_key(x, dim) if launch is direct else None
+    if key is not None:
+        step = _FRONT.get(key)
+        if step is not None:
+            out = x.new_empty(x.shape)
+            step(x, out)
+            return out
+    return _forward(x, dim, launch, None, key)
 
 
 def softmax_backward(
     y: torch.Tensor, dy: torch.Tensor, dim: int, *, launch: Launcher = direct
 ) -> torch.Tensor:
     """Gradient of softmax_forward: dx = y * (dy - sum(y * dy, dim)), y being its output."""
-    return _backward(y, dy, dim, launch, None)
+    key = _backward_key(y, dy, dim) if launch is direct else None
+    if key is not None:
+        step = _FRONT.get(key)
+        if step is not None:
+            out = dy.new_empty(dy.shape)
+            step(y, dy, out)
+            return out
+    return _backward(y, dy, dim, launch, None, key)
 
 
 class _Softmax(torch.autograd.Function):
@@ -652,4 +698,6 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     A row that is entirely -inf gives NaN, as torch does; -inf entries in other rows give 0.
     """
-    return _Softmax.apply(x, dim)
+    if getattr(x, "requires_grad", False) and torch.is_grad_enabled():
+        return _Softmax.apply(x, dim)
+    return softmax_forward(x, dim)  # no graph to record: no autograd.Function to pass through
