@@ -128,6 +128,80 @@ def test_linear_requires_grad_on_and_off(plans, requires_grad):
     assert any(save for _, save in keys) == requires_grad
 
 
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_linear_planned_calls_match_float64(plans, activation):
+    """The second call of a key takes linear's plan (no checks, no 2-D views, the GEMM's plan
+    run on x and dY in place): 3-D x, with and without bias and gradients, a dY that is an
+    expanded view, and an x whose rows do not merge (a copy: never planned)."""
+    from kernels.linear import dispatch as linear_dispatch
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(8, 16, generator=g)
+    bias = torch.randn(8, generator=g)
+    for grad in (False, True):
+        for b in (bias, None):
+            for _ in range(3):  # planned from the second call on; new data every call
+                x = torch.randn(2, 5, 16, generator=g)
+                leaves = [t for t in (x, w, b) if t is not None]
+                for t in leaves:
+                    t.grad = None
+                    t.requires_grad_(grad)
+                y = linear(x, w, b, activation=activation)
+                ref_leaves = [t.detach().double().requires_grad_(grad) for t in leaves]
+                rx, rw, *rb = ref_leaves
+                ref = linear_reference(rx, rw, rb[0] if rb else None, activation)
+                _close(y.detach(), ref.detach().float())
+                assert y.shape == (2, 5, 8)
+                if grad:
+                    dy = torch.randn(1, 1, 8, generator=g).expand(2, 5, 8)  # strides (0, 0, 1)
+                    y.backward(dy)
+                    ref.backward(dy.double())
+                    for got, want in zip(leaves, ref_leaves, strict=True):
+                        assert got.grad.shape == got.shape
+                        _close(got.grad, want.grad.float())
+            for t in (w, bias):
+                t.requires_grad_(False)
+    assert len(linear_dispatch._PLANS) == 4  # (grad, bias) pairs
+    # the backward's GEMM plans, by dZ's layout: kept on the two plans with gradients
+    assert sum(bool(p.backward) for p in linear_dispatch._PLANS.values()) == 2
+    planned = next(iter(linear_dispatch._PLANS.values()))
+    assert planned.layout == ((2, 5, 8), (40, 8, 1))
+    # x whose leading dims do not merge: flatten copies, and the call stays unplanned
+    x = torch.randn(5, 2, 16, generator=g).transpose(0, 1)
+    for _ in range(2):
+        _close(linear(x, w, bias), linear_reference(x.double(), w.double(), bias.double()).float())
+    assert len(linear_dispatch._PLANS) == 4
+
+
+def test_conv_plans_take_new_tensors_layouts_and_weight_copies(plans):
+    """conv2d's plans: new tensors at a planned key read their own data; NCHW and NHWC inputs
+    and a weight that is not channels_last (its matrix copied per call) plan apart."""
+    from kernels import conv2d
+    from kernels.conv import dispatch as conv_dispatch
+
+    g = torch.Generator().manual_seed(5)
+    for channels_last in (False, True):
+        for weight_cl in (False, True):
+            for _ in range(2):
+                x = torch.randn(2, 16, 7, 9, generator=g)
+                w = torch.randn(12, 16, 3, 3, generator=g)
+                if channels_last:
+                    x = x.to(memory_format=torch.channels_last)
+                if weight_cl:
+                    w = w.to(memory_format=torch.channels_last)
+                y = conv2d(x, w, None, 1, 1)
+                ref = torch.nn.functional.conv2d(x.double(), w.double(), None, 1, 1)
+                _close(y, ref.float())
+                assert y.is_contiguous(
+                    memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+                x.mul_(-1)  # in place between calls: the next call reads the new values
+                _close(conv2d(x, w, None, 1, 1),
+                       torch.nn.functional.conv2d(x.double(), w.double(), None, 1, 1).float())
+    assert len(conv_dispatch._PLANS) == 4
+    copies = sorted(p.copy_w for p in conv_dispatch._PLANS.values())
+    assert copies == [False, False, True, True]
+
+
 def test_reset_tuning_empties_the_plans(plans):
     matmul(torch.ones(4, 4), torch.ones(4, 4))
     assert plans

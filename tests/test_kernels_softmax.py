@@ -32,9 +32,13 @@ NAN_ROW = pytest.mark.filterwarnings(
 
 @pytest.fixture(autouse=True)
 def fresh_caches(monkeypatch):
-    """No remembered launches (_PLANS) or choices (_TUNED) from another test's patched knobs."""
+    """No remembered launches (_PLANS, _FRONT) or choices (_TUNED) from another test's patched
+    knobs."""
     monkeypatch.setattr(dispatch, "_PLANS", {})
     monkeypatch.setattr(dispatch, "_TUNED", {})
+    dispatch._FRONT.clear()
+    yield
+    dispatch._FRONT.clear()
 
 
 @pytest.fixture(params=["tile", "split", "online"])

@@ -112,7 +112,7 @@ class _Launch(NamedTuple):
     step: object  # kernels._launch.Step over (x, w2d, bias, y[, workspace, counters])
     scratch: object  # None, or device -> (workspace, counters)
     shape: tuple  # y's (N, K, P, Q)
-    memory_format: torch.memory_format
+    strides: tuple  # y's: NHWC when x is, else NCHW
     copy_w: bool  # the weight is not channels_last: its (K, R·S·C) matrix is a copy per call
 
 
@@ -129,14 +129,14 @@ def _plan_key(x, weight, bias, stride, padding, dilation, activation) -> tuple:
         weight.device, x.data_ptr() % 16, weight.data_ptr() % 16,
         None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device,
                                    bias.data_ptr() % 16),
-        stride, padding, dilation, activation, torch.backends.cudnn.allow_tf32,
+        stride, padding, dilation, activation, torch._C._get_cudnn_allow_tf32(),
     )  # fmt: skip
     hash(key)
     return key
 
 
 def _launch_planned(p: _Launch, x, weight, bias) -> torch.Tensor:
-    y = torch.empty(p.shape, device=x.device, dtype=x.dtype, memory_format=p.memory_format)
+    y = x.new_empty_strided(p.shape, p.strides)
     w2d = _weight_matrix(weight) if p.copy_w else weight  # the same pointer as its matrix view
     if p.scratch is None:
         p.step(x, w2d, bias, y)
@@ -280,10 +280,9 @@ def conv2d_forward(
             extra = () if scratch is None else scratch(x.device)
             step(conv.x, conv.w2d, conv.bias, conv.y, *extra)
             if key is not None and not (unbatched or upcast):
-                memory_format = (torch.channels_last if _channels_last_output(x)
-                                 else torch.contiguous_format)  # fmt: skip
                 copy_w = conv.w2d.data_ptr() != weight.data_ptr()
-                _PLANS.put(key, _Launch(step, scratch, tuple(conv.y.shape), memory_format, copy_w))
+                _PLANS.put(key, _Launch(step, scratch, tuple(conv.y.shape),
+                                        tuple(conv.y.stride()), copy_w))  # fmt: skip
     y = conv.y if conv.y.dtype == dtype else conv.y.to(dtype)
     return y.squeeze(0) if unbatched else y
 

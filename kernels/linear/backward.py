@@ -140,10 +140,12 @@ def dz_rows(M: int, N: int) -> int:
 _PLANS = PlanCache()
 
 
-def _planned(launch, key: tuple, make) -> Step:
-    """make() (a Step), kept under key for direct launches outside a torch.compile trace."""
+def _planned(launch, key, make) -> Step:
+    """make() (a Step), kept under key() for direct launches outside a torch.compile trace
+    (a traced launch's tensors are fakes: no data pointers to key on)."""
     if launch is not direct or torch.compiler.is_compiling():
         return make()
+    key = key()
     step = _PLANS.get(key)
     if step is None:
         step = _PLANS.put(key, make())
@@ -153,8 +155,8 @@ def _planned(launch, key: tuple, make) -> Step:
 def activation_backward(dy, z, act_id, need_db, launch):
     """(dZ, db | None): dZ = dY * act'(Z), with db = column sums of dZ fused in when need_db."""
     M, N = dy.shape
-    dz = torch.empty((M, N), device=dy.device, dtype=dy.dtype)
-    db = torch.empty((N,), device=dy.device, dtype=dy.dtype) if need_db else None
+    dz = dy.new_empty_strided((M, N), (N, 1))
+    db = dy.new_empty_strided((N,), (1,)) if need_db else None
     if dz.numel() == 0:
         if db is not None:
             db.zero_()
@@ -163,9 +165,7 @@ def activation_backward(dy, z, act_id, need_db, launch):
     splits = cdiv(M, rows)
     partial = None
     if need_db:
-        partial = (
-            db if splits == 1 else torch.empty((splits, N), device=dy.device, dtype=torch.float32)
-        )
+        partial = db if splits == 1 else dy.new_empty((splits, N), dtype=torch.float32)
 
     def make():
         return Step(
@@ -177,8 +177,10 @@ def activation_backward(dy, z, act_id, need_db, launch):
                  BLOCK_N=DZ_BLOCK_N, num_warps=DZ_NUM_WARPS),
         )  # fmt: skip
 
-    key = ("dz", dy.shape, dy.stride(), z.stride(), dy.dtype, z.dtype, dy.device,
-           dy.data_ptr() % 16, z.data_ptr() % 16, act_id, need_db, rows)  # fmt: skip
+    def key():
+        return ("dz", dy.shape, dy.stride(), z.stride(), dy.dtype, z.dtype, dy.device,
+                dy.data_ptr() % 16, z.data_ptr() % 16, act_id, need_db, rows)  # fmt: skip
+
     _planned(launch, key, make)(dy, z, dz, partial)
     if need_db and splits > 1:
         _launch_column_sum(partial, db, splits, launch)
@@ -198,8 +200,10 @@ def _launch_column_sum(x, out, rows_per_program, launch):
             dict(BLOCK_M=64, BLOCK_N=64),
         )  # fmt: skip
 
-    key = ("sum", x.shape, x.stride(), x.dtype, out.shape, out.dtype, x.device,
-           x.data_ptr() % 16, rows_per_program)  # fmt: skip
+    def key():
+        return ("sum", x.shape, x.stride(), x.dtype, out.shape, out.dtype, x.device,
+                x.data_ptr() % 16, rows_per_program)  # fmt: skip
+
     _planned(launch, key, make)(x, out)
 
 

@@ -36,6 +36,8 @@ Functions (the pieces kernels/ops.py composes into a custom op):
 torch ops only and branch on shapes and flags, never on data.
 """
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -47,8 +49,9 @@ from kernels._common import (
     check_tensor,
     direct,
 )
+from kernels._launch import PlanCache
 from kernels.linear.backward import activation_backward, column_sum
-from kernels.matmul import fused_matmul
+from kernels.matmul import copies_operands, fused_matmul, planned, run_plan
 
 
 def linear_reference(x, weight, bias=None, activation=None):
@@ -114,8 +117,114 @@ class _LinearFunction(torch.autograd.Function):
         return dx, dw, db, None
 
 
+# ---------------------------------------------------------------------------------------------
+# Planned calls (kernels/_launch.py): a direct call whose key was planned before skips the
+# checks (each is a function of the key), the 2-D views and the GEMM's own key
+# ---------------------------------------------------------------------------------------------
+class _Planned(NamedTuple):
+    gemm: object  # kernels.matmul's plan of x2d @ weight.T (+ bias, activation[, z])
+    layout: tuple  # y's (shape, strides): x's leading dims, out_features; row-major
+    x_layout: tuple  # x's (shape, contiguous strides): dX's
+    act_id: int
+    save_preact: bool
+    has_bias: bool
+    backward: dict  # (dZ's strides and alignment, need dX, need dW) -> (dX plan, dW plan)
+
+
+_PLANS = PlanCache()
+_cublas_tf32 = torch._C._get_cublas_allow_tf32
+
+
+def _plan_key(x, weight, bias, activation, grad: bool) -> tuple:
+    """Raises AttributeError or TypeError for arguments that are not tensors."""
+    return (
+        x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, weight.dtype, x.device,
+        weight.device, x.data_ptr() % 16, weight.data_ptr() % 16,
+        (x.storage_offset() * x.element_size()) % 16,
+        None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device,
+                                   bias.data_ptr() % 16),
+        activation, grad, _cublas_tf32(),
+    )  # fmt: skip
+
+
+def _plan(x, x2d, weight, bias, act_id, save_preact) -> _Planned | None:
+    """The plan of a call just made, where its GEMM was planned and reads x in place."""
+    if x2d.data_ptr() != x.data_ptr() or (x2d.dim() == 2 and x2d.stride(1) != x.stride(-1)):
+        return None  # x2d is a copy: the plan would launch on x's memory
+    gemm = planned(x2d, weight.t(), bias, act_id, save_preact)
+    if gemm is None or copies_operands(gemm):
+        return None
+    N = weight.shape[0]
+    shape = (*x.shape[:-1], N)
+    return _Planned(gemm, (shape, _row_major(shape)), (tuple(x.shape), _row_major(tuple(x.shape))),
+                    act_id, save_preact, bias is not None, {})  # fmt: skip
+
+
+def _row_major(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+class _PlannedLinear(torch.autograd.Function):
+    """_LinearFunction on a plan: x and dY as they come (the GEMMs read their memory as the
+    plan's 2-D matrices), dX in x's shape."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, p: _Planned):
+        y, z = run_plan(p.gemm, x, weight, bias, p.save_preact, p.layout)
+        need_dx, need_dw, _ = ctx.needs_input_grad[:3]
+        ctx.save_for_backward(x if need_dw else None, weight if need_dx else None, z)
+        ctx.plan = p
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, z = ctx.saved_tensors
+        p = ctx.plan
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        need_db = need_db and p.has_bias
+        dy2d = dy.reshape(-1, dy.shape[-1])
+        if p.act_id == ACTIVATIONS["none"]:
+            dz = dy2d
+            db = column_sum(dz, direct) if need_db else None
+        else:
+            dz, db = activation_backward(dy2d, z, p.act_id, need_db, direct)
+        key = (dz.stride(), dz.data_ptr() % 16, need_dx, need_dw)
+        plans = p.backward.get(key)
+        if plans is None:
+            x2d = x.reshape(-1, x.shape[-1]) if need_dw else None
+            dx, dw, _ = linear_backward(dz, x2d, weight, None, ACTIVATIONS["none"], need_dx,
+                                        need_dw, False)  # fmt: skip
+            plans = (planned(dz, weight) if need_dx else None,
+                     planned(dz.t(), x2d) if need_dw else None)  # fmt: skip
+            if (x2d is None or x2d.data_ptr() == x.data_ptr()) and not any(
+                    q is not None and copies_operands(q) for q in plans):  # fmt: skip
+                p.backward[key] = plans
+            return (None if dx is None else dx.view(x.shape)), dw, db, None
+        dx = run_plan(plans[0], dz, weight, None, False, p.x_layout)[0] if need_dx else None
+        dw = run_plan(plans[1], dz, x, None, False)[0] if need_dw else None
+        return dx, dw, db, None
+
+
 def linear(x, weight, bias=None, activation=None):
     """act(x @ weight.T + bias): torch.nn.functional.linear plus a fused activation."""
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            grad = torch.is_grad_enabled() and (
+                x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+            )
+            key = _plan_key(x, weight, bias, activation, grad)
+            p = _PLANS.get(key)
+        except (AttributeError, TypeError):
+            key = p = None  # the checks below say what is wrong
+        if p is not None:
+            if grad:
+                return _PlannedLinear.apply(x, weight, bias, p)
+            return run_plan(p.gemm, x, weight, bias, False, p.layout)[0]
     act_id = activation_id(activation)
     check_linear_args(x, weight, bias)
     # A view whenever the leading dims merge (always for contiguous x); otherwise reshape copies,
@@ -128,4 +237,9 @@ def linear(x, weight, bias=None, activation=None):
         y2d = _LinearFunction.apply(x2d, weight, bias, act_id)
     else:
         y2d, _ = linear_forward(x2d, weight, bias, act_id, save_preact=False)
+    if key is not None:
+        save_preact = needs_grad and act_id != ACTIVATIONS["none"]
+        planned_call = _plan(x, x2d, weight, bias, act_id, save_preact)
+        if planned_call is not None:
+            _PLANS.put(key, planned_call)
     return y2d.view(*x.shape[:-1], weight.shape[0])

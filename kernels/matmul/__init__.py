@@ -15,11 +15,14 @@ Measurements and history: docs/kernels/matmul.md.
 
 from kernels.matmul.dispatch import (
     check_matmul_args,
+    copies_operands,
     fused_matmul,
     matmul,
     matmul_impl,
     matmul_reference,
     plan,
+    planned,
+    run_plan,
 )
 from kernels.matmul.epilogue import (
     GELU,
@@ -45,10 +48,13 @@ __all__ = [
     "SQRT_HALF",
     "apply_activation",
     "check_matmul_args",
+    "copies_operands",
     "fused_matmul",
     "grouped_tile",
     "matmul",
     "matmul_impl",
     "matmul_reference",
     "plan",
+    "planned",
+    "run_plan",
 ]

@@ -20,6 +20,9 @@ Functions:
     device_info(device) -> (has TMA, SM count)
     plan(a, b, launch=direct) -> Plan(kernel, split_k, tile)
         The choice above, by capability, layout, dtype and shape (never the GPU's name).
+    planned(a, b, bias, act_id, save_preact) -> the plan fused_matmul made for that key, or None
+    run_plan(p, a, b, bias, save_preact, layout) -> (c, z | None): a plan on tensors at its
+        pointers (copies_operands(p) false)
     fused_matmul(a, b, bias=None, act_id=0, save_preact=False, *, launch=direct) -> (c, z | None)
         c = act(a @ b + bias) and, when save_preact, the pre-activation z (linear's backward
         needs it); no input checks. Used by matmul, kernels.linear and kernels.conv.
@@ -115,13 +118,16 @@ class _Launches(NamedTuple):
     kernel: str
     split_k: int
     steps: tuple  # kernels._launch.Step, in launch order
-    shape: tuple  # the output's (M, N)
+    shape: tuple  # the output's (M, N), row-major
+    strides: tuple
     copy_b: bool  # tf32 device-descriptor: B copied K-major first
     copy_a: bool  # ... and A made row-major
 
 
 # Direct calls' plans by _plan_key; see kernels/_launch.py
 _PLANS = PlanCache()
+# torch.backends.cuda.matmul.allow_tf32, read without the module's __getattr__ (a tenth of the time)
+_cublas_tf32 = torch._C._get_cublas_allow_tf32
 
 
 def _plan_key(a, b, bias, act_id, save_preact) -> tuple:
@@ -136,7 +142,7 @@ def _plan_key(a, b, bias, act_id, save_preact) -> tuple:
         (a.storage_offset() * a.element_size()) % 16, (b.storage_offset() * b.element_size()) % 16,
         None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device,
                                    bias.data_ptr() % 16),
-        act_id, save_preact, torch.backends.cuda.matmul.allow_tf32,
+        act_id, save_preact, _cublas_tf32(),
     )  # fmt: skip
 
 
@@ -167,7 +173,7 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
     sms = device_info(a.device)[1]
     if kernel == "tma_host_desc":
         step = host_desc_step(a, b, c, bias, preact, tile, common, sms)
-        return _Launches(kernel, 1, (step,), (M, N), False, False)
+        return _Launches(kernel, 1, (step,), (M, N), (N, 1), False, False)
     if kernel == "tma_device_desc":
         copy_b = copy_a = False
         if common["INPUT_PRECISION"] == "tf32":
@@ -178,7 +184,7 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
             a, b = _k_major(a, b, copy_a, copy_b)
         if tma_layout(a) is not None and tma_layout(b) is not None:
             step = device_desc_step(a, b, c, bias, preact, common, sms)
-            return _Launches(kernel, 1, (step,), (M, N), copy_b, copy_a)
+            return _Launches(kernel, 1, (step,), (M, N), (N, 1), copy_b, copy_a)
         # the K-major copy's rows are not 16-byte aligned: the pointer kernel, unsplit
         kernel = "pointer"
     grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), split_k)
@@ -191,7 +197,7 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
     )]  # fmt: skip
     if split_k > 1:
         steps.append(splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch))
-    return _Launches(kernel, split_k, tuple(steps), (M, N), False, False)
+    return _Launches(kernel, split_k, tuple(steps), (M, N), (N, 1), False, False)
 
 
 def _k_major(a, b, copy_a: bool, copy_b: bool):
@@ -235,8 +241,8 @@ def fused_matmul(
     plan every call, so torch.compile sees each kernel[grid] launch."""
     p = _cached(a, b, bias, act_id, save_preact) if launch is direct else None
     if p is not None:
-        c = a.new_empty(p.shape)
-        preact = a.new_empty(p.shape) if save_preact else None
+        c = a.new_empty_strided(p.shape, p.strides)
+        preact = a.new_empty_strided(p.shape, p.strides) if save_preact else None
         _run(p, a, b, c, bias, preact)
         return c, preact
     M, K = a.shape
@@ -252,12 +258,35 @@ def fused_matmul(
     return c, preact
 
 
+def planned(a, b, bias=None, act_id: int = ACTIVATIONS["none"], save_preact: bool = False):
+    """The plan a direct fused_matmul(a, b, bias, act_id, save_preact) made for this key, or
+    None: for wrappers (kernels.linear) that keep it under a key of their own."""
+    return _cached(a, b, bias, act_id, save_preact)
+
+
+def copies_operands(p: _Launches) -> bool:
+    """Whether plan p copies an operand before its launch (tf32 K-major copies): run_plan then
+    needs the operands themselves, not tensors at their pointers."""
+    return p.copy_a or p.copy_b
+
+
+def run_plan(p: _Launches, a, b, bias, save_preact: bool, layout: tuple | None = None):
+    """(c, preact | None) of plan p, where a and b may be any tensors at the planned operands'
+    data pointers (a view's base, say): the launches read pointers only, the plan holding the
+    strides. `layout` (shape, strides): c allocated so, as long as it is the row-major (M, N)
+    memory (say (B, T, N) for M = B·T). Callers check `copies_operands` first."""
+    c = a.new_empty_strided(*(layout or (p.shape, p.strides)))
+    preact = a.new_empty_strided(p.shape, p.strides) if save_preact else None
+    _run(p, a, b, c, bias, preact)
+    return c, preact
+
+
 def matmul_impl(a: torch.Tensor, b: torch.Tensor, *, launch=direct) -> torch.Tensor:
     """matmul with the launcher kernels/ops.py passes (torch.library.wrap_triton). A direct
     call with a planned key launches its plan at once (_cached): no checks, no planning."""
     p = _cached(a, b, None, 0, False) if launch is direct else None
     if p is not None:
-        c = a.new_empty(p.shape)
+        c = a.new_empty_strided(p.shape, p.strides)
         _run(p, a, b, c, None, None)
         return c
     check_matmul_args(a, b)
