@@ -264,6 +264,12 @@ def arm(step: Step, compiled, tensors, lead):
     return _generate(step, compiled, tensors, lead, types, grid, rest, raw)
 
 
+def _bound(value):
+    """A fixed argument as the launcher takes it: a tensor (a keyword pointer, say a workspace
+    the plan keeps alive) as its data pointer, skipping the launcher's pointer query."""
+    return value.data_ptr() if isinstance(value, torch.Tensor) else value
+
+
 def _generate(step, compiled, tensors, lead, types, grid, rest, raw):
     """The armed launch as a generated function of the tensors: one line per lead slot, so a
     call does no per-slot dispatch (Triton's own argument binder is generated the same way)."""
@@ -271,7 +277,8 @@ def _generate(step, compiled, tensors, lead, types, grid, rest, raw):
     tensordesc_meta = getattr(compiled.metadata, "tensordesc_meta", None) or None
     env = {"_device": torch._C._cuda_getDevice, "_stream": torch._C._cuda_getCurrentRawStream,
            "DEVICE": torch._C._cuda_getDevice(), "FUNCTION": compiled.function,
-           "PACKED": compiled.packed_metadata, "REST": tuple(rest)}  # fmt: skip
+           "PACKED": compiled.packed_metadata, "REST": tuple(_bound(v) for v in rest),
+           "KEEP": tuple(v for v in rest if isinstance(v, torch.Tensor))}  # fmt: skip
     checks, args = [], []
     desc_index = 0
     for slot, value in enumerate(lead):

@@ -202,6 +202,43 @@ def test_conv_plans_take_new_tensors_layouts_and_weight_copies(plans):
     assert copies == [False, False, True, True]
 
 
+def test_alternating_plan_takes_the_workspaces_in_turn(monkeypatch):
+    """The coop/smem plan launches on the zeroed buffer of its pair with the other as the one
+    to zero next, flips the index, and declines (False) for a parity it has no step for yet,
+    under CUDA-graph capture and on another stream than its pair's."""
+    from kernels.softmax.coop import Alternate, AlternatingPlan
+
+    state = {"capturing": False, "stream": 7}
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: state["capturing"],
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: state["stream"],
+                        raising=False)  # fmt: skip
+    calls = []
+
+    def step(name):
+        return lambda *args: calls.append((name, args))
+
+    pair = [torch.zeros(4), torch.zeros(4), 1]  # a launch on buffer 0 just flipped it to 1
+    x = torch.ones(2)
+    plan = AlternatingPlan(Alternate(pair, 0, step("even"), with_next=True), 0)
+    assert plan(x) is False and pair[2] == 1 and not calls  # no step for buffer 1 yet
+    plan.steps[1] = step("odd")
+    assert plan(x) is True and pair[2] == 0
+    assert plan(x) is True and pair[2] == 1
+    (first, (a, ws_a, next_a)), (second, (_, ws_b, next_b)) = calls
+    assert (first, second) == ("odd", "even") and a is x
+    assert ws_a is pair[1] and next_a is pair[0] and ws_b is pair[0] and next_b is pair[1]
+    state["capturing"] = True
+    assert plan(x) is False
+    state["capturing"], state["stream"] = False, 8
+    assert plan(x) is False and pair[2] == 1 and len(calls) == 2
+    # coop's steps take only the buffer they launch on: the other is fixed in the step
+    state["stream"] = 7
+    coop = AlternatingPlan(Alternate(pair, 0, step("coop0"), with_next=False), 0)
+    coop.steps[1] = step("coop1")
+    assert coop(x) is True and calls[-1] == ("coop1", (x, pair[1]))
+
+
 def test_reset_tuning_empties_the_plans(plans):
     matmul(torch.ones(4, 4), torch.ones(4, 4))
     assert plans
@@ -408,6 +445,32 @@ def test_cuda_graph_capture_of_a_cached_call(op):
     torch.cuda.synchronize()
     expected = ref(*[t.double() if isinstance(t, torch.Tensor) else t for t in args])
     assert relative_error(out, expected.to(dt)) <= tolerance("bf16", False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [65536, 262144])
+def test_long_row_plans_over_repeated_calls(n):
+    """Long rows (smem / coop designs) on their alternating plans: new values every call, the
+    forward and the backward, both buffers of the pair taken."""
+    from kernels.softmax import dispatch as softmax_dispatch
+    from kernels.softmax.coop import AlternatingPlan
+
+    import kernels
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(5):
+        x = torch.randn(64, n, generator=g, device="cuda", dtype=torch.bfloat16)
+        x.requires_grad_(True)
+        dy = torch.randn(64, n, generator=g, device="cuda", dtype=torch.bfloat16)
+        y = kernels.softmax(x, -1)
+        y.backward(dy)
+        xd = x.detach().double().requires_grad_(True)
+        ref = torch.softmax(xd, -1)
+        ref.backward(dy.double())
+        assert relative_error(y.detach(), ref.detach().to(torch.bfloat16)) <= tolerance("bf16", False)
+        assert relative_error(x.grad, xd.grad.to(torch.bfloat16)) <= tolerance("bf16", False)
+    plans = [p for p in softmax_dispatch._PLANS.values() if isinstance(p, AlternatingPlan)]
+    assert plans and all(None not in p.steps for p in plans)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,10 @@ Functions:
     _pack, _unpack     two fp32 tensors <-> one int64 each (a partial: one atomic to publish)
     _nanosleep         PTX nanosleep between polls
     coop_workspace     [buffer 0, buffer 1, index of the zeroed one] for a launch (host)
+    Alternate          a launch just made on one of the pair, as a plan's piece (host)
 """
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -65,10 +68,10 @@ def coop_workspace(n_ws: int, device: torch.device) -> list | None:
     the same buffer; the kernels' callers do not do that.
     """
     if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
+        if torch._C._cuda_isCurrentStreamCapturing():
             return None
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        key = (index, torch.cuda.current_stream(index).cuda_stream, n_ws)
+        index = device.index if device.index is not None else torch._C._cuda_getDevice()
+        key = (index, torch._C._cuda_getCurrentRawStream(index), n_ws)
     else:  # experiments.resources compiles the GPU's launches from CPU tensors: same kernels
         key = (str(device), 0, n_ws)
     pair = _COOP_WORKSPACES.get(key)
@@ -78,3 +81,44 @@ def coop_workspace(n_ws: int, device: torch.device) -> list | None:
         zeros = [torch.zeros(n_ws, device=device, dtype=torch.int64) for _ in range(2)]
         pair = _COOP_WORKSPACES[key] = [*zeros, 0]
     return pair
+
+
+class Alternate(NamedTuple):
+    """A direct coop or smem launch just made on workspace `parity` of `pair` (coop_workspace),
+    as a kernels._launch.Step: its lead is (*tensors, ws) with next_ws fixed in the step (coop:
+    a keyword), or (*tensors, ws, next_ws) where with_next (smem)."""
+
+    pair: list
+    parity: int
+    step: object
+    with_next: bool
+
+
+class AlternatingPlan:
+    """The plan of a coop or smem launch: the Step launched with each buffer of a workspace pair,
+    taken in turn as the kernels zero the other one. It keeps the pair alive (a pair the cache
+    dropped stays this plan's own), launches only on the stream the pair belongs to and never
+    under CUDA-graph capture (a replay would find a used buffer); a call it cannot launch
+    returns False, and the caller takes the unplanned path."""
+
+    __slots__ = ("pair", "steps", "with_next", "device", "stream")
+
+    def __init__(self, made: Alternate, device: int):
+        self.pair, self.with_next, self.device = made.pair, made.with_next, device
+        self.stream = torch._C._cuda_getCurrentRawStream(device)
+        self.steps = [None, None]
+        self.steps[made.parity] = made.step
+
+    def __call__(self, *tensors):
+        pair = self.pair
+        parity = pair[2]
+        step = self.steps[parity]
+        if (step is None or torch._C._cuda_isCurrentStreamCapturing()
+                or torch._C._cuda_getCurrentRawStream(self.device) != self.stream):  # fmt: skip
+            return False
+        if self.with_next:
+            step(*tensors, pair[parity], pair[1 - parity])
+        else:
+            step(*tensors, pair[parity])
+        pair[2] = parity ^ 1
+        return True

@@ -46,7 +46,7 @@ from kernels._common import (
     next_power_of_2,
 )
 from kernels._launch import PlanCache, Step
-from kernels.softmax.coop import coop_workspace
+from kernels.softmax.coop import Alternate, AlternatingPlan, coop_workspace
 from kernels.softmax.online import softmax_backward_online_kernel, softmax_online_kernel
 from kernels.softmax.split import launch_split
 from kernels.softmax.tile import softmax_backward_tile_kernel, softmax_tile_kernel
@@ -403,6 +403,20 @@ def _launch_planned(launch: Launcher, kernel, grid: int, moved: list[torch.Tenso
     return step
 
 
+def _keep_alternating(plan_key, made: Alternate | None) -> AlternatingPlan | None:
+    """A coop/smem launch's plan under plan_key: the step just launched joins the plan of its
+    workspace pair (a new plan where the pair is new); None where there is nothing to keep."""
+    if plan_key is None or made is None or made.step.fast is None:
+        return None
+    plan = _PLANS.get(plan_key)
+    if not isinstance(plan, AlternatingPlan) or plan.pair is not made.pair:
+        if len(_PLANS) >= PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[plan_key] = AlternatingPlan(made, torch._C._cuda_getDevice())
+    plan.steps[made.parity] = made.step
+    return plan
+
+
 def _normalize_dim(dim, ndim: int, shape: tuple) -> int:
     if not isinstance(dim, int) or isinstance(dim, bool):
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
@@ -477,8 +491,9 @@ def _index_hints(config: Config, rows: tuple[int, int], strides: list, n_cols: i
     return hints
 
 
-def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None:
-    """The smem design: smem's Gluon kernels on the coop workspaces."""
+def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> Alternate | None:
+    """The smem design: smem's Gluon kernels on the coop workspaces. Returns the launch as an
+    Alternate where it took the cached pair."""
     if is_interpreter() or gpu_info(moved[0].device) is None or smem is None:
         raise ValueError("the smem design (Gluon) needs a GPU and a Triton with Gluon; the "
                          "interpreter takes split2")  # fmt: skip
@@ -497,11 +512,14 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> None
     else:
         ws, next_ws = pair[pair[2]], pair[1 - pair[2]]
     lead = smem.LEAD_PER_SM * _sm_count(moved[0].device) if config.lead else 0
-    smem.launch(launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
-                config.num_warps, exp2=config.exp2, even=config.even, lead=lead,
-                maxnreg=config.maxnreg)  # fmt: skip
-    if pair is not None:
-        pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch
+    parity = None if pair is None else pair[2]
+    step = smem.launch(launch, backward, moved, ws, next_ws, rows, strides, config.block_cols,
+                       config.num_warps, exp2=config.exp2, even=config.even, lead=lead,
+                       maxnreg=config.maxnreg)  # fmt: skip
+    if pair is None:
+        return None
+    pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch
+    return Alternate(pair, parity, step, with_next=True)
 
 
 def _launch_rows(
@@ -521,8 +539,7 @@ def _launch_rows(
         plan_key = _plan_key(moved, backward) if config is None else (
             _plan_key(moved, backward), config)
         plan = _PLANS.get(plan_key)
-        if plan is not None:
-            plan(*moved)
+        if plan is not None and plan(*moved) is not False:  # False: a coop/smem plan declined
             return plan
     layout = _row_dims(moved)
     if layout is None:
@@ -563,11 +580,11 @@ def _launch_rows(
                 f"forward {str(moved[0].dtype).removeprefix('torch.')} {rows} x {n_cols}",
             )
     if config.design in ("coop", "split2"):
-        launch_split(launch, moved, backward, (rows_outer, rows_inner), strides, config)
-        return None
+        made = launch_split(launch, moved, backward, (rows_outer, rows_inner), strides, config)
+        return _keep_alternating(plan_key, made)
     if config.design == "smem":
-        _launch_smem(launch, moved, backward, (rows_outer, rows_inner), strides, config)
-        return None
+        made = _launch_smem(launch, moved, backward, (rows_outer, rows_inner), strides, config)
+        return _keep_alternating(plan_key, made)
     if config.design not in ("tile", "online"):
         raise ValueError(f"unknown softmax design {config.design!r}")
     if config.design == "tile" and config.block_cols < n_cols:
@@ -663,8 +680,8 @@ def softmax_forward(x: torch.Tensor, dim: int, *, launch: Launcher = direct) -> 
         if plan is not None:
             step, shape, strides = plan
             out = x.new_empty_strided(shape, strides)
-            step(x, out)
-            return out
+            if step(x, out) is not False:  # False: a coop/smem plan declined
+                return out
     return _forward(x, dim, launch, None, key)
 
 
@@ -678,8 +695,8 @@ def softmax_backward(
         if plan is not None:
             step, shape, strides = plan
             out = dy.new_empty_strided(shape, strides)
-            step(y, dy, out)
-            return out
+            if step(y, dy, out) is not False:
+                return out
     return _backward(y, dy, dim, launch, None, key)
 
 

@@ -44,6 +44,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 
+from kernels._launch import Step
 from kernels.softmax.coop import SLEEP_NS, _nanosleep, _pack, _unpack
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -566,7 +567,7 @@ def workspace_words(n_slots: int, n_chunks: int) -> int:
 
 def launch(launcher, backward: bool, tensors, ws, next_ws, rows: tuple[int, int], strides,
            chunk: int, warps: int, *, exp2: int = 0, even: bool = False, lead: int = 0,
-           maxnreg: int = 0, leave_polls: int = LEAVE_POLLS) -> None:  # fmt: skip
+           maxnreg: int = 0, leave_polls: int = LEAVE_POLLS) -> Step:  # fmt: skip
     """Launch the forward (tensors x, y) or the backward (y, dy, dx) over rows
     (rows_outer, rows_inner) with strides[i] = (outer, inner, 1) for tensors[i], in elements,
     all multiples of 16 bytes (dispatch._smem_fits), in chunks of `chunk` columns on `warps`
@@ -576,7 +577,8 @@ def launch(launcher, backward: bool, tensors, ws, next_ws, rows: tuple[int, int]
     The forward's knobs: exp2 (tile._exp_shifted's forms 1 and 2); even: no masks, and a row's
     chunks interleaved, where rows are whole chunks (otherwise ignored); lead: that many lead
     programs ahead of the chunks' (_lead_wait). maxnreg: a ptxas register cap. leave_polls:
-    polls before a waiting program leaves its chunk (-1: never, for tests)."""
+    polls before a waiting program leaves its chunk (-1: never, for tests). Returns the launch
+    as a kernels._launch.Step over (*tensors, ws, next_ws), for a plan to launch again."""
     rows_outer, rows_inner = rows
     n_cols = tensors[0].shape[-1]
     n_chunks = triton.cdiv(n_cols, chunk)
@@ -608,6 +610,7 @@ def launch(launcher, backward: bool, tensors, ws, next_ws, rows: tuple[int, int]
         even = even and n_cols % chunk == 0
         meta.update(EXP2=exp2, EVEN=even, STRIDE=piece * n_chunks if even else 0, LEAD=lead,
                     LEAD_TIERS=LEAD_PER_SM, LEAD_NS=LEAD_NS)  # fmt: skip
-    launcher(kernel)[(n_slots + lead,)](
-        *tensors, ws, next_ws, rows_inner, n_cols // vec, n_chunks, n_slots, *vstrides, **meta
-    )
+    step = Step(launcher(kernel), (n_slots + lead,),
+                (rows_inner, n_cols // vec, n_chunks, n_slots, *vstrides), meta)  # fmt: skip
+    step(*tensors, ws, next_ws)
+    return step

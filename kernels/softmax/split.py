@@ -34,7 +34,15 @@ import triton
 import triton.language as tl
 
 from kernels._common import direct, is_interpreter, next_power_of_2
-from kernels.softmax.coop import SLEEP_NS, _nanosleep, _pack, _unpack, coop_workspace
+from kernels._launch import Step
+from kernels.softmax.coop import (
+    SLEEP_NS,
+    Alternate,
+    _nanosleep,
+    _pack,
+    _unpack,
+    coop_workspace,
+)
 from kernels.softmax.tile import _exp_shifted, _tile_rows
 
 
@@ -389,14 +397,19 @@ def launch_split(launch, moved: list[torch.Tensor], backward: bool, rows: tuple[
             # '_grid_1' and '_grid_2'"). Nothing reads it with CLEAR off.
             meta.update(CLEAR=False, next_ptr=ws)
         else:
-            ws, next_ws = pair[pair[2]], pair[1 - pair[2]]
+            parity = pair[2]
+            ws, next_ws = pair[parity], pair[1 - parity]
             meta.update(CLEAR=True, next_ptr=next_ws)
-        launch(kernel)[grid](*moved, ws, rows_inner, n_cols, n_chunks, n_slots, *flat_strides,
-                             PHASE=2, **meta)  # fmt: skip
+        step = Step(launch(kernel), grid,
+                    (rows_inner, n_cols, n_chunks, n_slots, *flat_strides), dict(PHASE=2, **meta))
+        step(*moved, ws)
         if pair is not None:
             pair[2] ^= 1  # launched: next_ws is (being) zeroed for the next launch
+            # a plan may launch it again on the same workspaces (next_ptr is fixed in it)
+            return Alternate(pair, parity, step, with_next=False)
     else:
         ws = torch.empty(n_slots, device=device, dtype=torch.int64)
         for phase in (0, 1):
             launch(kernel)[grid](*moved, ws, rows_inner, n_cols, n_chunks, n_slots,
                                  *flat_strides, PHASE=phase, **meta)  # fmt: skip
+    return None
