@@ -316,7 +316,8 @@ def host_path_report(frame: pd.DataFrame, kernel: str) -> Report:
             worst, where = _worst(part, "latency_speedup_vs_eager")
             checks.append(Check(f"{tag}, worst shape (1.5x eager's at most)", worst,
                                 LATENCY_WORST, where))
-            timed = part[(part["time_ms_p50"] >= DO_BENCH_FROM_MS) & part["do_bench_ms_p50"].notna()]
+            long_enough = part["time_ms_p50"] >= DO_BENCH_FROM_MS
+            timed = part[long_enough & part["do_bench_ms_p50"].notna()]
             timed = timed.assign(gpu_over_do_bench=timed["time_ms_p50"] / timed["do_bench_ms_p50"])
             worst, where = _worst(timed, "gpu_over_do_bench")
             checks.append(Check(f"{kernel} {dtype} {pass_name} GPU time / plain do_bench, worst "

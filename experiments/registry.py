@@ -144,7 +144,7 @@ register(OpSpec(
     triton="kernels:matmul", triton_compiled="kernels.ops:matmul", bound="compute",
     # fwd only: the backward of a bare matmul is two matmuls, measured through `linear`
     bench=("kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm",
-           "kernel=matmul mode=triton-compiled,default dtype=bf16 shapes=default"),
+           "kernel=matmul mode=triton,triton-compiled,default dtype=bf16 shapes=default"),
     markers={"marker": "o"},
 ))  # fmt: skip
 

@@ -227,9 +227,10 @@ def arm(step: Step, compiled, tensors, lead):
     kernel, meta = step.kernel, dict(step.meta)
     if isinstance(kernel, Autotuner):
         config = getattr(kernel, "best_config", None)
+        hook = None if config is None else config.pre_hook
         if (config is None or kernel.user_defined_pre_hook
                 or getattr(kernel, "user_defined_post_hook", False)
-                or (config.pre_hook is not None and config.pre_hook not in BLOCK_HOOKS)):  # fmt: skip
+                or (hook is not None and hook not in BLOCK_HOOKS)):  # fmt: skip
             return None
         meta.update(config.all_kwargs())
     fn = _python_function(kernel)
@@ -241,8 +242,8 @@ def arm(step: Step, compiled, tensors, lead):
     if width + len(step.args) > len(names):
         return None
     # every argument by name, as the grid function and the launcher see them
-    named = dict(zip(names, lead))
-    named.update(zip(names[width:], step.args))
+    named = dict(zip(names[:width], lead, strict=True))
+    named.update(zip(names[width:width + len(step.args)], step.args, strict=True))
     defaults = inspect.signature(fn).parameters
     rest = []
     for name, ty in zip(names[width:], types[width:], strict=True):
@@ -289,8 +290,9 @@ def _generate(step, compiled, tensors, lead, types, grid, rest, raw):
             meta = tensordesc_meta[desc_index] if tensordesc_meta else None
             desc_index += 1
             expand = None if raw is None else (lambda d, m=meta, f=raw[3]: f(d, m))
+            block = tuple(value.block_shape)  # as the tuned config's pre-hook left it
             env[f"D{slot}"] = desc_cache(tensors[spec.tensor].dtype, spec.shape, spec.strides,
-                                         tuple(value.block_shape), value.padding, expand)  # fmt: skip
+                                         block, value.padding, expand)  # fmt: skip
             checks.append(f"q{slot} = t{spec.tensor}.data_ptr()")
             checks.append(f"if q{slot} & 15: return False")
             args.append(f"*D{slot}(q{slot})" if raw is not None else f"D{slot}(q{slot})")
@@ -313,7 +315,8 @@ def _generate(step, compiled, tensors, lead, types, grid, rest, raw):
     head = f"{gx}, {gy}, {gz}, _stream(DEVICE), FUNCTION"
     if raw is not None:
         env["LAUNCH"] = raw[0]
-        call = f"LAUNCH({head}, {bool(raw[1])}, {bool(raw[2])}, None, None, PACKED, None, None, None"
+        flags = f"{bool(raw[1])}, {bool(raw[2])}"  # cooperative grid, PDL
+        call = f"LAUNCH({head}, {flags}, None, None, PACKED, None, None, None"
     else:
         env["LAUNCH"] = compiled.run
         call = f"LAUNCH({head}, PACKED, None, None, None"

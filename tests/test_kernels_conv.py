@@ -14,15 +14,15 @@ import torch.nn.functional as F
 from experiments.correctness import relative_error, tolerance
 from kernels._common import direct, pretend_gpu
 from kernels.conv import conv2d, conv2d_forward, conv2d_reference, dispatch
-from kernels.conv.flat_reduction import flat_step, conv_flat_kernel
+from kernels.conv.flat_reduction import conv_flat_kernel, flat_step
 from kernels.conv.gemm import (
     conv_gemm,
     conv_gemm_kernel,
-    gemm_persistent_step,
     conv_gemm_persistent_kernel,
+    gemm_persistent_step,
 )
-from kernels.conv.implicit_gemm import IMPLICIT_TILES, implicit_step, conv_implicit_kernel
-from kernels.conv.window import window_step, conv_window_kernel
+from kernels.conv.implicit_gemm import IMPLICIT_TILES, conv_implicit_kernel, implicit_step
+from kernels.conv.window import conv_window_kernel, window_step
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

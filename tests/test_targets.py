@@ -245,7 +245,8 @@ def test_host_path_targets_read_latency_do_bench_and_triton_compiled():
     checks = {c.target: c for c in host_path_report(frame, "linear").checks}
     geo = checks["linear bf16 fwd call latency, eager / triton (geomean)"]
     assert geo.value == pytest.approx((10 / 12 * 1.2 * 1.25) ** (1 / 3)) and geo.passed
-    worst = checks["linear bf16 fwd call latency, eager / triton, worst shape (1.5x eager's at most)"]
+    worst = checks["linear bf16 fwd call latency, eager / triton, worst shape "
+                   "(1.5x eager's at most)"]
     assert worst.value == pytest.approx(10 / 12) and worst.passed and "small" in worst.detail
     do_bench = checks["linear bf16 fwd GPU time / plain do_bench, worst shape from 20 us "
                       "(do_bench 5% over at most)"]

@@ -43,8 +43,8 @@ from kernels._common import (
     gpu_info,
     is_interpreter,
 )
-from kernels.conv.common import Conv, TensorDescriptor
 from kernels._launch import PlanCache
+from kernels.conv.common import Conv, TensorDescriptor
 from kernels.conv.flat_reduction import flat_step
 from kernels.conv.gemm import conv_gemm, gemm_persistent_step, is_gemm
 from kernels.conv.implicit_gemm import implicit_step

@@ -1,0 +1,170 @@
+"""Host-path diagnosis on a GPU (docs/kernels/host_path.md's tables): per case, wall us per call
+(N back-to-back calls, one sync) of ours and eager, plain triton.testing.do_bench of both, and
+how many of our launches took the JIT path after warm-up; how many armed launches reached
+Triton's C launcher; then cProfile's top entries for four cases.
+
+    python scripts/host_path_diag.py [N] [case,substrings]
+    PYTHONPATH=<checkout of an older commit> python scripts/host_path_diag.py   # its kernels
+
+Bad arguments or no GPU: one line, exit 2."""
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: see above
+import kernels  # noqa: E402
+
+if not torch.cuda.is_available():
+    sys.exit("host_path_diag: needs a CUDA GPU")
+try:
+    N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    assert N >= 10
+except (ValueError, AssertionError):
+    print(f"host_path_diag: N must be an int >= 10, got {sys.argv[1]!r}", file=sys.stderr)
+    sys.exit(2)
+dev, dt = "cuda", torch.bfloat16
+g = torch.Generator(device=dev).manual_seed(0)
+r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)
+cl = lambda t: t.to(memory_format=torch.channels_last)
+
+a, b = r(1024, 1024), r(1024, 1024)
+a2, b2 = r(16, 4096), r(4096, 14336)
+x, w, bias = r(16, 4096), r(4096, 4096), r(4096)
+xb = r(2048, 4096)
+s = r(64, 128)
+s2 = r(4096, 4096)
+c1, k1 = cl(r(32, 256, 14, 14)), cl(r(256, 256, 3, 3))
+c2, k2 = cl(r(32, 64, 56, 56)), cl(r(64, 64, 3, 3))
+c3, k3 = cl(r(32, 512, 7, 7)), cl(r(2048, 512, 1, 1))
+xg = x.clone().requires_grad_()
+wg = w.clone().requires_grad_()
+sg = s.clone().requires_grad_()
+dy_l = r(16, 4096)
+dy_s = r(64, 128)
+
+
+def lin_fb_ours():
+    kernels.linear(xg, wg, bias, "gelu").backward(dy_l)
+
+
+def lin_fb_eager():
+    F.gelu(F.linear(xg, wg, bias)).backward(dy_l)
+
+
+def sm_fb_ours():
+    kernels.softmax(sg, -1).backward(dy_s)
+
+
+def sm_fb_eager():
+    torch.softmax(sg, -1).backward(dy_s)
+
+
+cases = {
+    "matmul 1024^3": (lambda: kernels.matmul(a, b), lambda: torch.matmul(a, b)),
+    "matmul 16x4096x14336": (lambda: kernels.matmul(a2, b2), lambda: torch.matmul(a2, b2)),
+    "linear+gelu 16x4096x4096": (
+        lambda: kernels.linear(x, w, bias, "gelu"),
+        lambda: F.gelu(F.linear(x, w, bias)),
+    ),
+    "linear+gelu 2048x4096x4096": (
+        lambda: kernels.linear(xb, w, bias, "gelu"),
+        lambda: F.gelu(F.linear(xb, w, bias)),
+    ),
+    "linear fwd_bwd 16x4096x4096": (lin_fb_ours, lin_fb_eager),
+    "softmax 64x128": (lambda: kernels.softmax(s, -1), lambda: torch.softmax(s, -1)),
+    "softmax 4096x4096": (lambda: kernels.softmax(s2, -1), lambda: torch.softmax(s2, -1)),
+    "softmax fwd_bwd 64x128": (sm_fb_ours, sm_fb_eager),
+    "conv 32x256x14x14 3x3": (
+        lambda: kernels.conv2d(c1, k1, None, 1, 1),
+        lambda: F.conv2d(c1, k1, None, 1, 1),
+    ),
+    "conv 32x64x56x56 3x3": (
+        lambda: kernels.conv2d(c2, k2, None, 1, 1),
+        lambda: F.conv2d(c2, k2, None, 1, 1),
+    ),
+    "conv 32x512x7x7 1x1": (lambda: kernels.conv2d(c3, k3), lambda: F.conv2d(c3, k3)),
+}
+only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+
+
+def wall_us(fn, n=N):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+counts = {"jit": 0}
+raw_seen = []
+try:
+    from kernels import _launch
+
+    orig_launch = _launch.Step._launch
+
+    def launch(self, tensors):
+        counts["jit"] += 1
+        return orig_launch(self, tensors)
+
+    _launch.Step._launch = launch
+    orig_raw = _launch._raw_entry
+
+    def raw(compiled):
+        got = orig_raw(compiled)
+        raw_seen.append(got is not None)
+        return got
+
+    _launch._raw_entry = raw
+    new = True
+except (ImportError, AttributeError):
+    new = False
+print(
+    "kernels:",
+    kernels.__file__,
+    "armed launches" if new else "no kernels._launch",
+    torch.__version__,
+    triton.__version__,
+)
+HEAD = ("case", "ours us", "eager us", "e/o", "db ours", "db eager", "e/o")
+print(f"{HEAD[0]:30} " + " ".join(f"{h:>8}" for h in HEAD[1:]) + "  jit-launches")
+for name, (ours, eager) in cases.items():
+    if only and not any(o in name for o in only):
+        continue
+    try:
+        ours()
+        ours()
+        counts["jit"] = 0
+        o = wall_us(ours)
+        jit = counts["jit"]
+        e = wall_us(eager)
+        do = triton.testing.do_bench(ours, return_mode="median") * 1e3
+        de = triton.testing.do_bench(eager, return_mode="median") * 1e3
+        print(f"{name:30} {o:8.1f} {e:8.1f} {e / o:5.2f} {do:8.1f} {de:8.1f} {de / do:5.2f}  {jit}")
+    except Exception as exc:
+        print(f"{name:30} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+print("C launcher reached:", sum(raw_seen), "of", len(raw_seen), "armed launches")
+for name, (ours, _) in cases.items():
+    profiled = ("matmul 1024", "conv 32x256", "softmax 64x128", "linear+gelu 16")
+    if not any(k in name for k in profiled):
+        continue
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(300):
+        ours()
+    torch.cuda.synchronize()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(10)
+    print(f"--- profile: {name}, 300 calls")
+    print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[-2200:])
