@@ -12,7 +12,6 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ import triton
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: see above
 import kernels  # noqa: E402
+from experiments.host_path import wall_us  # noqa: E402  (warm-up, calls, one sync)
 
 if not torch.cuda.is_available():
     sys.exit("host_path_diag: needs a CUDA GPU")
@@ -95,16 +95,6 @@ cases = {
 only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
 
 
-def wall_us(fn, n=N):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
-
 
 counts = {"jit": 0}
 raw_seen = []
@@ -145,9 +135,9 @@ for name, (ours, eager) in cases.items():
         ours()
         ours()
         counts["jit"] = 0
-        o = wall_us(ours)
+        o = wall_us(ours, N)
         jit = counts["jit"]
-        e = wall_us(eager)
+        e = wall_us(eager, N)
         do = triton.testing.do_bench(ours, return_mode="median") * 1e3
         de = triton.testing.do_bench(eager, return_mode="median") * 1e3
         print(f"{name:30} {o:8.1f} {e:8.1f} {e / o:5.2f} {do:8.1f} {de:8.1f} {de / do:5.2f}  {jit}")
