@@ -260,8 +260,10 @@ register(OpSpec(
 # ---------------------------------------------------------------------------------------------
 # conv: conv2d (+ bias, + activation) over an NCHW or channels-last input
 # ---------------------------------------------------------------------------------------------
-def torch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None):
-    y = F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation)
+def torch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None,
+                 groups=1):  # fmt: skip
+    y = F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
+                 groups=groups)  # fmt: skip
     return _activation(activation)(y)
 
 
@@ -274,23 +276,26 @@ class Conv2d(nn.Module):
             shape["padding"],
             shape["dilation"],
         )
+        self.groups = shape["groups"]
         self.activation = activation
-        weight = torch.empty(shape["k"], shape["c"], shape["r"], shape["s"])
+        weight = torch.empty(shape["k"], shape["c"] // self.groups, shape["r"], shape["s"])
         if channels_last:
             weight = weight.to(memory_format=torch.channels_last)
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(torch.empty(shape["k"])) if bias else None
 
     def forward(self, x):
-        return self.ops.conv2d(
-            x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.activation
-        )
+        args = (x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                self.activation)  # fmt: skip
+        if self.groups == 1:  # the keyword only where used: every mode's signature takes it
+            return self.ops.conv2d(*args)
+        return self.ops.conv2d(*args, groups=self.groups)
 
 
 class ConvWorkload(Workload):
     name = "conv"
     shape_keys = ("n", "c", "h", "w", "k", "r", "s")
-    shape_defaults = {"stride": 1, "padding": 0, "dilation": 1}
+    shape_defaults = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 
     def __init__(self, kernel_cfg):
         super().__init__(kernel_cfg)
@@ -305,6 +310,8 @@ class ConvWorkload(Workload):
         p, q = self.output_hw(shape)
         if p < 1 or q < 1:
             raise ConfigError(f"conv shape {dict(raw)} has an empty output ({p}x{q})")
+        if shape["c"] % shape["groups"] or shape["k"] % shape["groups"]:
+            raise ConfigError(f"conv shape {dict(raw)}: groups must divide c and k")
         return shape
 
     @staticmethod
@@ -320,7 +327,7 @@ class ConvWorkload(Workload):
         base = f"{n}x{c}x{h}x{w}-k{k}-{r}x{s}"
         extras = [
             f"{key[0]}{shape[key]}"
-            for key in ("stride", "padding", "dilation")
+            for key in ("stride", "padding", "dilation", "groups")
             if shape[key] != self.shape_defaults[key]
         ]
         return "-".join([base, *extras])
@@ -339,12 +346,13 @@ class ConvWorkload(Workload):
 
     def flops(self, shape, pass_name):
         p, q = self.output_hw(shape)
-        return 2.0 * shape["n"] * shape["k"] * p * q * shape["c"] * shape["r"] * shape["s"]
+        c_per_group = shape["c"] // shape["groups"]
+        return 2.0 * shape["n"] * shape["k"] * p * q * c_per_group * shape["r"] * shape["s"]
 
     def min_bytes(self, shape, pass_name, itemsize):
         p, q = self.output_hw(shape)
         x = shape["n"] * shape["c"] * shape["h"] * shape["w"]
-        w = shape["k"] * shape["c"] * shape["r"] * shape["s"]
+        w = shape["k"] * (shape["c"] // shape["groups"]) * shape["r"] * shape["s"]
         y = shape["n"] * shape["k"] * p * q
         return float(x + w + y + (shape["k"] if self.cfg.bias else 0)) * itemsize
 
@@ -355,7 +363,9 @@ register(OpSpec(
     bench=("kernel=conv mode=triton kernel.bias=true,false shapes=resnet50",
            "kernel=conv mode=triton shapes=resnet50_b128",
            "kernel=conv kernel.activation=relu "
-           "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core"),
+           "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core",
+           "kernel=conv mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
+           "shapes=mobilenet_v2_dw,convnext_dw"),
     markers={"marker": "D"},
 ))  # fmt: skip
 

@@ -22,9 +22,12 @@ from torch.library import triton_op, wrap_triton
 
 from kernels._common import activation_id, direct, is_interpreter
 from kernels.conv import conv2d_forward
+from kernels.conv.dispatch import resolve_padding
 from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import matmul_impl
+from kernels.matmul.dispatch import matmul_nd
 from kernels.softmax import softmax_backward, softmax_forward
+from kernels.softmax.dispatch import cast_input
 
 _INTERPRETED = is_interpreter()
 _register = torch.library.custom_op if _INTERPRETED else triton_op
@@ -158,10 +161,10 @@ def conv2d_op(
     padding: list[int],
     dilation: list[int],
     activation: str,
+    groups: int,
 ) -> Tensor:
-    return conv2d_forward(
-        x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), activation, launch=_launch
-    )
+    return conv2d_forward(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation),
+                          activation, groups, launch=_launch)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +178,8 @@ def linear(x, weight, bias=None, activation=None):
         t is not None and t.requires_grad for t in (x, weight, bias)
     )
     save_preact = needs_grad and act_id != activation_id("none")
-    y2d, _ = torch.ops.kbench.linear_fwd(x.flatten(0, -2), weight, bias, act_id, save_preact)
+    x2d = x.reshape(-1, x.shape[-1])  # any leading dims, none included
+    y2d, _ = torch.ops.kbench.linear_fwd(x2d, weight, bias, act_id, save_preact)
     return y2d.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -183,11 +187,23 @@ def _pair(value) -> list[int]:
     return list(value) if isinstance(value, tuple | list) else [value, value]
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None):
-    return torch.ops.kbench.conv2d(
-        x, weight, bias, _pair(stride), _pair(padding), _pair(dilation), activation or "none"
-    )
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None, groups=1):
+    if isinstance(padding, str) and isinstance(weight, Tensor):
+        # the op's schema takes ints: 'same' / 'valid' as (top, left, bottom, right)
+        lo, hi = resolve_padding(padding, tuple(weight.shape[2:]), tuple(_pair(stride)),
+                              tuple(_pair(dilation)))  # fmt: skip
+        padding = [*lo, *hi]
+    return torch.ops.kbench.conv2d(x, weight, bias, _pair(stride), _pair(padding),
+                                   _pair(dilation), activation or "none", groups)  # fmt: skip
 
 
-matmul = torch.ops.kbench.matmul
-softmax = torch.ops.kbench.softmax_fwd
+def matmul(a, b):
+    if isinstance(a, Tensor) and isinstance(b, Tensor) and (a.dim() != 2 or b.dim() != 2):
+        return matmul_nd(a, b, torch.ops.kbench.matmul)  # 1-D and batched-a operands
+    return torch.ops.kbench.matmul(a, b)
+
+
+def softmax(x, dim=-1, dtype=None):
+    if dtype is not None:  # torch.softmax's dtype=: x cast first (checked as kernels.softmax does)
+        x = cast_input(x, dtype)
+    return torch.ops.kbench.softmax_fwd(x, dim)

@@ -9,10 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from experiments.records import read_jsonl, validate
 from experiments.registry import OPS
-from tests.conftest import REPO_ROOT
+from tests.conftest import CONF_DIR, REPO_ROOT
 
 ENV_KEYS = {
     "torch",
@@ -63,7 +64,8 @@ def sweep_jobs(tmp_path):
 
 def check_job_dir(job_dir, kernel, mode, pass_name="fwd"):
     rows = read_jsonl(job_dir / "results.jsonl")
-    assert len(rows) == 2  # the two shapes of the cpu set
+    cpu_set = OmegaConf.load(CONF_DIR / "kernel" / f"{kernel}.yaml").shape_sets.cpu
+    assert len(rows) == len(cpu_set)  # every shape of the cpu set
     for row in rows:
         assert validate(row) == [], (row, validate(row))
         assert (row["kernel"], row["mode"], row["pass"]) == (kernel, mode, pass_name)

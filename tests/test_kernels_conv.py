@@ -172,6 +172,30 @@ def test_fused_activation(activation, device):
     check(x, weight, bias, *geometry[2:], activation=activation)
 
 
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("kernel_rs, dilation", [((3, 3), 1), ((2, 4), 1), ((3, 2), 2)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_string_padding(padding, kernel_rs, dilation, channels_last, device):
+    """'same' keeps the input's size, an even kernel's extra row and column padded at the bottom
+    and right as torch does; 'valid' pads nothing. Both through the direct call and the
+    traced custom op's padding form (top, left, bottom, right)."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 16, 7, 9, generator=g).to(device)
+    weight = torch.randn(8, 16, *kernel_rs, generator=g).to(device)
+    bias = torch.randn(8, generator=g).to(device)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    ref = F.conv2d(x.double(), weight.double(), bias.double(), 1, padding, dilation)
+    y = conv2d(x, weight, bias, 1, padding, dilation)
+    assert y.shape == ref.shape
+    if padding == "same":
+        assert y.shape[2:] == x.shape[2:]
+    assert relative_error(y, ref) < budget(x.dtype)
+    lo, hi = dispatch.resolve_padding(padding, kernel_rs, (1, 1), (dilation, dilation))
+    y4 = conv2d_forward(x, weight, bias, 1, (*lo, *hi), dilation)
+    assert torch.equal(y4, y)
+
+
 def test_unbatched_input(device):
     x, weight, bias = make_inputs(GEOMETRIES["3x3-odd-7x9"], torch.float32, device)
     y = conv2d(x[0], weight, bias, padding=1)
@@ -204,8 +228,10 @@ def test_bad_inputs(device):
         conv2d(x.int(), weight.int())
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         conv2d(x.tolist(), weight)
-    with pytest.raises(ValueError, match="padding='same' is not supported"):
-        conv2d(x, weight, padding="same")
+    with pytest.raises(ValueError, match=r"padding='same' needs stride 1, got stride=\(2, 2\)"):
+        conv2d(x, weight, stride=2, padding="same")
+    with pytest.raises(ValueError, match="padding='full' is not supported"):
+        conv2d(x, weight, padding="full")
     with pytest.raises(ValueError, match="stride must be >= 1"):
         conv2d(x, weight, stride=0)
     with pytest.raises(ValueError, match="padding must be >= 0"):

@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+import kernels.ops
 from experiments.correctness import relative_error, tolerance
 from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision, pretend_gpu
 from kernels.matmul import apply_activation, fused_matmul, matmul, matmul_reference, plan
@@ -264,6 +265,31 @@ def test_tma_layout_rules(make, ok):
     assert tma_layout(make()) == ok
 
 
+# ---- torch.matmul's other operand ranks ----
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((33,), (33, 7)), ((5, 33), (33,)), ((33,), (33,)), ((2, 3, 5, 33), (33, 7)),
+     ((4, 5, 33), (33,))],
+    ids=["vec-mat", "mat-vec", "dot", "batched-a", "batched-a-vec"],
+)
+def test_vector_and_batched_operands(a_shape, b_shape, device):
+    """1-D operands and a batched a, as torch.matmul: results against float64, a batched a read
+    in place (its batch dims merge with M) and a transposed one (they do not: reshape copies)."""
+    g = torch.Generator().manual_seed(8)
+    a = torch.randn(a_shape, generator=g).to(device)
+    b = torch.randn(b_shape, generator=g).to(device)
+    ref = torch.matmul(a.double(), b.double())
+    for fn in (matmul, kernels.ops.matmul):
+        c = fn(a, b)
+        assert c.shape == ref.shape
+        assert relative_error(c, ref) <= tolerance("fp32", False)
+    if len(a_shape) > 2:
+        swapped = (*a_shape[:-2], a_shape[-1], a_shape[-2])
+        at = torch.randn(swapped, generator=g).to(device).transpose(-1, -2)  # columns unit
+        ref = torch.matmul(at.double(), b.double())
+        assert relative_error(matmul(at, b), ref) <= tolerance("fp32", False)
+
+
 # ---- bad input ----
 def tensor(*shape, dtype=torch.float32, device="cpu"):
     return torch.ones(*shape, dtype=dtype, device=device)
@@ -273,15 +299,15 @@ def tensor(*shape, dtype=torch.float32, device="cpu"):
     "a, b, error, match",
     [
         ([[1.0]], tensor(1, 1), TypeError, "a must be a torch.Tensor"),
-        (tensor(2, 4, 5), tensor(5, 3), ValueError, r"a must be 2-D, got shape \(2, 4, 5\)"),
-        (tensor(4, 5), tensor(5), ValueError, r"b must be 2-D, got shape \(5,\)"),
+        (tensor(4, 5), tensor(2, 5, 3), ValueError, r"b has shape \(2, 5, 3\): a batched b"),
+        (tensor(()), tensor(5), ValueError, r"at least 1 dim, got shapes \(\) and \(5,\)"),
         (tensor(4, 5), tensor(6, 3), ValueError, r"inner dims.*\(4, 5\).*\(6, 3\)"),
         (tensor(4, 5), tensor(5, 3, dtype=torch.float16), TypeError, "b has dtype torch.float16"),
         (tensor(4, 5, dtype=torch.float64), tensor(5, 3), TypeError, "supported dtypes"),
         (tensor(4, 5, dtype=torch.int32), tensor(5, 3), TypeError, "supported dtypes"),
         (tensor(4, 5), tensor(5, 3, device="meta"), ValueError, "b is on meta"),
     ],
-    ids=["list", "a-3d", "b-1d", "inner-dim", "dtype-mismatch", "float64", "int32", "device"],
+    ids=["list", "b-3d", "a-0d", "inner-dim", "dtype-mismatch", "float64", "int32", "device"],
 )
 def test_bad_input(a, b, error, match):
     with pytest.raises(error, match=match):

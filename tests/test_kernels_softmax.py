@@ -167,8 +167,25 @@ def test_scalar_empty_and_reference(device):
     torch.testing.assert_close(softmax_reference(x, -1), torch.softmax(x, -1))
 
 
+@pytest.mark.parametrize("src, dst", [("bf16", "fp32"), ("fp32", "bf16"), ("fp16", "fp16")])
+def test_dtype_keyword_casts_first(src, dst, device):
+    """dtype= as in torch.softmax: x cast to it before the operation, the output of that dtype,
+    and the gradient back in x's dtype."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(6, 37, generator=g) * 3).to(device=device, dtype=DTYPES[src])
+    x.requires_grad_(True)
+    y = softmax(x, -1, dtype=DTYPES[dst])
+    assert y.dtype == DTYPES[dst]
+    ref = torch.softmax(x.detach().to(DTYPES[dst]).double(), -1)
+    torch.testing.assert_close(y.detach().double(), ref, rtol=0, atol=TOLERANCES[dst])
+    y.sum().backward()
+    assert x.grad.dtype == x.dtype and x.grad.shape == x.shape
+
+
 def test_bad_inputs(device):
     x = torch.randn(4, 5, device=device)
+    with pytest.raises(TypeError, match=r"dtype=torch.float64 is not supported"):
+        softmax(x, -1, dtype=torch.float64)
     with pytest.raises(TypeError, match="dim must be an int"):
         softmax(x, 1.0)
     with pytest.raises(ValueError, match="out of range"):

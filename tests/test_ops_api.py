@@ -96,3 +96,51 @@ def test_an_unsupported_dtype_is_one_clear_error(name):
         ours(*(t.to(torch.float64) for t in inputs))
     message = str(info.value)
     assert "float64" in message and len(message.splitlines()) == 1
+
+
+def test_torch_signatures_through_the_custom_ops():
+    """What the torch.nn.functional twins take, through kernels.ops (mode=triton-compiled) as
+    through the direct functions: a 1-D linear input, conv2d's string padding (an even kernel's
+    'same' as the op's (top, left, bottom, right) form) and softmax's dtype=."""
+    import torch.nn.functional as F
+
+    import kernels
+    import kernels.ops
+
+    g = torch.Generator().manual_seed(11)
+    x1, w, b = (torch.randn(*s, generator=g) for s in ((24,), (8, 24), (8,)))
+    ref = F.linear(x1.double(), w.double(), b.double())
+    for fn in (kernels.linear, kernels.ops.linear):
+        y = fn(x1, w, b)
+        assert y.shape == (8,) and relative_error(y, ref) <= tolerance("fp32", False)
+    x, k = torch.randn(1, 16, 6, 7, generator=g), torch.randn(4, 16, 2, 3, generator=g)
+    for padding in ("same", "valid"):
+        ref = F.conv2d(x.double(), k.double(), None, 1, padding)
+        for fn in (kernels.conv2d, kernels.ops.conv2d):
+            y = fn(x, k, None, 1, padding)
+            assert y.shape == ref.shape and relative_error(y, ref) <= tolerance("fp32", False)
+    s = torch.randn(5, 33, generator=g).to(torch.bfloat16)
+    ref = torch.softmax(s.double(), -1)
+    for fn in (kernels.softmax, kernels.ops.softmax):
+        y = fn(s, -1, dtype=torch.float32)
+        assert y.dtype == torch.float32 and relative_error(y, ref) <= tolerance("fp32", False)
+
+
+def test_depthwise_conv_through_both_entries():
+    """groups = C (depthwise, channel multiplier 2) through kernels.conv2d and the custom op of
+    mode=triton-compiled; any other grouping is one clear error."""
+    import torch.nn.functional as F
+
+    import kernels
+    import kernels.ops
+
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 6, 7, 9, generator=g).to(memory_format=torch.channels_last)
+    w, b = torch.randn(12, 1, 3, 3, generator=g), torch.randn(12, generator=g)
+    ref = F.conv2d(x.double(), w.double(), b.double(), 1, "same", 1, 6)
+    for fn in (kernels.conv2d, kernels.ops.conv2d):
+        y = fn(x, w, b, 1, "same", 1, None, groups=6)
+        assert relative_error(y, ref) <= tolerance("fp32", False)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match=r"groups=2 \(3 channels a group\) is not supported"):
+        kernels.conv2d(x, torch.randn(12, 3, 3, 3, generator=g), groups=2)

@@ -14,6 +14,8 @@ design"):
                        4-D TMA box (on 7x7 images its ragged 8x8 boxes lose to the implicit GEMM).
     implicit_gemm.py   everything else: per-pixel gathers of channel runs, one flat loop over
                        (r, s, c-block) steps; the weight by TMA on Hopper.
+    depthwise.py       groups = C (depthwise, any channel multiplier): a memory-bound stencil,
+                       no tensor cores.
 
 Window and implicit-GEMM direct launches split their reduction in the same launch where the
 output tiles are too few to fill the GPU (split_k_rule). On Hopper every direct design writes an
@@ -25,7 +27,7 @@ Functions:
     Plan, plan      the design, TMA use and split a call takes
     prepare         validate a call and allocate its output: the Conv record the designs launch
     conv2d_forward  conv2d with the launcher explicit (kernels/ops.py passes wrap_triton)
-    conv2d          the public function: F.conv2d (groups=1) then an activation, fused
+    conv2d          the public function: F.conv2d (groups 1 or depthwise) then an activation
 """
 
 from typing import NamedTuple
@@ -45,6 +47,7 @@ from kernels._common import (
 )
 from kernels._launch import PlanCache
 from kernels.conv.common import Conv, TensorDescriptor
+from kernels.conv.depthwise import depthwise_conv2d
 from kernels.conv.flat_reduction import flat_step
 from kernels.conv.gemm import conv_gemm, gemm_persistent_step, is_gemm
 from kernels.conv.implicit_gemm import implicit_step
@@ -159,7 +162,50 @@ def _pair(name: str, value, minimum: int) -> tuple[int, int]:
     return pair
 
 
-def _check(x, weight, bias, stride, padding, dilation, activation):
+def resolve_padding(padding, kernel_rs, stride_hw, dilation_hw):
+    """((top, left), (bottom, right)) of F.conv2d's padding: an int or a pair (the same on both
+    sides), 'valid' (none) or 'same' (stride 1 only, as in torch: the output keeps the input's
+    size; an even kernel's extra row and column go to the bottom and right, as torch pads), or
+    (top, left, bottom, right), the form kernels/ops.py resolves 'same' into. The kernels take
+    the top/left padding as their offset; the bottom/right one is the output size alone."""
+    if padding == "valid":
+        return (0, 0), (0, 0)
+    if padding == "same":
+        if stride_hw != (1, 1):
+            raise ValueError(f"padding='same' needs stride 1, got stride={stride_hw} (as in torch)")
+        totals = [d * (k - 1) for d, k in zip(dilation_hw, kernel_rs, strict=True)]
+        lo = tuple(t // 2 for t in totals)
+        return lo, tuple(t - low for t, low in zip(totals, lo, strict=True))
+    if isinstance(padding, str):
+        raise ValueError(f"padding={padding!r} is not supported; pass 'same', 'valid', an int "
+                         "or a pair of ints")  # fmt: skip
+    if isinstance(padding, tuple | list) and len(padding) == 4:
+        lo, hi = _pair("padding", padding[:2], 0), _pair("padding", padding[2:], 0)
+        return lo, hi
+    pair = _pair("padding", padding, 0)
+    return pair, pair
+
+
+def _groups(groups, C: int, K: int, C_w: int, x_shape, w_shape) -> int:
+    """groups as F.conv2d takes it: an int >= 1 dividing C and K, with C / groups the weight's
+    channels. Supported: 1 and depthwise (groups = C, any channel multiplier K / C)."""
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise TypeError(f"groups must be an int >= 1, got {groups!r}")
+    if C % groups or K % groups or C // groups != C_w:
+        raise ValueError(
+            f"x has {C} channels (shape {tuple(x_shape)}) and weight has shape "
+            f"{tuple(w_shape)}: groups={groups} needs C and K divisible by it and "
+            f"C / groups = {C_w} (the weight's dim 1)"
+        )
+    if groups not in (1, C):
+        raise ValueError(
+            f"groups={groups} ({C // groups} channels a group) is not supported: only groups=1 "
+            "and depthwise groups=C are"
+        )
+    return groups
+
+
+def _check(x, weight, bias, stride, padding, dilation, activation, groups=1):
     """Every check of conv2d's arguments; returns the (stride, padding, dilation) pairs, the
     output size (P, Q) and the activation id."""
     check_tensor("x", x)
@@ -170,21 +216,22 @@ def _check(x, weight, bias, stride, padding, dilation, activation):
         check_tensor("bias", bias, ndim=1)
     check_same({"x": x, "weight": weight, "bias": bias})
     stride_hw = _pair("stride", stride, 1)
-    padding_hw = _pair("padding", padding, 0)
     dilation_hw = _pair("dilation", dilation, 1)
     act = activation_id(activation)
     C, H, W = x.shape[-3:]
     K, C_w, R, S = weight.shape
-    if C_w != C:
+    padding_hw, padding_hi = resolve_padding(padding, (R, S), stride_hw, dilation_hw)
+    if groups == 1 and C_w != C:
         raise ValueError(
             f"x has {C} channels (shape {tuple(x.shape)}) but weight expects {C_w} "
-            f"(shape {tuple(weight.shape)}); only groups=1 is supported"
+            f"(shape {tuple(weight.shape)})"
         )
+    _groups(groups, C, K, C_w, x.shape, weight.shape)
     if bias is not None and bias.shape[0] != K:
         raise ValueError(f"bias has shape {tuple(bias.shape)} but weight has {K} output channels")
     window_h = dilation_hw[0] * (R - 1) + 1
     window_w = dilation_hw[1] * (S - 1) + 1
-    padded_h, padded_w = H + 2 * padding_hw[0], W + 2 * padding_hw[1]
+    padded_h, padded_w = H + padding_hw[0] + padding_hi[0], W + padding_hw[1] + padding_hi[1]
     if window_h > padded_h or window_w > padded_w:
         raise ValueError(
             f"kernel {R}x{S} with dilation {dilation_hw} spans {window_h}x{window_w}, larger than "
@@ -244,12 +291,15 @@ def conv2d_forward(
     padding=0,
     dilation=1,
     activation: str | None = None,
+    groups: int = 1,
     *,
     launch: Launcher = direct,
 ) -> torch.Tensor:
     """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d. A direct call
     with a planned key launches its plan at once: a planned key passed every check."""
     key = None
+    if groups != 1:
+        return _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, launch)
     if launch is direct and not torch.compiler.is_compiling():
         try:
             key = _plan_key(x, weight, bias, stride, padding, dilation, activation)
@@ -287,6 +337,23 @@ def conv2d_forward(
     return y.squeeze(0) if unbatched else y
 
 
+def _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, launch):
+    """groups != 1: checked as any call, then depthwise.py's stencil (groups = C)."""
+    stride_hw, padding_hw, dilation_hw, (P, Q), act = _check(
+        x, weight, bias, stride, padding, dilation, activation, groups
+    )
+    unbatched = x.dim() == 3
+    if unbatched:
+        x = x.unsqueeze(0)
+    N, K = x.shape[0], weight.shape[0]
+    memory_format = torch.channels_last if _channels_last_output(x) else torch.contiguous_format
+    y = torch.empty((N, K, P, Q), device=x.device, dtype=x.dtype, memory_format=memory_format)
+    if y.numel():
+        depthwise_conv2d(x, weight, bias, y, stride_hw, padding_hw, dilation_hw, act,
+                         launch=launch)  # fmt: skip
+    return y.squeeze(0) if unbatched else y
+
+
 def conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -295,12 +362,16 @@ def conv2d(
     padding=0,
     dilation=1,
     activation: str | None = None,
+    groups: int = 1,
 ) -> torch.Tensor:
-    """F.conv2d(x, weight, bias, stride, padding, dilation) with groups=1, then `activation`.
+    """F.conv2d(x, weight, bias, stride, padding, dilation, groups), then `activation`.
 
-    padding takes ints only (not 'same'/'valid'). The output is channels_last when x is, else
+    groups: 1, or depthwise (groups = C: weight (K, 1, R, S), K a multiple of C), which runs a
+    memory-bound stencil (depthwise.py); other grouped convs are refused.
+    padding is an int, a pair, 'valid' or 'same' (stride 1), as in F.conv2d; x may be unbatched
+    (C, H, W). The output is channels_last when x is, else
     NCHW. Forward only: the result carries no autograd graph. The kernels read the weight as
     channels_last (a (K, R·S·C) matrix): a weight in any other layout is copied to it in every
     call, so keep weights channels_last.
     """
-    return conv2d_forward(x, weight, bias, stride, padding, dilation, activation)
+    return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups)

@@ -29,7 +29,8 @@ Functions (the pieces kernels/ops.py composes into a custom op):
         z may be None when act_id is "none"; x2d may be None when not need_dw, weight when not
         need_dx. Each gradient is None unless asked for.
     linear(x, weight, bias=None, activation=None) -> y
-        Public: x (..., in_features) with at least 2 dims, weight (out, in), bias (out,) or None;
+        Public: x (..., in_features) with any leading dims (1-D x gives a 1-D y), weight
+        (out, in), bias (out,) or None;
         activation in ACTIVATIONS (None means "none"). Autograd-aware.
 
 `launch` is kernels._common.direct or torch.library.wrap_triton; these functions allocate with
@@ -63,7 +64,7 @@ def linear_reference(x, weight, bias=None, activation=None):
 
 
 def check_linear_args(x, weight, bias) -> None:
-    check_tensor("x", x, min_ndim=2)
+    check_tensor("x", x, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
     if bias is not None:
         check_tensor("bias", bias, ndim=1)
@@ -227,9 +228,9 @@ def linear(x, weight, bias=None, activation=None):
             return run_plan(p.gemm, x, weight, bias, False, p.layout)[0]
     act_id = activation_id(activation)
     check_linear_args(x, weight, bias)
-    # A view whenever the leading dims merge (always for contiguous x); otherwise reshape copies,
-    # because the GEMM walks x's rows with a single stride.
-    x2d = x.flatten(0, -2)
+    # A view whenever the leading dims merge (always for contiguous x; a 1-D x is one row);
+    # otherwise reshape copies, because the GEMM walks x's rows with a single stride.
+    x2d = x.reshape(-1, x.shape[-1])
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias)
     )

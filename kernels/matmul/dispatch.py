@@ -29,7 +29,8 @@ Functions:
     matmul_impl(a, b, *, launch=direct) -> c
         Checks the inputs, then fused_matmul; what kernels/ops.py's custom op calls.
     matmul(a, b) -> c
-        Public: the 2-D torch.matmul. fp16/bf16/fp32 in, same dtype out, fp32 accumulation.
+        Public: torch.matmul of 2-D, 1-D and batched-a operands (matmul_nd). fp16/bf16/fp32
+        in, same dtype out, fp32 accumulation.
 """
 
 from typing import NamedTuple
@@ -294,5 +295,31 @@ def matmul_impl(a: torch.Tensor, b: torch.Tensor, *, launch=direct) -> torch.Ten
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for 2-D a (M, K) and b (K, N) of one dtype (fp16, bf16 or fp32), any strides."""
+    """torch.matmul(a, b) of one dtype (fp16, bf16 or fp32), any strides: 2-D a (M, K) and b
+    (K, N); 1-D operands as torch treats them (a vector product); a batched a (..., M, K) with a
+    2-D b, its rows folded into one GEMM (read in place where the batch dims merge with M).
+    A batched b is refused (matmul_nd)."""
+    tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    if tensors and (a.dim() != 2 or b.dim() != 2):
+        return matmul_nd(a, b, matmul_impl)
     return matmul_impl(a, b)
+
+
+def matmul_nd(a: torch.Tensor, b: torch.Tensor, matmul_2d) -> torch.Tensor:
+    """torch.matmul's 1-D and batched-a cases through a 2-D matmul_2d (kernels/ops.py passes
+    its custom op): a 1-D a is one row, a 1-D b one column (both dropped from the result), a
+    batched a's leading dims fold into M. A batched b has no single GEMM to fold into: refused
+    with one error naming it."""
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError(f"matmul needs operands of at least 1 dim, got shapes {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")  # fmt: skip
+    if b.dim() > 2:
+        raise ValueError(f"b has shape {tuple(b.shape)}: a batched b is not supported; b must be "
+                         "1-D (K,) or 2-D (K, N)")  # fmt: skip
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"inner dims differ: a has shape {tuple(a.shape)} and b has shape "
+                         f"{tuple(b.shape)}")  # fmt: skip
+    a2 = a.reshape(-1, a.shape[-1])  # a view where the batch dims merge with M; 1-D: one row
+    b2 = b if b.dim() == 2 else b.unsqueeze(1)
+    c = matmul_2d(a2, b2)
+    return c.reshape((*a.shape[:-1], *b.shape[1:]))  # () for a dot: a 0-d result

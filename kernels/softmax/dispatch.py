@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from kernels._common import (
+    SUPPORTED_DTYPES,
     TUNING_CACHES,
     TUNING_LOG,
     Launcher,
@@ -700,6 +701,17 @@ def softmax_backward(
     return _backward(y, dy, dim, launch, None, key)
 
 
+def cast_input(x, dtype) -> torch.Tensor:
+    """x as `dtype` (softmax's dtype=), checked: a tensor of a dtype torch can cast, to one of
+    the kernels' dtypes."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+        raise TypeError(f"dtype={dtype} is not supported; supported dtypes are {names}")
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 class _Softmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dim):
@@ -715,11 +727,15 @@ class _Softmax(torch.autograd.Function):
         return softmax_backward(y, dy, ctx.dim), None
 
 
-def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """torch.softmax(x, dim): same dtype out, fp32 math inside, differentiable once.
+def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """torch.softmax(x, dim, dtype=dtype): fp32 math inside, differentiable once. The output has
+    x's dtype, or `dtype` where given: as in torch, x is cast to it first (a separate copy;
+    fp16, bf16 or fp32).
 
     A row that is entirely -inf gives NaN, as torch does; -inf entries in other rows give 0.
     """
+    if dtype is not None:
+        x = cast_input(x, dtype)
     if getattr(x, "requires_grad", False) and torch.is_grad_enabled():
         return _Softmax.apply(x, dim)
     return softmax_forward(x, dim)  # no graph to record: no autograd.Function to pass through

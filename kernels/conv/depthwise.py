@@ -1,0 +1,189 @@
+"""Depthwise 2-D convolution (groups = C, weight (K, 1, R, S), K = C·multiplier), bias and
+activation fused: the MobileNetV2 3x3 and ConvNeXt 7x7 layers, which the implicit GEMM cannot
+serve (its reduction runs over all C input channels; here each output channel reads one).
+
+A depthwise conv does 2·R·S FLOPs per output element against one input and one output element of
+traffic, far below what any GPU needs to leave memory behind: it is memory-bound, and tensor cores
+have nothing to do (there is no reduction over channels to feed tl.dot; a 1-channel "GEMM" per
+channel would be all padding). So the kernel is a stencil built to move each byte once: a program
+owns BLOCK_P output pixels (consecutive in (p, q) order, of one image) by BLOCK_C output channels,
+and for every tap (r, s) loads the shifted (BLOCK_P, BLOCK_C) input tile, channels innermost. On
+channels_last data each pixel's channels are one contiguous run (64 bf16 channels: one 128-byte
+line), so the loads coalesce, and the R·S overlapping tiles of a program, and the halo rows its
+neighbours in the grid read too, come from L1 / L2 rather than DRAM: about one DRAM read of the
+input and one write of the output. The accumulator is fp32; bias and activation are applied to it
+and the result rounded to the output dtype once. Padding is zero by masked loads, at negative
+coordinates too. Every tensor is read by its strides, so NCHW works as well (the channel-innermost
+tile then gathers element by element with a stride of H·W: correct, not the layout this is built
+for).
+
+The taps are a plain loop, not unrolled: unrolled, the compiler hoists every tap's load ahead of
+the FMAs, which for 7x7 needs ~49 tiles of registers (ptxas for sm_90: 255 registers and spills);
+looped, a 16-element-per-thread tile takes 72 registers (28 resident warps an SM) for any filter
+(3x3 and 7x7 share one compile), and the other resident warps hide each load's latency. Every
+input element still passes through L1 R·S times (49 for 7x7), which may bound the 7x7 layers
+before DRAM does.
+
+Functions:
+    depthwise_reference      F.conv2d(groups=C), the float64 reference of the tests
+    conv_depthwise_kernel    @triton.jit, autotuned over (BLOCK_P, BLOCK_C, num_warps), with a
+                             hook-free copy for traced launches
+    is_depthwise             a (C, K, groups) conv this kernel computes
+    depthwise_conv2d         launch it into a preallocated output, through `launch`
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import cdiv, direct, is_interpreter, next_power_of_2
+from kernels.conv.common import epilogue, traceable, tune_bench
+
+
+def depthwise_reference(x, weight, bias, stride, padding, dilation):
+    # 2·N·K·P·Q·R·S FLOPs; reads N·C·H·W + K·R·S, writes N·K·P·Q elements (·bytes each)
+    return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, x.shape[1])
+
+
+# (BLOCK_P output pixels, BLOCK_C output channels, num_warps) for the H100, bf16 channels_last,
+# 16 elements a thread but the last (72 registers on sm_90: 28 resident warps an SM). 64-channel
+# tiles read 128-byte lines; 16- and 32-channel tiles divide 144 and 96 (MobileNetV2, ConvNeXt-T)
+# with no idle channel tail, at the price of 32- / 64-byte runs per pixel.
+DEPTHWISE_TILES = [
+    (32, 64, 4),
+    (64, 32, 4),
+    (128, 16, 4),
+    (64, 64, 8),
+    (32, 32, 2),
+    (64, 64, 4),  # 32 elements a thread: 96 registers, 20 resident warps
+]
+
+
+def depthwise_configs():
+    """DEPTHWISE_TILES as configs; one small tile in the interpreter (nothing to tune there).
+    num_stages=1: the tap loop's loads feed no tl.dot, so Triton's pipeliner leaves it alone."""
+    tiles = [(32, 16, 4)] if is_interpreter() else DEPTHWISE_TILES
+    return [triton.Config({"BLOCK_P": block_p, "BLOCK_C": block_c}, num_warps=num_warps,
+                          num_stages=1) for block_p, block_c, num_warps in tiles]  # fmt: skip
+
+
+def prune_depthwise(configs, named_args, **kwargs):
+    """Drop tiles far wider than the problem: more channels than K, more pixels than P·Q."""
+    K, pixels = named_args["K"], named_args["P"] * named_args["Q"]
+    kept = [cfg for cfg in configs
+            if cfg.kwargs["BLOCK_C"] <= max(16, next_power_of_2(K))
+            and cfg.kwargs["BLOCK_P"] <= max(32, next_power_of_2(pixels))]  # fmt: skip
+    return kept or configs[-1:]
+
+
+# Sizes that only bound loops and masks: not specialised on, so spatial sizes share compiles
+SIZES_ONLY = ["N", "H", "W", "P", "Q", "pad_h", "pad_w", "dil_h", "dil_w"]
+# The sizes and layouts that change the best tile
+DEPTHWISE_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "conv_stride_h", "conv_stride_w",
+                 "dil_h", "stride_xc", "stride_yk"]  # fmt: skip
+
+
+@triton.autotune(
+    configs=depthwise_configs(),
+    key=DEPTHWISE_KEY,
+    prune_configs_by={"early_config_prune": prune_depthwise},
+    do_bench=tune_bench,
+)
+@triton.jit(do_not_specialize=SIZES_ONLY)
+def conv_depthwise_kernel(
+    # x: (N, C, H, W), w: (K, 1, R, S), bias: (K,) or None, y: (N, K, P, Q); all by strides
+    x, w, bias_ptr, y,
+    # sizes
+    N, C, H, W, K, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    # strides, in elements
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk, stride_wr, stride_ws,
+    stride_yn, stride_yk, stride_yp, stride_yq,
+    # K // C, epilogue, tile
+    MULTIPLIER: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    # -- program-id mapping: axis 0 is (image, pixel block), pixel blocks fastest, so programs
+    # that run together are spatial neighbours and share their halo rows in L2; axis 1 channels
+    pixel_blocks = tl.cdiv(P * Q, BLOCK_P)
+    pid = tl.program_id(0)
+    n = pid // pixel_blocks
+    offs_p = (pid - n * pixel_blocks) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_k = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+
+    # -- pointer setup: each pixel's window corner, each output channel's input channel --
+    p_ok = offs_p < P * Q
+    k_ok = offs_k < K
+    p = offs_p // Q
+    q = offs_p - p * Q
+    ih0 = p * conv_stride_h - pad_h
+    iw0 = q * conv_stride_w - pad_w
+    x_img = x + n.to(tl.int64) * stride_xn  # int64: batch × image stride can pass 2^31
+    x_chan = (offs_k // MULTIPLIER) * stride_xc
+    w_chan = w + offs_k * stride_wk
+
+    # -- main loop: one shifted (BLOCK_P, BLOCK_C) input tile per tap (r, s), decoded as scalars
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for rs in range(R * S):
+        r = rs // S
+        s = rs - r * S
+        ih = ih0 + r * dil_h
+        iw = iw0 + s * dil_w
+        pix_ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)  # zero padding reads 0
+        x_ptrs = x_img + (ih * stride_xh + iw * stride_xw)[:, None] + x_chan[None, :]
+        xv = tl.load(x_ptrs, mask=pix_ok[:, None] & k_ok[None, :], other=0.0)
+        wv = tl.load(w_chan + r * stride_wr + s * stride_ws, mask=k_ok, other=0.0)
+        acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+
+    # -- write-back: bias + activation in fp32, one rounding, masked store --
+    y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
+    epilogue(acc, y, bias_ptr, y_row, offs_k, p_ok, k_ok, stride_yk, HAS_BIAS,
+             ACTIVATION)  # fmt: skip
+
+
+_TRACEABLE = traceable(conv_depthwise_kernel.configs, DEPTHWISE_KEY, conv_depthwise_kernel.fn)
+
+
+def is_depthwise(C: int, K: int, groups: int) -> bool:
+    """A grouped conv this kernel computes: one group per input channel, K a multiple of C."""
+    return groups == C and K % C == 0
+
+
+def depthwise_conv2d(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, act_id, *,
+                     launch=direct):  # fmt: skip
+    """y = act(conv2d(x, weight, bias, groups=C)), written into the preallocated y; returns y.
+
+    x (N, C, H, W), weight (K, 1, R, S) with K % C == 0 (output channel k reads input channel
+    k // (K / C)), bias (K,) or None, y (N, K, P, Q): any strides, one dtype. P, Q are taken from
+    y, so padding_lo_hw is only the top / left padding; the bottom / right padding is whatever P,
+    Q imply (asymmetric padding). act_id is a kernels._common.ACTIVATIONS id. `launch` is
+    kernels._common.direct, or torch.library.wrap_triton for a traced launch (which runs the
+    hook-free copy of the autotuner)."""
+    N, C, H, W = x.shape
+    K, one, R, S = weight.shape
+    if one != 1 or K % C != 0:
+        raise ValueError(f"weight {tuple(weight.shape)} is not depthwise for {C} input channels")
+    if y.dim() != 4 or tuple(y.shape[:2]) != (N, K):
+        raise ValueError(f"y has shape {tuple(y.shape)}, expected ({N}, {K}, P, Q)")
+    if bias is not None and tuple(bias.shape) != (K,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({K},)")
+    P, Q = y.shape[2:]
+    if y.numel() == 0:
+        return y
+    kernel = conv_depthwise_kernel if launch is direct else _TRACEABLE
+
+    def grid(meta):
+        return (N * cdiv(P * Q, meta["BLOCK_P"]), cdiv(K, meta["BLOCK_C"]))
+
+    launch(kernel)[grid](
+        x, weight, bias, y,
+        N, C, H, W, K, P, Q, R, S,
+        *stride_hw, *padding_lo_hw, *dilation_hw,
+        *x.stride(),
+        weight.stride(0), weight.stride(2), weight.stride(3),
+        *y.stride(),
+        MULTIPLIER=K // C, HAS_BIAS=bias is not None, ACTIVATION=act_id,
+    )  # fmt: skip
+    return y
