@@ -280,6 +280,27 @@ def conv_report(frame: pd.DataFrame) -> Report:
                                     where))
                 tables.append((f"conv {dtype} {shape_set} ({fused_ops}): triton against eager",
                                _paired_table(triton)))
+    # Depthwise (memory-bound): against eager and the best compile mode, and the share of the
+    # copy bandwidth the minimum bytes (x, w, y once) move at
+    for shape_set in ("mobilenet_v2_dw", "convnext_dw"):
+        layers = _ok(rows, shape_set=shape_set)
+        for dtype in _dtypes(layers):
+            part = layers[layers["dtype"] == dtype]
+            triton = part[part["mode"] == "triton"]
+            tag = f"conv {dtype} {shape_set} (depthwise)"
+            checks.append(Check(f"{tag}: triton vs eager (geomean)",
+                                _gm(triton["speedup_vs_eager"]), 1.0, f" ({len(triton)} layers)"))
+            best = vs_best_compile(frame, kernel="conv", memory_format="nhwc",
+                                   shape_set=shape_set, dtype=dtype)  # fmt: skip
+            worst, where = _worst(best.reset_index(), "ratio")
+            checks.append(Check(f"{tag}: triton vs best compile mode (geomean)", _gm(best["ratio"]),
+                                1.0, _worst_note(worst, where)))
+            worst, where = _worst(triton, "pct_peak_bw")
+            checks.append(Check(f"{tag}: triton % of copy bandwidth, every layer", worst, 80,
+                                where))
+            table = _mode_table(part, "speedup_vs_eager").add_suffix(" x eager")
+            table["triton % of copy"] = triton.set_index("shape_label")["pct_peak_bw"]
+            tables.append((f"{tag}: speedup_vs_eager by mode, triton bandwidth", table))
     fused = _ok(rows, epilogue="bias+relu")
     for dtype in _dtypes(fused):
         best = vs_best_compile(frame, kernel="conv", memory_format="nhwc", epilogue="bias+relu",

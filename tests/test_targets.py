@@ -257,3 +257,27 @@ def test_host_path_targets_read_latency_do_bench_and_triton_compiled():
     vs_default = checks["linear bf16 triton-compiled call latency: default's / ours (geomean)"]
     assert vs_default.value == pytest.approx((25 / 20 * 90 / 100) ** 0.5)
     assert "worst 0.900 at big" in vs_default.detail
+
+
+def test_depthwise_targets_read_eager_compile_and_bandwidth():
+    from analysis.targets import conv_report
+
+    def dw(mode, label, speedup, pct=None, shape_set="mobilenet_v2_dw"):
+        return row("conv", mode, label, shape_set=shape_set, memory_format="nhwc",
+                   speedup_vs_eager=speedup, pct_peak_bw=pct,
+                   shape={"n": 32, "c": 144, "h": 56, "w": 56, "k": 144, "r": 3, "s": 3})
+
+    frame = records_frame([
+        dw("triton", "a", 1.4, 85.0), dw("triton", "b", 1.1, 78.0),
+        dw("default", "a", 1.2), dw("default", "b", 1.2),
+        dw("max-autotune-no-cudagraphs", "a", 1.3), dw("max-autotune-no-cudagraphs", "b", 1.0),
+    ])
+    checks = {c.target: c for c in conv_report(frame).checks}
+    tag = "conv bf16 mobilenet_v2_dw (depthwise)"
+    assert checks[f"{tag}: triton vs eager (geomean)"].value == pytest.approx((1.4 * 1.1) ** 0.5)
+    best = checks[f"{tag}: triton vs best compile mode (geomean)"]
+    assert best.value == pytest.approx((1.4 / 1.3 * 1.1 / 1.2) ** 0.5)
+    bandwidth = checks[f"{tag}: triton % of copy bandwidth, every layer"]
+    assert bandwidth.value == pytest.approx(78.0) and not bandwidth.passed
+    assert "at b" in bandwidth.detail
+    assert not any("convnext_dw" in target for target in checks)  # no rows, no checks

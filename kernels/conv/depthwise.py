@@ -30,6 +30,7 @@ Functions:
                              hook-free copy for traced launches
     is_depthwise             a (C, K, groups) conv this kernel computes
     depthwise_conv2d         launch it into a preallocated output, through `launch`
+    depthwise_step           the launch as a kernels._launch.Step (the dispatch's plans)
 """
 
 import torch
@@ -37,6 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, direct, is_interpreter, next_power_of_2
+from kernels._launch import Step
 from kernels.conv.common import epilogue, traceable, tune_bench
 
 
@@ -169,21 +171,31 @@ def depthwise_conv2d(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, 
         raise ValueError(f"y has shape {tuple(y.shape)}, expected ({N}, {K}, P, Q)")
     if bias is not None and tuple(bias.shape) != (K,):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({K},)")
-    P, Q = y.shape[2:]
     if y.numel() == 0:
         return y
+    depthwise_step(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, act_id,
+                   launch=launch)(x, weight, bias, y)  # fmt: skip
+    return y
+
+
+def depthwise_step(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, act_id, *,
+                   launch=direct) -> Step:  # fmt: skip
+    """depthwise_conv2d's launch as a kernels._launch.Step over (x, weight, bias, y), for
+    kernels/conv/dispatch.py's plans; no checks (depthwise_conv2d's are the caller's)."""
+    N, C, H, W = x.shape
+    K, _, R, S = weight.shape
+    P, Q = y.shape[2:]
     kernel = conv_depthwise_kernel if launch is direct else _TRACEABLE
 
     def grid(meta):
         return (N * cdiv(P * Q, meta["BLOCK_P"]), cdiv(K, meta["BLOCK_C"]))
 
-    launch(kernel)[grid](
-        x, weight, bias, y,
-        N, C, H, W, K, P, Q, R, S,
-        *stride_hw, *padding_lo_hw, *dilation_hw,
-        *x.stride(),
-        weight.stride(0), weight.stride(2), weight.stride(3),
-        *y.stride(),
-        MULTIPLIER=K // C, HAS_BIAS=bias is not None, ACTIVATION=act_id,
+    return Step(
+        launch(kernel), grid,
+        (N, C, H, W, K, P, Q, R, S,
+         *stride_hw, *padding_lo_hw, *dilation_hw,
+         *x.stride(),
+         weight.stride(0), weight.stride(2), weight.stride(3),
+         *y.stride()),
+        dict(MULTIPLIER=K // C, HAS_BIAS=bias is not None, ACTIVATION=act_id),
     )  # fmt: skip
-    return y

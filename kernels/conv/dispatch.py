@@ -47,7 +47,7 @@ from kernels._common import (
 )
 from kernels._launch import PlanCache
 from kernels.conv.common import Conv, TensorDescriptor
-from kernels.conv.depthwise import depthwise_conv2d
+from kernels.conv.depthwise import depthwise_step
 from kernels.conv.flat_reduction import flat_step
 from kernels.conv.gemm import conv_gemm, gemm_persistent_step, is_gemm
 from kernels.conv.implicit_gemm import implicit_step
@@ -123,7 +123,7 @@ class _Launch(NamedTuple):
 _PLANS = PlanCache()
 
 
-def _plan_key(x, weight, bias, stride, padding, dilation, activation) -> tuple:
+def _plan_key(x, weight, bias, stride, padding, dilation, activation, groups) -> tuple:
     """Everything a direct call's launch (and its argument checks) depend on but the tensors'
     pointers; raises AttributeError or TypeError for arguments no plan can have (not tensors,
     unhashable lists)."""
@@ -132,7 +132,7 @@ def _plan_key(x, weight, bias, stride, padding, dilation, activation) -> tuple:
         weight.device, x.data_ptr() % 16, weight.data_ptr() % 16,
         None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device,
                                    bias.data_ptr() % 16),
-        stride, padding, dilation, activation, torch._C._get_cudnn_allow_tf32(),
+        stride, padding, dilation, activation, groups, torch._C._get_cudnn_allow_tf32(),
     )  # fmt: skip
     hash(key)
     return key
@@ -298,16 +298,17 @@ def conv2d_forward(
     """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d. A direct call
     with a planned key launches its plan at once: a planned key passed every check."""
     key = None
-    if groups != 1:
-        return _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, launch)
     if launch is direct and not torch.compiler.is_compiling():
         try:
-            key = _plan_key(x, weight, bias, stride, padding, dilation, activation)
+            key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups)
         except (AttributeError, TypeError):
             key = None  # the checks below say what is wrong, or the call goes unplanned
         p = None if key is None else _PLANS.get(key)
         if p is not None:
             return _launch_planned(p, x, weight, bias)
+    if groups != 1:
+        return _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, launch,
+                          key)  # fmt: skip
     stride_hw, padding_hw, dilation_hw, pq, act = _check(
         x, weight, bias, stride, padding, dilation, activation
     )
@@ -337,8 +338,9 @@ def conv2d_forward(
     return y.squeeze(0) if unbatched else y
 
 
-def _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, launch):
-    """groups != 1: checked as any call, then depthwise.py's stencil (groups = C)."""
+def _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, launch, key):
+    """groups != 1: checked as any call, then depthwise.py's stencil (groups = C), its launch
+    kept under `key` (a 4-D direct call's) as the other designs' are."""
     stride_hw, padding_hw, dilation_hw, (P, Q), act = _check(
         x, weight, bias, stride, padding, dilation, activation, groups
     )
@@ -349,8 +351,11 @@ def _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, l
     memory_format = torch.channels_last if _channels_last_output(x) else torch.contiguous_format
     y = torch.empty((N, K, P, Q), device=x.device, dtype=x.dtype, memory_format=memory_format)
     if y.numel():
-        depthwise_conv2d(x, weight, bias, y, stride_hw, padding_hw, dilation_hw, act,
-                         launch=launch)  # fmt: skip
+        step = depthwise_step(x, weight, bias, y, stride_hw, padding_hw, dilation_hw, act,
+                              launch=launch)  # fmt: skip
+        step(x, weight, bias, y)
+        if key is not None and not unbatched:
+            _PLANS.put(key, _Launch(step, None, tuple(y.shape), tuple(y.stride()), False))
     return y.squeeze(0) if unbatched else y
 
 
