@@ -6,6 +6,7 @@ the bias add and activation into the store; kernels.conv shares its epilogue hel
 
 Modules:
     dispatch.py  which kernel a call takes (plan), fused_matmul, matmul_impl and matmul
+    batched.py   torch.matmul's broadcast batch dims as one batch stride per operand (views)
     tma.py       the Hopper kernels: TMA descriptors, persistent grouped tiles, wgmma
     pointer.py   the pointer-load kernel for every other case, and its autotuning configs
     splitk.py    split-K for skinny shapes on the pointer path: slice count, reduce kernel

@@ -12,6 +12,18 @@
                   Inductor handles TMA descriptors was not checked on the GPU)
 Evidence for each choice: docs/kernels/matmul.md, "Shipped design".
 
+A batched b (torch.matmul's broadcast batch, direct calls only) is one launch over every matrix
+of the (batch, M, K) and (batch, K, N) views kernels/matmul/batched.py makes:
+    Hopper, 16-bit, each matrix TMA-readable and batch strides 0 or 16-byte aligned
+        -> matmul_tma_host_desc_kernel, batched (tiles x batch in its persistent loop; 3-D
+           descriptors, a broadcast operand's 2-D); heuristic_tile counts every matrix's tiles
+    everything else -> matmul_kernel, batched (grid axis 0 is batch x tiles), never split over
+                  K: fp32 too (the device-descriptor kernel stays 2-D), other GPUs, the
+                  interpreter, unaligned batch strides, K = 0
+A b whose batch dims are all 1 is a 2-D b (a's batch folds into M, as matmul_nd does), and so
+is a batch of one matrix. kernels/ops.py's custom op stays 2-D: matmul_nd refuses a batched b
+for any matmul_2d but matmul_impl.
+
 Functions:
     matmul_reference(a, b) -> c
         torch's a @ b, for tests and benchmarks.
@@ -28,11 +40,18 @@ Functions:
         needs it); no input checks. Used by matmul, kernels.linear and kernels.conv.
     matmul_impl(a, b, *, launch=direct) -> c
         Checks the inputs, then fused_matmul; what kernels/ops.py's custom op calls.
+    batched_plan(a, b) -> Plan(kernel, 1, tile)
+        The batched choice above for (batch, M, K) and (batch, K, N) operands.
+    matmul_batched(a, b) -> c
+        torch.matmul with b of 3+ dims, broadcasting the batch dims; one launch, a plan per key.
     matmul(a, b) -> c
-        Public: torch.matmul of 2-D, 1-D and batched-a operands (matmul_nd). fp16/bf16/fp32
+        Public: torch.matmul of any operands of 1+ dims, broadcasting batch dims. fp16/bf16/fp32
         in, same dtype out, fp32 accumulation.
+    matmul_nd(a, b, matmul_2d) -> c
+        The 1-D and batched-a cases through a 2-D matmul_2d (kernels/ops.py's custom op).
 """
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -48,6 +67,7 @@ from kernels._common import (
     is_interpreter,
 )
 from kernels._launch import PlanCache, Step
+from kernels.matmul.batched import batched_views, check_batched_args
 from kernels.matmul.pointer import SKINNY_M, matmul_kernel
 from kernels.matmul.splitk import auto_split_k, splitk_reduce_step
 from kernels.matmul.tma import (
@@ -56,6 +76,7 @@ from kernels.matmul.tma import (
     heuristic_tile,
     host_desc_step,
     set_scratch_allocator,
+    tma_batch_layout,
     tma_layout,
 )
 
@@ -297,9 +318,12 @@ def matmul_impl(a: torch.Tensor, b: torch.Tensor, *, launch=direct) -> torch.Ten
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """torch.matmul(a, b) of one dtype (fp16, bf16 or fp32), any strides: 2-D a (M, K) and b
     (K, N); 1-D operands as torch treats them (a vector product); a batched a (..., M, K) with a
-    2-D b, its rows folded into one GEMM (read in place where the batch dims merge with M).
-    A batched b is refused (matmul_nd)."""
+    2-D b, its rows folded into one GEMM (read in place where the batch dims merge with M); a
+    batched b (..., K, N), the batch dims broadcast as torch does, in one launch
+    (matmul_batched)."""
     tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    if tensors and b.dim() > 2:
+        return matmul_batched(a, b)
     if tensors and (a.dim() != 2 or b.dim() != 2):
         return matmul_nd(a, b, matmul_impl)
     return matmul_impl(a, b)
@@ -308,12 +332,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def matmul_nd(a: torch.Tensor, b: torch.Tensor, matmul_2d) -> torch.Tensor:
     """torch.matmul's 1-D and batched-a cases through a 2-D matmul_2d (kernels/ops.py passes
     its custom op): a 1-D a is one row, a 1-D b one column (both dropped from the result), a
-    batched a's leading dims fold into M. A batched b has no single GEMM to fold into: refused
-    with one error naming it."""
+    batched a's leading dims fold into M. A batched b has no single GEMM to fold into: with
+    matmul_impl it takes matmul_batched's one launch; any other matmul_2d (the custom op is
+    2-D) refuses it with one error naming it."""
     if a.dim() == 0 or b.dim() == 0:
         raise ValueError(f"matmul needs operands of at least 1 dim, got shapes {tuple(a.shape)} "
                          f"and {tuple(b.shape)}")  # fmt: skip
     if b.dim() > 2:
+        if matmul_2d is matmul_impl:
+            return matmul_batched(a, b)
         raise ValueError(f"b has shape {tuple(b.shape)}: a batched b is not supported; b must be "
                          "1-D (K,) or 2-D (K, N)")  # fmt: skip
     if a.shape[-1] != b.shape[0]:
@@ -323,3 +350,92 @@ def matmul_nd(a: torch.Tensor, b: torch.Tensor, matmul_2d) -> torch.Tensor:
     b2 = b if b.dim() == 2 else b.unsqueeze(1)
     c = matmul_2d(a2, b2)
     return c.reshape((*a.shape[:-1], *b.shape[1:]))  # () for a dot: a 0-d result
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched b: one launch over the broadcast batch
+# ---------------------------------------------------------------------------------------------
+def batched_plan(a: torch.Tensor, b: torch.Tensor) -> Plan:
+    """The kernel and tile for (batch, M, K) @ (batch, K, N) views (see the module docstring):
+    the host-descriptor kernel where plan() would take it for one matrix (16-bit) and TMA can
+    read every matrix, else the pointer kernel, unsplit."""
+    has_tma, num_sms = device_info(a.device)
+    batch, M, K = a.shape
+    N = b.shape[2]
+    tma = has_tma and K > 0 and tma_batch_layout(a) and tma_batch_layout(b)
+    if tma and a.dtype in (torch.float16, torch.bfloat16):
+        return Plan("tma_host_desc", 1, heuristic_tile(M, N, K, num_sms, batch))
+    return Plan("pointer", 1, None)
+
+
+class _BatchedLaunches(NamedTuple):
+    """A batched call's plan (_PLANS): the launches over its views, c's shape, and whether the
+    views copy an operand (then they are made again each call; else the launches read the
+    operands' own pointers, which the views share)."""
+
+    launches: _Launches
+    shape: tuple  # torch.matmul's result shape, contiguous
+    copied: bool
+
+
+def _build_batched(a, b, c) -> _Launches:
+    """The one launch of c = a @ b over (batch, M, K), (batch, K, N) and a contiguous
+    (batch, M, N) c, as a Step."""
+    batch, M, K = a.shape
+    N = b.shape[2]
+    kernel, _, tile = batched_plan(a, b)
+    common = dict(
+        HAS_BIAS=False,
+        ACTIVATION=ACTIVATIONS["none"],
+        STORE_PREACT=False,
+        INPUT_PRECISION=dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32),
+        UPCAST_TO_FP32=is_interpreter() and a.dtype == torch.bfloat16,
+    )
+    if kernel == "tma_host_desc":
+        step = host_desc_step(a, b, c, None, None, tile, common, device_info(a.device)[1])
+    else:
+        grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]) * batch, 1)
+        step = Step(
+            matmul_kernel, grid,
+            (M, N, K, 1,
+             a.stride(1), a.stride(2), b.stride(1), b.stride(2), c.stride(1), c.stride(2), 0),
+            dict(SPLIT=False, **common, batch=batch, stride_ab=a.stride(0),
+                 stride_bb=b.stride(0), stride_cb=c.stride(0), BATCHED=True),
+        )  # fmt: skip
+    return _Launches(kernel, 1, (step,), tuple(c.shape), tuple(c.stride()), False, False)
+
+
+def matmul_batched(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.matmul(a, b) for b of 3+ dims and a of 1+ (see the module docstring): one launch
+    over the broadcast batch, its plan kept per call key (_plan_key: every shape and stride) so
+    a repeated call checks and plans nothing. Direct launches only: kernels/ops.py's custom op
+    is 2-D."""
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = ("batched", *_plan_key(a, b, None, ACTIVATIONS["none"], False))
+        except (AttributeError, TypeError):
+            pass  # not tensors: the checks say what is wrong
+    p = None if key is None else _PLANS.get(key)
+    if p is not None:
+        if p.copied:
+            views = batched_views(a, b)
+            a, b = views.a, views.b
+        c = torch.empty(p.shape, device=a.device, dtype=a.dtype)
+        _run(p.launches, a, b, c, None, None)
+        return c
+    check_batched_args(a, b)
+    if math.prod(b.shape[:-2]) == 1:  # one matrix of b: a 2-D b, in torch's result shape
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        c = matmul_nd(a, b.reshape(b.shape[-2:]), matmul_impl)
+        return c.reshape(*batch, *a.shape[-2:-1], b.shape[-1])  # a 1-D a has no M
+    views = batched_views(a, b)
+    c = torch.empty(views.shape, device=a.device, dtype=a.dtype)
+    if c.numel() == 0:
+        return c
+    c3 = c.view(views.a.shape[0], views.a.shape[1], views.b.shape[2])
+    p = _BatchedLaunches(_build_batched(views.a, views.b, c3), views.shape, views.copied)
+    if key is not None:
+        _PLANS.put(key, p)
+    _run(p.launches, views.a, views.b, c3, None, None)
+    return c

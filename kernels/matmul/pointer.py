@@ -5,6 +5,12 @@ traced by torch.compile (kernels/ops.py). Any strides: transposed and sliced vie
 With split_k > 1 each program sums one slice of K into an fp32 partial tile, and
 kernels/matmul/splitk.py's reduce kernel adds the slices and runs the epilogue.
 
+Batched (BATCHED, torch.matmul's broadcast batch: kernels/matmul/batched.py): `batch` GEMMs of
+one shape in one launch, grid axis 0 holding (matrix, tile) batch-major, each operand moved to
+its matrix by its own batch stride (0 where broadcast). The batch arguments come last with
+defaults, so a 2-D launch passes none of them and compiles to the same code as without them.
+Batched launches do not split K.
+
 Functions:
     pointer_configs() -> [triton.Config]
         The autotuner's tiles on a GPU (pruned by M, see prune_by_m).
@@ -14,8 +20,8 @@ Functions:
         The tiles that suit M rows (skinny, mid, large); also the TMA kernel's pruning.
     matmul_kernel[grid](a_ptr, b_ptr, c_ptr, bias_ptr, preact_ptr, partial_ptr, M, N, K, split_k,
                         strides..., HAS_BIAS, ACTIVATION, STORE_PREACT, INPUT_PRECISION,
-                        UPCAST_TO_FP32, SPLIT)
-        @triton.autotune'd kernel; grid (tiles, split_k).
+                        UPCAST_TO_FP32, SPLIT, tile, [batch, batch strides, BATCHED])
+        @triton.autotune'd kernel; grid (tiles, split_k), or (batch * tiles, 1) when BATCHED.
 """
 
 import triton
@@ -80,7 +86,7 @@ def _prune(configs, named_args, **kwargs):
 
 @triton.autotune(
     configs=interpreter_configs() if is_interpreter() else pointer_configs(),
-    key=["M", "N", "K", "split_k"],
+    key=["M", "N", "K", "split_k", "batch"],  # batch: absent (so not keyed) in 2-D launches
     prune_configs_by={"early_config_prune": _prune},
 )
 @triton.jit
@@ -96,9 +102,24 @@ def matmul_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    # batched launches only: the matrix count (an autotuning key; the grid covers it), each
+    # operand's batch stride in elements (0: broadcast; C's is also Z's) and the switch. 2-D
+    # launches leave them out.
+    batch=None, stride_ab=None, stride_bb=None, stride_cb=None, BATCHED: tl.constexpr = False,
 ):  # fmt: skip
     # ---- program-id mapping: grouped, for L2 reuse; axis 1 is the K slice ----
-    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid = tl.program_id(0)
+    if BATCHED:
+        # axis 0 is (matrix, tile), batch-major; int64 offsets, as a batch may pass 2**31 elements
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+        matrix = (pid // tiles).to(tl.int64)
+        pid = pid % tiles
+        a_ptr += matrix * stride_ab
+        b_ptr += matrix * stride_bb
+        c_ptr += matrix * stride_cb
+        if STORE_PREACT:
+            preact_ptr += matrix * stride_cb
+    pid_m, pid_n = grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     k_tiles = tl.cdiv(K, BLOCK_K)
     k_per_split = tl.cdiv(k_tiles, split_k)
     k_lo = tl.program_id(1) * k_per_split

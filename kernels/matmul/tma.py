@@ -20,11 +20,23 @@ in its backward) costs nothing. Descriptors need 16-byte aligned starts and row 
                                    (tl.make_tensor_descriptor), since an autotuned block shape
                                    is only known inside the launch.
 
+Batched (torch.matmul's broadcast batch, kernels/matmul/batched.py), the host-descriptor kernel
+only: with BATCHED the persistent loop walks batch x tiles (batch-major), C's descriptor is 3-D
+[batch, M, N] with block [1, BLOCK_M, STORE_N], and an operand with a batch stride (A_BATCHED,
+B_BATCHED) is read through a 3-D descriptor [batch, rows, cols] (its 16-byte aligned batch
+stride), loaded at [matrix, row, col] as a [1, rows, cols] block reshaped to 2-D: TMA clips
+each matrix at its own edges, which a 2-D descriptor over the stacked rows would not. A
+broadcast operand (batch stride 0, which TMA cannot describe) keeps its 2-D descriptor. The
+batch arguments come last with defaults, so a 2-D launch passes none of them and compiles to
+the same code as without them.
+
 Functions:
     tma_layout(t) -> (column-major?, stride) | None
         Whether TMA can read the 2-D t as stored.
-    heuristic_tile(M, N, K, num_sms) -> Tile
-        The host-descriptor kernel's tile for a 16-bit shape.
+    tma_batch_layout(t) -> (column-major?, stride) | None
+        The same for a (batch, rows, cols) t, whose batch stride must be 0 or 16-byte aligned.
+    heuristic_tile(M, N, K, num_sms, batch=1) -> Tile
+        The host-descriptor kernel's tile for a 16-bit shape (batch of them in one launch).
     tma_configs() -> [triton.Config]
         The device-descriptor kernel's autotuning tiles (fp32).
     matmul_tma_host_desc_kernel, matmul_tma_device_desc_kernel
@@ -33,7 +45,7 @@ Functions:
     device_desc_step(a, b, c, bias, preact, common, num_sms) -> Step
         Their launches as kernels._launch Steps (kept in kernels.matmul.dispatch's plans) over
         the tensors (a, b, c, bias, preact); `common` holds the epilogue and precision
-        constexprs.
+        constexprs. host_desc_step also takes batched (batch, rows, cols) a, b and c.
 """
 
 from typing import NamedTuple
@@ -64,6 +76,15 @@ def tma_layout(t: torch.Tensor) -> tuple[bool, int] | None:
     if t.stride(0) == 1 and (t.stride(1) * size) % 16 == 0 and t.stride(1) >= rows:
         return True, t.stride(1)
     return None
+
+
+def tma_batch_layout(t: torch.Tensor) -> tuple[bool, int] | None:
+    """tma_layout of each (rows, cols) matrix of a (batch, rows, cols) t, or None where TMA
+    cannot read them: a batch stride that is neither 0 (broadcast: one 2-D descriptor serves
+    every matrix) nor 16-byte aligned."""
+    if (t.stride(0) * t.element_size()) % 16:
+        return None
+    return tma_layout(t[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,18 +121,19 @@ LARGE_TILE = Tile(128, 256, 64, 3, 8, True)
 GROUP_M = 8
 
 
-def heuristic_tile(M: int, N: int, K: int, num_sms: int) -> Tile:
-    """The host-descriptor kernel's tile for a 16-bit (M, K) @ (K, N) on num_sms SMs."""
+def heuristic_tile(M: int, N: int, K: int, num_sms: int, batch: int = 1) -> Tile:
+    """The host-descriptor kernel's tile for a 16-bit (M, K) @ (K, N) on num_sms SMs, or for
+    `batch` of them in one launch (the waves count every matrix's tiles)."""
     if M <= 32:
         return DECODE_TILE
     if M <= SKINNY_M:
-        if cdiv(M, 64) * cdiv(N, 64) > SKINNY_WIDE_WAVES * num_sms:
+        if cdiv(M, 64) * cdiv(N, 64) * batch > SKINNY_WIDE_WAVES * num_sms:
             return SKINNY_WIDE_TILE
         return SKINNY_TILE
-    if cdiv(M, 128) * cdiv(N, 256) > LARGE_WAVES * num_sms:
+    if cdiv(M, 128) * cdiv(N, 256) * batch > LARGE_WAVES * num_sms:
         return LARGE_TILE
     for tile in WAVE_TILES:
-        if cdiv(M, tile.block_m) * cdiv(N, tile.block_n) >= WAVE_FILL * num_sms:
+        if cdiv(M, tile.block_m) * cdiv(N, tile.block_n) * batch >= WAVE_FILL * num_sms:
             return tile
     return WAVE_TILES[-1]
 
@@ -152,39 +174,65 @@ def _halves(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _load_block(desc, matrix, off0, off1, ROWS: tl.constexpr, COLS: tl.constexpr,
+                BATCHED: tl.constexpr):  # fmt: skip
+    """desc's (ROWS, COLS) block at (off0, off1): of matrix `matrix` when desc is 3-D (BATCHED),
+    loaded as [1, ROWS, COLS] and reshaped."""
+    if BATCHED:
+        block = desc.load([matrix, off0, off1]).reshape(ROWS, COLS)
+    else:
+        block = desc.load([off0, off1])
+    return block
+
+
+@triton.jit
+def _store_block(desc, value, matrix, off0, off1, BATCHED: tl.constexpr):
+    """Store the 2-D `value` through desc at (off0, off1): into matrix `matrix` of a 3-D desc
+    (BATCHED) as a [1, rows, cols] block."""
+    if BATCHED:
+        desc.store([matrix, off0, off1], value.reshape(1, value.shape[0], value.shape[1]))
+    else:
+        desc.store([off0, off1], value)
+
+
+@triton.jit
 def _epilogue_store(x, off_m, col, N, bias_ptr, stride_bias, c_desc, z_desc, c_ptr, preact_ptr,
                     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
-                    STORE_N: tl.constexpr):  # fmt: skip
+                    STORE_N: tl.constexpr, matrix=0, BATCHED: tl.constexpr = False):  # fmt: skip
     """One column block of the subtiled epilogue: z = x + bias[col:col + STORE_N] (its slice
-    loaded here, not the whole tile's), then Z (when STORE_PREACT) and act(z) by TMA."""
+    loaded here, not the whole tile's), then Z (when STORE_PREACT) and act(z) by TMA, into
+    matrix `matrix` of 3-D descriptors when BATCHED."""
     if HAS_BIAS:
         offs_n = col + tl.arange(0, STORE_N)
         bias = tl.load(bias_ptr + offs_n * stride_bias, mask=offs_n < N, other=0.0)
         x = x + bias.to(tl.float32)[None, :]
     if STORE_PREACT:
-        z_desc.store([off_m, col], x.to(preact_ptr.dtype.element_ty))
-    c_desc.store([off_m, col], apply_activation(x, ACTIVATION).to(c_ptr.dtype.element_ty))
+        _store_block(z_desc, x.to(preact_ptr.dtype.element_ty), matrix, off_m, col, BATCHED)
+    _store_block(c_desc, apply_activation(x, ACTIVATION).to(c_ptr.dtype.element_ty), matrix,
+                 off_m, col, BATCHED)  # fmt: skip
 
 
 @triton.jit
 def _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles,
                   A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
                   UPCAST_TO_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):  # fmt: skip
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  matrix=0, A_BATCHED: tl.constexpr = False,
+                  B_BATCHED: tl.constexpr = False):  # fmt: skip
     """The fp32 (BLOCK_M, BLOCK_N) accumulator over all K steps, tiles loaded by TMA (which
-    zero-fills reads past the edges). A column-major operand is loaded as stored and `.T`-ed."""
+    zero-fills reads past the edges). A column-major operand is loaded as stored and `.T`-ed;
+    a 3-D (A_BATCHED, B_BATCHED) descriptor is read in matrix `matrix`."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(0, k_tiles):
         off_k = ki * BLOCK_K
         if A_COL_MAJOR:
-            a = a_desc.load([off_k, off_m]).T
+            a = _load_block(a_desc, matrix, off_k, off_m, BLOCK_K, BLOCK_M, A_BATCHED).T
         else:
-            a = a_desc.load([off_m, off_k])
+            a = _load_block(a_desc, matrix, off_m, off_k, BLOCK_M, BLOCK_K, A_BATCHED)
         if B_COL_MAJOR:
-            b = b_desc.load([off_n, off_k]).T
+            b = _load_block(b_desc, matrix, off_n, off_k, BLOCK_N, BLOCK_K, B_BATCHED).T
         else:
-            b = b_desc.load([off_k, off_n])
+            b = _load_block(b_desc, matrix, off_k, off_n, BLOCK_K, BLOCK_N, B_BATCHED)
         if UPCAST_TO_FP32:
             # The interpreter's dot multiplies bf16 as raw uint16 bits; its cast to fp32 is right.
             a = a.to(tl.float32)
@@ -217,22 +265,36 @@ def matmul_tma_host_desc_kernel(
     TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EPILOGUE_SPLITS: tl.constexpr,
+    # batched launches only: the matrix count and C's batch stride (elements; Z's too), then
+    # which of A and B have 3-D descriptors (the other is broadcast) and the switch (C's and Z's
+    # descriptors are 3-D). 2-D launches leave them out.
+    batch=None, stride_cb=None, A_BATCHED: tl.constexpr = False, B_BATCHED: tl.constexpr = False,
+    BATCHED: tl.constexpr = False,
 ):  # fmt: skip
     tl.static_assert(EPILOGUE_SPLITS == 1 or EPILOGUE_SPLITS == 2 or EPILOGUE_SPLITS == 4,
                      "EPILOGUE_SPLITS: 1, 2 or 4")  # fmt: skip
     STORE_N: tl.constexpr = BLOCK_N // EPILOGUE_SPLITS
 
-    # ---- persistent loop over the output tiles in grouped order ----
+    # ---- persistent loop over the output tiles in grouped order (batch-major when BATCHED) ----
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
+    tiles_per_matrix = num_tiles
+    if BATCHED:
+        num_tiles = num_tiles * batch
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        matrix = 0
+        tile_in_matrix = tile
+        if BATCHED:
+            matrix = tile // tiles_per_matrix
+            tile_in_matrix = tile % tiles_per_matrix
+        pid_m, pid_n = grouped_tile(tile_in_matrix, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles, A_COL_MAJOR, B_COL_MAJOR,
-                            UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
+                            UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, matrix,
+                            A_BATCHED, B_BATCHED)  # fmt: skip
 
         # ---- write-back ----
         if TMA_STORE and EPILOGUE_SPLITS > 1:
@@ -246,35 +308,43 @@ def matmul_tma_host_desc_kernel(
                 q0, q1 = _halves(h0, BLOCK_M, BLOCK_N // 2)
                 _epilogue_store(q0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
                                 c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
-                                STORE_N)  # fmt: skip
+                                STORE_N, matrix, BATCHED)  # fmt: skip
                 _epilogue_store(q1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
                                 c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                STORE_PREACT, STORE_N)  # fmt: skip
+                                STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
                 q2, q3 = _halves(h1, BLOCK_M, BLOCK_N // 2)
                 _epilogue_store(q2, off_m, off_n + 2 * STORE_N, N, bias_ptr, stride_bias,
                                 c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                STORE_PREACT, STORE_N)  # fmt: skip
+                                STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
                 _epilogue_store(q3, off_m, off_n + 3 * STORE_N, N, bias_ptr, stride_bias,
                                 c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                STORE_PREACT, STORE_N)  # fmt: skip
+                                STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
             else:
                 _epilogue_store(h0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
                                 c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
-                                STORE_N)  # fmt: skip
+                                STORE_N, matrix, BATCHED)  # fmt: skip
                 _epilogue_store(h1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
                                 c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                STORE_PREACT, STORE_N)  # fmt: skip
+                                STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
         else:
             offs_m = off_m + tl.arange(0, BLOCK_M)
             offs_n = off_n + tl.arange(0, BLOCK_N)
             z, y = bias_activation(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
                                    ACTIVATION)  # fmt: skip
             if TMA_STORE:  # one store of the whole tile (EPILOGUE_SPLITS == 1)
-                c_desc.store([off_m, off_n], y.to(c_ptr.dtype.element_ty))
+                _store_block(c_desc, y.to(c_ptr.dtype.element_ty), matrix, off_m, off_n,
+                             BATCHED)  # fmt: skip
                 if STORE_PREACT:
-                    z_desc.store([off_m, off_n], z.to(preact_ptr.dtype.element_ty))
+                    _store_block(z_desc, z.to(preact_ptr.dtype.element_ty), matrix, off_m,
+                                 off_n, BATCHED)  # fmt: skip
             else:
-                store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_ptr, preact_ptr,
+                c_out = c_ptr
+                z_out = preact_ptr
+                if BATCHED:  # int64: a batch may pass 2**31 elements
+                    c_out += matrix.to(tl.int64) * stride_cb
+                    if STORE_PREACT:
+                        z_out += matrix.to(tl.int64) * stride_cb
+                store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_out, z_out,
                              STORE_PREACT)  # fmt: skip
 
 
@@ -372,42 +442,58 @@ def _alloc_scratch(size: int, alignment: int, stream):
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
+def _desc_spec(slot, tensor_slot, t, col_major, block):
+    """A DescSpec of t as stored: (rows, cols), or (cols, rows) for a column-major t. A batched
+    (batch, rows, cols) t gains a leading batch dim (block 1) where its batch stride is not 0;
+    with stride 0 (broadcast) its one matrix is described in 2-D."""
+    lead_shape, lead_strides, lead_block = (), (), ()
+    if t.dim() == 3:
+        if t.stride(0):
+            lead_shape, lead_strides, lead_block = (t.shape[0],), (t.stride(0),), (1,)
+        t = t[0]
+    shape = (t.shape[1], t.shape[0]) if col_major else tuple(t.shape)
+    strides = (t.stride(1), t.stride(0)) if col_major else tuple(t.stride())
+    return (slot, tensor_slot, (*lead_shape, *shape), (*lead_strides, *strides),
+            (*lead_block, *block))  # fmt: skip
+
+
 def host_desc_step(a, b, c, bias, preact, tile, common, num_sms):
     """matmul_tma_host_desc_kernel on `tile` (heuristic_tile's) as a Step: one program per SM at
     most (four in the interpreter, with its one-stage pipeline). Its tensors are (a, b, c, bias,
     preact); the lead slots 5-8 (a_desc, b_desc, c_desc, z_desc) are descriptors of a, b, c and
     preact (kernels._launch.DescSpec), None where there is none (no TMA store, no
-    pre-activation)."""
-    M, K = a.shape
-    N = b.shape[1]
-    (a_col, stride_a), (b_col, stride_b) = tma_layout(a), tma_layout(b)
+    pre-activation). A 3-D c makes the batched launch: a (batch, M, K) and b (batch, K, N), each
+    read by tma_batch_layout, c (and preact) contiguous."""
+    batched = c.dim() == 3
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    layout = tma_batch_layout if batched else tma_layout
+    (a_col, stride_a), (b_col, stride_b) = layout(a), layout(b)
     bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
     splits = epilogue_splits(tile, common["ACTIVATION"])
     store_n = bn // splits
     tma_store = (N * c.element_size()) % 16 == 0
-
-    def spec(slot, tensor_slot, t, transposed, block):
-        shape = (t.shape[1], t.shape[0]) if transposed else tuple(t.shape)
-        strides = (t.stride(1), t.stride(0)) if transposed else tuple(t.stride())
-        return (slot, tensor_slot, shape, strides, tuple(block))
-
-    descs = [spec(5, 0, a, a_col, [bk, bm] if a_col else [bm, bk]),
-             spec(6, 1, b, b_col, [bn, bk] if b_col else [bk, bn])]  # fmt: skip
+    descs = [_desc_spec(5, 0, a, a_col, [bk, bm] if a_col else [bm, bk]),
+             _desc_spec(6, 1, b, b_col, [bn, bk] if b_col else [bk, bn])]  # fmt: skip
     if tma_store:
-        descs.append(spec(7, 2, c, False, [bm, store_n]))
+        descs.append(_desc_spec(7, 2, c, False, [bm, store_n]))
         if preact is not None:
-            descs.append(spec(8, 4, preact, False, [bm, store_n]))
-    tiles = cdiv(M, bm) * cdiv(N, bn)
+            descs.append(_desc_spec(8, 4, preact, False, [bm, store_n]))
+    batch = c.shape[0] if batched else 1
+    tiles = cdiv(M, bm) * cdiv(N, bn) * batch
     stages, warps = (1, 4) if is_interpreter() else (tile.num_stages, tile.num_warps)
     grid = (min(4 if is_interpreter() else num_sms, tiles),)
+    meta = dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
+                num_stages=stages, num_warps=warps)  # fmt: skip
+    if batched:
+        meta.update(batch=batch, stride_cb=c.stride(0), A_BATCHED=a.stride(0) != 0,
+                    B_BATCHED=b.stride(0) != 0, BATCHED=True)  # fmt: skip
     return Step(
         matmul_tma_host_desc_kernel, grid,
         (M, N, K,
-         stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0),
-        dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
-             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
-             num_stages=stages, num_warps=warps),
-        descs=descs, width=9,
+         stride_a, stride_b, c.stride(-2), bias.stride(0) if bias is not None else 0),
+        meta, descs=descs, width=9,
     )  # fmt: skip
 
 
