@@ -123,20 +123,28 @@ class Matmul(nn.Module):
 class MatmulWorkload(Workload):
     name = "matmul"
     shape_keys = ("m", "n", "k")
+    # batch > 1: (batch, m, k) @ (batch, k, n), attention's batched products
+    shape_defaults = {"batch": 1}
     input_names = ("a", "b")
 
     def make_module(self, shape, ops):
         return Matmul(ops)
 
+    def label(self, shape):
+        base = super().label(shape)
+        return base if shape["batch"] == 1 else f"{shape['batch']}x({base})"
+
     def input_sizes(self, shape):
-        return [(shape["m"], shape["k"]), (shape["k"], shape["n"])]
+        batch = (shape["batch"],) if shape["batch"] > 1 else ()
+        return [(*batch, shape["m"], shape["k"]), (*batch, shape["k"], shape["n"])]
 
     def flops(self, shape, pass_name):
-        return 2.0 * shape["m"] * shape["n"] * shape["k"]
+        return 2.0 * shape["batch"] * shape["m"] * shape["n"] * shape["k"]
 
     def min_bytes(self, shape, pass_name, itemsize):
         m, n, k = shape["m"], shape["n"], shape["k"]
-        return float(m * k + k * n + m * n) * itemsize  # read A and B once, write C once
+        # read A and B once, write C once
+        return float(shape["batch"] * (m * k + k * n + m * n)) * itemsize
 
 
 register(OpSpec(
@@ -144,7 +152,9 @@ register(OpSpec(
     triton="kernels:matmul", triton_compiled="kernels.ops:matmul", bound="compute",
     # fwd only: the backward of a bare matmul is two matmuls, measured through `linear`
     bench=("kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm",
-           "kernel=matmul mode=triton,triton-compiled,default dtype=bf16 shapes=default"),
+           "kernel=matmul mode=triton,triton-compiled,default dtype=bf16 shapes=default",
+           "kernel=matmul mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
+           "dtype=bf16 shapes=attention"),
     markers={"marker": "o"},
 ))  # fmt: skip
 

@@ -25,7 +25,7 @@ from kernels.conv import conv2d_forward
 from kernels.conv.dispatch import resolve_padding
 from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import matmul_impl
-from kernels.matmul.dispatch import matmul_nd
+from kernels.matmul.dispatch import matmul_batched, matmul_nd
 from kernels.softmax import softmax_backward, softmax_forward
 from kernels.softmax.dispatch import cast_input
 
@@ -75,6 +75,8 @@ def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
 
 @_define("kbench::matmul")
 def matmul_op(a: Tensor, b: Tensor) -> Tensor:
+    if b.dim() > 2:  # a batched b: one launch over the broadcast batch
+        return matmul_batched(a, b, launch=_launch)
     return matmul_impl(a, b, launch=_launch)
 
 
@@ -198,9 +200,10 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=Non
 
 
 def matmul(a, b):
-    if isinstance(a, Tensor) and isinstance(b, Tensor) and (a.dim() != 2 or b.dim() != 2):
+    tensors = isinstance(a, Tensor) and isinstance(b, Tensor)
+    if tensors and b.dim() <= 2 and (a.dim() != 2 or b.dim() != 2):
         return matmul_nd(a, b, torch.ops.kbench.matmul)  # 1-D and batched-a operands
-    return torch.ops.kbench.matmul(a, b)
+    return torch.ops.kbench.matmul(a, b)  # 2-D, or a batched b (the op's one launch)
 
 
 def softmax(x, dim=-1, dtype=None):

@@ -35,7 +35,9 @@ def test_one_failing_shape_leaves_a_failed_row_and_the_rest(compose_job, monkeyp
 
     monkeypatch.setattr(measure, "_measure", flaky)
     rows, _ = run_job(compose_job, "kernel=matmul", "mode=eager", "wandb.mode=disabled")
-    assert [r["status"] for r in rows] == ["ok", "failed"]
+    statuses = [r["status"] for r in rows]  # the shapes after the failed one still run
+    assert statuses[1] == "failed" and statuses[:1] + statuses[2:] == ["ok"] * (len(rows) - 1)
+    assert len(rows) >= 3
     assert rows[1]["reason"].startswith("OutOfMemoryError: CUDA out of memory")
     assert rows[1]["stage"] is not None and rows[1]["time_ms_p50"] is None
     assert all(validate(r) == [] for r in rows)

@@ -239,11 +239,20 @@ def test_bad_types():
         matmul(torch.ones(3, 4, 5, dtype=torch.float64), torch.ones(3, 5, 2))
 
 
-def test_custom_op_stays_2d(device):
-    """kernels/ops.py's custom op is 2-D: a batched b is one clear error there."""
-    a, b = torch.ones(4, 5, device=device), torch.ones(2, 5, 3, device=device)
+@pytest.mark.parametrize("a_shape, b_shape", [((4, 5), (2, 5, 3)), ((2, 1, 4, 5), (3, 5, 3)),
+                                              ((5,), (2, 5, 3))])
+def test_custom_op_takes_a_batched_b(a_shape, b_shape, device):
+    """kernels/ops.py's custom op (mode=triton-compiled) takes a batched b as the direct call
+    does; matmul_nd with another 2-D function refuses it with one clear error."""
+    from kernels.matmul.dispatch import matmul_nd
+
+    gen = torch.Generator().manual_seed(6)
+    a = torch.randn(a_shape, generator=gen).to(device)
+    b = torch.randn(b_shape, generator=gen).to(device)
+    err = relative_error(kernels.ops.matmul(a, b), torch.matmul(a.double(), b.double()))
+    assert err <= tolerance("fp32", False)
     with pytest.raises(ValueError, match=r"b has shape \(2, 5, 3\): a batched b"):
-        kernels.ops.matmul(a, b)
+        matmul_nd(torch.ones(4, 5), torch.ones(2, 5, 3), torch.matmul)
 
 
 # ---- on the GPU ----

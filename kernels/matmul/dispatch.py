@@ -21,8 +21,9 @@ of the (batch, M, K) and (batch, K, N) views kernels/matmul/batched.py makes:
                   K: fp32 too (the device-descriptor kernel stays 2-D), other GPUs, the
                   interpreter, unaligned batch strides, K = 0
 A b whose batch dims are all 1 is a 2-D b (a's batch folds into M, as matmul_nd does), and so
-is a batch of one matrix. kernels/ops.py's custom op stays 2-D: matmul_nd refuses a batched b
-for any matmul_2d but matmul_impl.
+is a batch of one matrix. kernels/ops.py's custom op takes a batched b through matmul_batched
+with its launcher (the pointer kernel, traced); matmul_nd refuses a batched b for any
+matmul_2d but matmul_impl.
 
 Functions:
     matmul_reference(a, b) -> c
@@ -355,10 +356,12 @@ def matmul_nd(a: torch.Tensor, b: torch.Tensor, matmul_2d) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Batched b: one launch over the broadcast batch
 # ---------------------------------------------------------------------------------------------
-def batched_plan(a: torch.Tensor, b: torch.Tensor) -> Plan:
+def batched_plan(a: torch.Tensor, b: torch.Tensor, launch=direct) -> Plan:
     """The kernel and tile for (batch, M, K) @ (batch, K, N) views (see the module docstring):
-    the host-descriptor kernel where plan() would take it for one matrix (16-bit) and TMA can
-    read every matrix, else the pointer kernel, unsplit."""
+    the host-descriptor kernel where plan() would take it for one matrix (16-bit, a direct
+    launch) and TMA can read every matrix, else the pointer kernel, unsplit."""
+    if launch is not direct:  # traced (kernels/ops.py): the pointer kernel, as plan() takes
+        return Plan("pointer", 1, None)
     has_tma, num_sms = device_info(a.device)
     batch, M, K = a.shape
     N = b.shape[2]
@@ -378,12 +381,12 @@ class _BatchedLaunches(NamedTuple):
     copied: bool
 
 
-def _build_batched(a, b, c) -> _Launches:
+def _build_batched(a, b, c, launch=direct) -> _Launches:
     """The one launch of c = a @ b over (batch, M, K), (batch, K, N) and a contiguous
     (batch, M, N) c, as a Step."""
     batch, M, K = a.shape
     N = b.shape[2]
-    kernel, _, tile = batched_plan(a, b)
+    kernel, _, tile = batched_plan(a, b, launch)
     common = dict(
         HAS_BIAS=False,
         ACTIVATION=ACTIVATIONS["none"],
@@ -396,7 +399,7 @@ def _build_batched(a, b, c) -> _Launches:
     else:
         grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]) * batch, 1)
         step = Step(
-            matmul_kernel, grid,
+            launch(matmul_kernel), grid,
             (M, N, K, 1,
              a.stride(1), a.stride(2), b.stride(1), b.stride(2), c.stride(1), c.stride(2), 0),
             dict(SPLIT=False, **common, batch=batch, stride_ab=a.stride(0),
@@ -405,13 +408,13 @@ def _build_batched(a, b, c) -> _Launches:
     return _Launches(kernel, 1, (step,), tuple(c.shape), tuple(c.stride()), False, False)
 
 
-def matmul_batched(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def matmul_batched(a: torch.Tensor, b: torch.Tensor, *, launch=direct) -> torch.Tensor:
     """torch.matmul(a, b) for b of 3+ dims and a of 1+ (see the module docstring): one launch
-    over the broadcast batch, its plan kept per call key (_plan_key: every shape and stride) so
-    a repeated call checks and plans nothing. Direct launches only: kernels/ops.py's custom op
-    is 2-D."""
+    over the broadcast batch. A direct call keeps its plan per call key (_plan_key: every shape
+    and stride), so a repeated call checks and plans nothing; a traced one (kernels/ops.py's
+    custom op, launch=wrap_triton) plans every call and runs the pointer kernel."""
     key = None
-    if not torch.compiler.is_compiling():
+    if launch is direct and not torch.compiler.is_compiling():
         try:
             key = ("batched", *_plan_key(a, b, None, ACTIVATIONS["none"], False))
         except (AttributeError, TypeError):
@@ -427,14 +430,15 @@ def matmul_batched(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_batched_args(a, b)
     if math.prod(b.shape[:-2]) == 1:  # one matrix of b: a 2-D b, in torch's result shape
         batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        c = matmul_nd(a, b.reshape(b.shape[-2:]), matmul_impl)
+        c = matmul_nd(a, b.reshape(b.shape[-2:]), lambda x, y: matmul_impl(x, y, launch=launch))
         return c.reshape(*batch, *a.shape[-2:-1], b.shape[-1])  # a 1-D a has no M
     views = batched_views(a, b)
     c = torch.empty(views.shape, device=a.device, dtype=a.dtype)
     if c.numel() == 0:
         return c
     c3 = c.view(views.a.shape[0], views.a.shape[1], views.b.shape[2])
-    p = _BatchedLaunches(_build_batched(views.a, views.b, c3), views.shape, views.copied)
+    p = _BatchedLaunches(_build_batched(views.a, views.b, c3, launch), views.shape,
+                         views.copied)  # fmt: skip
     if key is not None:
         _PLANS.put(key, p)
     _run(p.launches, views.a, views.b, c3, None, None)
