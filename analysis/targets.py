@@ -143,6 +143,16 @@ def matmul_report(frame: pd.DataFrame) -> Report:
                                 if len(big) else math.nan, 750))
         tables.append((f"matmul {dtype} (square, llm): triton against eager in the same job",
                        _paired_table(triton)))
+    # batched products (attention's q @ k^T and p @ v) against cuBLAS's batched GEMM
+    attention = _ok(rows, shape_set="attention", mode="triton")
+    for dtype in _dtypes(attention):
+        part = attention[attention["dtype"] == dtype]
+        worst, where = _worst(part, "speedup_vs_eager")
+        checks.append(Check(f"matmul {dtype} attention (batched): triton vs eager (geomean)",
+                            _gm(part["speedup_vs_eager"]), 0.95,
+                            f" ({len(part)} shapes)" + _worst_note(worst, where)))
+        tables.append((f"matmul {dtype} attention (batched): triton against eager",
+                       _paired_table(part)))
     return Report(checks, tables)
 
 

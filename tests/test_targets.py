@@ -281,3 +281,15 @@ def test_depthwise_targets_read_eager_compile_and_bandwidth():
     assert bandwidth.value == pytest.approx(78.0) and not bandwidth.passed
     assert "at b" in bandwidth.detail
     assert not any("convnext_dw" in target for target in checks)  # no rows, no checks
+
+
+def test_batched_matmul_target_reads_the_attention_set():
+    frame = records_frame([
+        row("matmul", "triton", label, shape_set="attention", speedup_vs_eager=speedup,
+            tflops=100.0, flops=2e12, eager_time_ms_p50=1.0)
+        for label, speedup in (("32x(1024x1024x128)", 0.97), ("8x(8192x128x8192)", 0.91))
+    ])
+    checks = {c.target: c for c in matmul_report(frame).checks}
+    check = checks["matmul bf16 attention (batched): triton vs eager (geomean)"]
+    assert check.value == pytest.approx((0.97 * 0.91) ** 0.5) and not check.passed
+    assert "worst 0.910 at 8x(8192x128x8192)" in check.detail
