@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from experiments import resume
 from experiments.records import read_jsonl, validate
-from tests.conftest import REPO_ROOT
+from tests.conftest import CONF_DIR, REPO_ROOT
 
 CLUSTER = REPO_ROOT / "scripts" / "slurm" / "cluster.sh"
 STATE_DIR = Path(os.environ.get("KBENCH_SLURM_DIR", "/tmp/kbench-slurm"))
@@ -202,6 +203,12 @@ def keys_of(rows: list[dict]) -> list[tuple[str, str]]:
     return [(r["config_hash"], r["shape_label"]) for r in rows]
 
 
+def cpu_shapes(job: str) -> int:
+    """The shapes of the cpu set of the op a job name ("matmul-eager-fp32-fwd") starts with."""
+    op = job.split("-")[0]
+    return len(OmegaConf.load(CONF_DIR / "kernel" / f"{op}.yaml").shape_sets.cpu)
+
+
 def check_records(job_dir: Path, expected_shapes: int) -> list[dict]:
     rows = read_jsonl(job_dir / "results.jsonl")
     assert len(rows) == expected_shapes, (job_dir.name, keys_of(rows))
@@ -233,11 +240,13 @@ def test_sweep_runs_as_slurm_array_tasks(slurm_env, sweep_dir):
     assert [d.name.split("_", 1)[1] for d in dirs] == [
         f"{k}-{m}-fp32-fwd" for k in ("matmul", "softmax") for m in ("eager", "triton")
     ]
-    rows = [row for d in dirs for row in check_records(d, expected_shapes=2)]
+    rows = [row for d in dirs
+            for row in check_records(d, expected_shapes=cpu_shapes(d.name.split("_")[1]))]
+    total = 2 * (cpu_shapes("matmul-") + cpu_shapes("softmax-"))  # eager and triton each
     merged = read_jsonl(sweep_dir / "sweep_results.jsonl")
     assert sorted(keys_of(merged)) == sorted(keys_of(rows))
-    assert len(set(keys_of(merged))) == len(merged) == 8
-    assert f"sweep: 8 rows in {sweep_dir / 'sweep_results.jsonl'}" in output
+    assert len(set(keys_of(merged))) == len(merged) == total
+    assert f"sweep: {total} rows in {sweep_dir / 'sweep_results.jsonl'}" in output
 
 
 @pytest.mark.integration
