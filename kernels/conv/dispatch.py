@@ -251,6 +251,12 @@ def _channels_last_output(x: torch.Tensor) -> bool:
     return not x.is_contiguous() and x.stride(1) == 1 and x.shape[1] > 1
 
 
+def _new_output(x: torch.Tensor, K: int, P: int, Q: int) -> torch.Tensor:
+    """y (N, K, P, Q), uninitialised, in x's layout (_channels_last_output)."""
+    fmt = torch.channels_last if _channels_last_output(x) else torch.contiguous_format
+    return torch.empty((x.shape[0], K, P, Q), device=x.device, dtype=x.dtype, memory_format=fmt)
+
+
 def _weight_matrix(weight: torch.Tensor) -> torch.Tensor:
     """(K, R·S·C) row-major view of a channels_last weight (a copy, per call, otherwise)."""
     K, C, R, S = weight.shape
@@ -264,8 +270,7 @@ def _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act) -> Conv:
     N, C, H, W = x.shape
     K, _, R, S = weight.shape
     P, Q = pq
-    memory_format = torch.channels_last if _channels_last_output(x) else torch.contiguous_format
-    y = torch.empty((N, K, P, Q), device=x.device, dtype=x.dtype, memory_format=memory_format)
+    y = _new_output(x, K, P, Q)
     precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
     constexprs = dict(HAS_BIAS=bias is not None, ACTIVATION=act, DOT_PRECISION=precision)
     return Conv(x, _weight_matrix(weight), bias, y, N, C, H, W, K, P, Q, R, S,
@@ -347,9 +352,7 @@ def _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, l
     unbatched = x.dim() == 3
     if unbatched:
         x = x.unsqueeze(0)
-    N, K = x.shape[0], weight.shape[0]
-    memory_format = torch.channels_last if _channels_last_output(x) else torch.contiguous_format
-    y = torch.empty((N, K, P, Q), device=x.device, dtype=x.dtype, memory_format=memory_format)
+    y = _new_output(x, weight.shape[0], P, Q)
     if y.numel():
         step = depthwise_step(x, weight, bias, y, stride_hw, padding_hw, dilation_hw, act,
                               launch=launch)  # fmt: skip

@@ -87,14 +87,23 @@ def linear_forward(x2d, weight, bias, act_id, save_preact, *, launch=direct):
 
 
 def linear_backward(dy, x2d, weight, z, act_id, need_dx, need_dw, need_db, *, launch=direct):
+    dz, db = _dz_db(dy, z, act_id, need_db, launch)
+    dx, dw = _gemm_grads(dz, x2d, weight, need_dx, need_dw, launch)
+    return dx, dw, db
+
+
+def _dz_db(dy, z, act_id, need_db, launch):
+    """(dZ = dY * act'(Z), db | None); dZ is dY itself without an activation."""
     if act_id == ACTIVATIONS["none"]:
-        dz = dy
-        db = column_sum(dz, launch) if need_db else None
-    else:
-        dz, db = activation_backward(dy, z, act_id, need_db, launch)
+        return dy, (column_sum(dy, launch) if need_db else None)
+    return activation_backward(dy, z, act_id, need_db, launch)
+
+
+def _gemm_grads(dz, x2d, weight, need_dx, need_dw, launch):
+    """(dX = dZ @ W, dW = dZ^T @ X), each None unless asked for."""
     dx = fused_matmul(dz, weight, launch=launch)[0] if need_dx else None
     dw = fused_matmul(dz.t(), x2d, launch=launch)[0] if need_dw else None
-    return dx, dw, db
+    return dx, dw
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -187,18 +196,12 @@ class _PlannedLinear(torch.autograd.Function):
         p = ctx.plan
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         need_db = need_db and p.has_bias
-        dy2d = dy.reshape(-1, dy.shape[-1])
-        if p.act_id == ACTIVATIONS["none"]:
-            dz = dy2d
-            db = column_sum(dz, direct) if need_db else None
-        else:
-            dz, db = activation_backward(dy2d, z, p.act_id, need_db, direct)
+        dz, db = _dz_db(dy.reshape(-1, dy.shape[-1]), z, p.act_id, need_db, direct)
         key = (dz.stride(), dz.data_ptr() % 16, need_dx, need_dw)
         plans = p.backward.get(key)
         if plans is None:
             x2d = x.reshape(-1, x.shape[-1]) if need_dw else None
-            dx, dw, _ = linear_backward(dz, x2d, weight, None, ACTIVATIONS["none"], need_dx,
-                                        need_dw, False)  # fmt: skip
+            dx, dw = _gemm_grads(dz, x2d, weight, need_dx, need_dw, direct)
             plans = (planned(dz, weight) if need_dx else None,
                      planned(dz.t(), x2d) if need_dw else None)  # fmt: skip
             if (x2d is None or x2d.data_ptr() == x.data_ptr()) and not any(
