@@ -177,14 +177,27 @@ def array_ids(sweep_dir: Path) -> list[str]:
     return sorted({parts[0] for parts in names if len(parts) == 2 and parts[0].isdigit()}, key=int)
 
 
-def sacct_states(array_id: str, env: dict) -> dict[str, tuple[str, str]]:
-    """{task id: (state, exit code)} of every task of an array job, as the accounting has them."""
-    listed = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", array_id],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
-    rows = (line.split("|") for line in listed.stdout.splitlines() if line)
-    return {task: (state, code) for task, state, code in rows}
+UNSETTLED = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING")
+
+
+def sacct_states(array_id: str, env: dict, timeout_s: float = 60) -> dict[str, tuple[str, str]]:
+    """{task id: (state, exit code)} of every task of an array job, as the accounting has them once
+    every task has settled. submitit reads a task's result file, which the task writes before its
+    process exits, so the sweep can return while slurmctld still lists the last task as RUNNING."""
+    wait_until_gone(array_id, env)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        listed = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", array_id],
+            capture_output=True, text=True, env=env, check=True,
+        )  # fmt: skip
+        rows = (line.split("|") for line in listed.stdout.splitlines() if line)
+        states = {task: (state, code) for task, state, code in rows}
+        if not any(state.startswith(UNSETTLED) for state, _ in states.values()):
+            return states
+        if time.monotonic() > deadline:
+            return states  # the caller's assertion shows which task never settled
+        time.sleep(0.5)
 
 
 def wait_until_gone(array_id: str, env: dict, timeout_s: float = 120) -> None:
