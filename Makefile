@@ -7,6 +7,8 @@ SETUP := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed,)
 PYTHON_VERSION ?= 3.12
 PLATFORM ?= manylinux2014_x86_64
 WHEELHOUSE ?= wheelhouse
+# make wheelhouse PEERS=1: the peer libraries' wheels too (about 200 MB; docs/peers.md)
+PEERS ?=
 RESULTS ?= results/current/h100/all_modes_first_kernels
 
 # kernel=..., mode=..., dtype=..., pass=... become Hydra overrides when given.
@@ -14,7 +16,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup experiment sweep bench promote fuzz resume resources test test-all test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup peers experiment sweep bench promote fuzz resume resources test test-all test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -30,6 +32,12 @@ $(VENV)/.installed: requirements.txt requirements-cpu.txt
 	touch $@
 
 setup: $(SETUP) ## Create .venv and install requirements (reuses an installed torch/triton)
+
+# --no-deps: flag-gems pins numpy 1.26.4 and other old releases; the file lists every package the
+# peers need beyond requirements.txt, so nothing already installed is touched (docs/peers.md).
+peers: $(SETUP) ## Optional peer libraries for mode=flaggems|liger|quack (requirements-peers.txt)
+	$(PY) -m pip install -q --no-deps -r requirements-peers.txt
+	$(PY) -m experiments.peers
 
 experiment: $(SETUP) ## One run: make experiment kernel=matmul mode=max-autotune [dtype=fp16] [ARGS="shapes=llm"]
 	$(PY) -m experiments.run $(OVERRIDES)
@@ -98,10 +106,17 @@ wheelhouse: ## Wheels of every dependency but torch/triton for PYTHON_VERSION/PL
 	  --implementation cp --platform $(PLATFORM) --platform manylinux_2_28_x86_64 \
 	  --platform manylinux_2_17_x86_64 -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt \
 	  --find-links $(WHEELHOUSE)
+	$(if $(PEERS),cp requirements-peers.txt $(WHEELHOUSE)/ && python3 -m pip download --no-deps \
+	  --only-binary=:all: --python-version $(PYTHON_VERSION) --implementation cp \
+	  --platform $(PLATFORM) --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux_2_24_x86_64 -d $(WHEELHOUSE) -r requirements-peers.txt)
 	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs echo "wheels in $(WHEELHOUSE):"
 
 install-offline: ## Install the wheelhouse into the current python, with no index
 	$(PY) -m pip install --no-index --find-links $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
+	@# a wheelhouse made with PEERS=1 holds the peer libraries, installed as `make peers` does
+	if [ -f $(WHEELHOUSE)/requirements-peers.txt ]; then $(PY) -m pip install --no-index --no-deps \
+	  --find-links $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements-peers.txt; fi
 
 lint: $(SETUP) ## ruff over the repo
 	$(PY) -m ruff --version >/dev/null 2>&1 || $(PY) -m pip install -q ruff

@@ -72,6 +72,11 @@ MODES = [  # plot order: the baseline, the compilers, then the hand-written kern
 ]
 _TAB10 = sns.color_palette("tab10").as_hex()
 MODE_COLORS = dict(zip(MODES, [_TAB10[i] for i in (7, 5, 0, 1, 2, 4, 3, 6)], strict=True))
+# The peer libraries (experiments/peers.py), apart from the compilers: tab10's two unused hues and
+# near-black; each `-direct` row (the bare kernel launch) in a light tint of its library's hue.
+MODE_COLORS |= {"flaggems": _TAB10[8], "flaggems-direct": "#dbdb8d",
+                "liger": _TAB10[9], "liger-direct": "#9edae5",
+                "quack": "#1a1a1a", "quack-direct": "#636363"}  # fmt: skip
 SMALL_MS = 0.1  # latency_vs_gpu_time: calls shorter than this are where launch overhead shows
 SPEEDUP_TICKS = [0.1, 0.2, 0.3, 0.5, 0.7, 1, 1.5, 2, 3, 5, 7, 10, 20, 50]
 

@@ -26,6 +26,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -271,7 +272,7 @@ def _is_1x1(shape: dict) -> bool:
 
 def conv_report(frame: pd.DataFrame) -> Report:
     checks, tables = [], []
-    rows = _ok(frame, kernel="conv", memory_format="nhwc")
+    rows = _ok(frame, kernel="conv", memory_format="nhwc", **{"pass": "fwd"})
     # With bias, eager runs the bias add as a second pass over the output; without it, the
     # comparison is kernel against kernel. Both are reported; the targets read the same thresholds.
     for shape_set in ("resnet50", "resnet50_b128"):
@@ -288,8 +289,16 @@ def conv_report(frame: pd.DataFrame) -> Report:
                 worst, where = _worst(ones, "speedup_vs_eager")
                 checks.append(Check(f"{tag}, worst 1x1 layer", worst, 0.95 if bf16 else 0.0,
                                     where))
+                if fused_ops == "none" and shape_set == "resnet50" and bf16:
+                    # kernel against kernel (bias-free): the training issue's forward bar
+                    worst, where = _worst(triton, "speedup_vs_eager")
+                    checks.append(Check(f"{tag}, kernel vs kernel (geomean)",
+                                        _gm(triton["speedup_vs_eager"]), CONV_FWD_GEOMEAN))
+                    checks.append(Check(f"{tag}, kernel vs kernel, every layer", worst,
+                                        CONV_FWD_WORST, where))
                 tables.append((f"conv {dtype} {shape_set} ({fused_ops}): triton against eager",
                                _paired_table(triton)))
+    _conv_training(frame, checks, tables)
     # Depthwise (memory-bound): against eager and the best compile mode, and the share of the
     # copy bandwidth the minimum bytes (x, w, y once) move at
     for shape_set in ("mobilenet_v2_dw", "convnext_dw"):
@@ -301,7 +310,7 @@ def conv_report(frame: pd.DataFrame) -> Report:
             checks.append(Check(f"{tag}: triton vs eager (geomean)",
                                 _gm(triton["speedup_vs_eager"]), 1.0, f" ({len(triton)} layers)"))
             best = vs_best_compile(frame, kernel="conv", memory_format="nhwc",
-                                   shape_set=shape_set, dtype=dtype)  # fmt: skip
+                                   shape_set=shape_set, dtype=dtype, **{"pass": "fwd"})  # fmt: skip
             worst, where = _worst(best.reset_index(), "ratio")
             checks.append(Check(f"{tag}: triton vs best compile mode (geomean)", _gm(best["ratio"]),
                                 1.0, _worst_note(worst, where)))
@@ -314,13 +323,47 @@ def conv_report(frame: pd.DataFrame) -> Report:
     fused = _ok(rows, epilogue="bias+relu")
     for dtype in _dtypes(fused):
         best = vs_best_compile(frame, kernel="conv", memory_format="nhwc", epilogue="bias+relu",
-                               dtype=dtype)
+                               dtype=dtype, **{"pass": "fwd"})
         worst, where = _worst(best.reset_index(), "ratio")
         checks.append(Check(f"conv {dtype} bias+relu: triton vs best compile mode (geomean)",
                             _gm(best["ratio"]), 1.0, _worst_note(worst, where)))
         tables.append((f"conv {dtype} bias+relu: speedup_vs_eager by mode",
                        _mode_table(fused[fused["dtype"] == dtype], "speedup_vs_eager")))
     return Report(checks, tables)
+
+
+# conv training (bias-free, channels_last, ResNet-50 at batch 32, bf16): the forward kernel
+# against cuDNN's, and fwd_bwd against eager and the best compile mode
+CONV_FWD_GEOMEAN, CONV_FWD_WORST = 0.95, 0.80
+CONV_TRAIN_GEOMEAN, CONV_TRAIN_WORST, CONV_TRAIN_VS_COMPILE = 0.90, 0.70, 1.0
+
+
+def _conv_training(frame, checks, tables) -> None:
+    where = dict(kernel="conv", memory_format="nhwc", epilogue="none", **{"pass": "fwd_bwd"})
+    rows = _ok(frame, **where)
+    for shape_set in ("resnet50", "resnet50_core"):
+        layers = _ok(rows, shape_set=shape_set)
+        for dtype in _dtypes(layers):
+            part = layers[layers["dtype"] == dtype]
+            triton = part[part["mode"] == "triton"]
+            if triton.empty:
+                continue
+            tag = f"conv {dtype} {shape_set} fwd_bwd"
+            bf16 = dtype == "bf16"
+            worst, at = _worst(triton, "speedup_vs_eager")
+            checks.append(Check(f"{tag}: triton vs eager (geomean)",
+                                _gm(triton["speedup_vs_eager"]),
+                                CONV_TRAIN_GEOMEAN if bf16 else 0.0, f" ({len(triton)} layers)"))
+            checks.append(Check(f"{tag}: triton vs eager, every layer", worst,
+                                CONV_TRAIN_WORST if bf16 else 0.0, at))
+            best = vs_best_compile(frame, shape_set=shape_set, dtype=dtype, **where)
+            if not best.empty:
+                worst, at = _worst(best.reset_index(), "ratio")
+                checks.append(Check(f"{tag}: triton vs best compile mode (geomean)",
+                                    _gm(best["ratio"]), CONV_TRAIN_VS_COMPILE if bf16 else 0.0,
+                                    _worst_note(worst, at)))
+            tables.append((f"{tag}: speedup_vs_eager by mode",
+                           _mode_table(part, "speedup_vs_eager")))
 
 
 # The host path (issue: kernels fast as they are called), for every op and pass: call latency
@@ -392,6 +435,7 @@ def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str) -> list[Check
     return checks
 
 
+BLOCKS = ("mlp", "attention", "bottleneck")  # analysis/composed_targets.py's block_report
 REPORTS = {
     "matmul": matmul_report,
     "linear": linear_report,
@@ -404,17 +448,22 @@ def render(frame: pd.DataFrame, kernels: list[str],
            paired: list[dict] | None = None) -> tuple[str, bool]:  # fmt: skip
     """The tables and the target lines for `kernels`; True when every target passed. paired:
     softmax's paired records (load_paired), if any."""
+    from analysis.composed_targets import block_report, peer_report
+
+    reports = {**REPORTS, **{name: partial(block_report, kernel=name) for name in BLOCKS}}
     out, all_passed = [], True
     with pd.option_context("display.width", 200, "display.max_columns", 30,
                            "display.float_format", "{:.3f}".format):
         for kernel in kernels:
-            if kernel not in REPORTS:  # a registered op whose targets nobody has set yet
+            if kernel not in reports:  # a registered op whose targets nobody has set yet
                 out.append(f"\n{kernel} targets:\n  none  no targets are declared for {kernel}")
                 continue
             if kernel == "softmax":
                 report = softmax_report(frame, paired)
             else:
-                report = REPORTS[kernel](frame)
+                report = reports[kernel](frame)
+            peers = peer_report(frame, kernel)
+            report = Report(report.checks + peers.checks, report.tables + peers.tables)
             for title, table in report.tables:
                 if not table.empty:
                     out += [f"\n{title}", table.to_string()]

@@ -12,7 +12,8 @@ from torch import nn
 from experiments.errors import ConfigError
 from experiments.workloads import custom_ops, triton_ops, with_ops
 
-KINDS = ("eager", "triton", "compile", "triton_compiled", "torchscript")
+# peer / peer_direct: another library's kernels, through its API or launched directly
+KINDS = ("eager", "triton", "compile", "triton_compiled", "torchscript", "peer", "peer_direct")
 
 
 @dataclass
@@ -28,6 +29,10 @@ def check_mode(mode_cfg) -> None:
         raise ConfigError(
             f"mode {mode_cfg.name!r} has unknown kind {mode_cfg.kind!r}; one of {KINDS}"
         )
+    if mode_cfg.kind in ("peer", "peer_direct"):
+        from experiments import peers
+
+        peers.check(mode_cfg)
 
 
 def resolved_options(compile_mode: str, user_options: dict) -> dict:
@@ -60,6 +65,10 @@ def build(mode_cfg, compile_cfg, eager_module: nn.Module, example_inputs: tuple)
         return _compile(
             with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg, fullgraph=True
         )
+    if kind in ("peer", "peer_direct"):  # experiments/peers.py: the library imports here
+        from experiments import peers
+
+        return Impl(with_ops(eager_module, peers.namespace(mode_cfg)))
     if kind == "torchscript":
         traced = torch.jit.trace(eager_module, example_inputs, check_trace=False)
         return Impl(traced)

@@ -65,6 +65,8 @@ class Record:
     compile_cold_s: float | None = None
     compile_warm_s: float | None = None
     graph_breaks: int | None = None  # when compiling
+    # compiled rows: Inductor replaced a matmul-softmax-matmul pattern by one fused attention call
+    fused_attention: bool | None = None
     recompiles_during_timing: int | None = None
     graph_breaks_during_timing: int | None = None
     peak_mem_mb: float | None = None  # above the inputs, during the mode's calls

@@ -9,7 +9,9 @@ the parametrised tests read this module; nothing else lists the ops.
 
 Adding an op (README.md, "Extending"): a kernel package under kernels/, an entry here (its
 nn.Module, Workload and `register(OpSpec(...))`), conf/kernel/<name>.yaml with its shape sets,
-and tests/test_kernels_<name>.py.
+and tests/test_kernels_<name>.py. Blocks of several ops (a transformer MLP, attention, a ResNet
+bottleneck) are entries too, with `composed` naming their ops: experiments/blocks.py, imported
+at the end of this file (docs/blocks.md).
 
     python -m experiments.registry            # the ops, one line each
 """
@@ -37,9 +39,9 @@ class OpSpec:
     use, so that reading the registry compiles and imports no kernel."""
 
     name: str  # kernel=<name>; the records' `kernel` column
-    function: str  # what the workload's module calls: self.ops.<function>(...)
+    function: str | None  # what the workload's module calls: self.ops.<function>(...)
     workload: type[Workload]
-    eager: Callable  # the baseline: torch ops only
+    eager: Callable | None  # the baseline: torch ops only
     triton: str | None  # our kernel, called directly (mode=triton); None: not written yet
     triton_compiled: str | None  # our kernel as a torch.library custom op (triton-compiled)
     bound: str  # "memory" (judged by bytes moved) or "compute" (by FLOP/s)
@@ -49,12 +51,25 @@ class OpSpec:
     # extra arguments of `python -m experiments.paired` run after the grids, if any
     paired: str | None = None
     markers: dict = field(default_factory=dict)  # plot styling: {"marker": "o"}
+    # A block of several ops (experiments/blocks.py): the ops its module calls. It adds no
+    # function to the namespaces (function and eager are None); its triton and triton_compiled
+    # are set here from those ops' own, joined by "+", or None where one of them lacks it.
+    composed: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.bound not in BOUNDS:
             raise ValueError(f"op {self.name}: bound must be one of {BOUNDS}")
         if not set(self.passes) <= set(PASSES):
             raise ValueError(f"op {self.name}: passes must be among {PASSES}")
+        if self.composed:
+            parts = [OPS.get(op) for op in self.composed]
+            if any(part is None or part.composed for part in parts):
+                raise ValueError(f"op {self.name}: composed of registered single ops only, "
+                                 f"not {list(self.composed)}")  # fmt: skip
+            for impl in ("triton", "triton_compiled"):
+                targets = [getattr(part, impl) for part in parts]
+                joined = None if None in targets else "+".join(targets)
+                object.__setattr__(self, impl, joined)  # frozen: set once, here
 
 
 OPS: dict[str, OpSpec] = {}
@@ -84,10 +99,11 @@ def resolve(target: str) -> Callable:
 def namespace(impl: str) -> SimpleNamespace:
     """The ops namespace of one implementation ("eager", "triton" or "triton_compiled"): each
     registered op's function under its `function` name."""
+    single = [s for s in OPS.values() if not s.composed]  # a block calls these; it adds none
     if impl == "eager":
-        return SimpleNamespace(**{s.function: s.eager for s in OPS.values()})
+        return SimpleNamespace(**{s.function: s.eager for s in single})
     return SimpleNamespace(
-        **{s.function: resolve(getattr(s, impl)) for s in OPS.values() if getattr(s, impl)}
+        **{s.function: resolve(getattr(s, impl)) for s in single if getattr(s, impl)}
     )
 
 
@@ -99,6 +115,10 @@ def unsupported(mode_cfg, name: str) -> str | None:
     impl = mode_cfg.kind  # the mode kinds named after an OpSpec field: triton, triton_compiled
     if impl in ("triton", "triton_compiled") and name in OPS and getattr(OPS[name], impl) is None:
         return f"unsupported: {name} has no {impl} implementation"
+    if impl in ("peer", "peer_direct"):  # another library: its table says (experiments/peers.py)
+        from experiments import peers
+
+        return peers.unsupported(mode_cfg, name)
     return None
 
 
@@ -324,6 +344,13 @@ class ConvWorkload(Workload):
             raise ConfigError(f"conv shape {dict(raw)}: groups must divide c and k")
         return shape
 
+    def unsupported_shape(self, shape, pass_name, mode_cfg):
+        ours = mode_cfg.kind in ("triton", "triton_compiled")
+        if ours and pass_name == "fwd_bwd" and shape["groups"] != 1:
+            return (f"unsupported: conv groups={shape['groups']} has no Triton backward "
+                    "(depthwise is forward only)")  # fmt: skip
+        return None
+
     @staticmethod
     def output_hw(shape):
         def out(size, kernel):
@@ -357,36 +384,52 @@ class ConvWorkload(Workload):
     def flops(self, shape, pass_name):
         p, q = self.output_hw(shape)
         c_per_group = shape["c"] // shape["groups"]
-        return 2.0 * shape["n"] * shape["k"] * p * q * c_per_group * shape["r"] * shape["s"]
+        fwd = 2.0 * shape["n"] * shape["k"] * p * q * c_per_group * shape["r"] * shape["s"]
+        return fwd * (3 if pass_name == "fwd_bwd" else 1)  # backward: dgrad and wgrad, each a fwd
 
     def min_bytes(self, shape, pass_name, itemsize):
         p, q = self.output_hw(shape)
         x = shape["n"] * shape["c"] * shape["h"] * shape["w"]
         w = shape["k"] * (shape["c"] // shape["groups"]) * shape["r"] * shape["s"]
         y = shape["n"] * shape["k"] * p * q
-        return float(x + w + y + (shape["k"] if self.cfg.bias else 0)) * itemsize
+        bias = shape["k"] if self.cfg.bias else 0
+        fwd = x + w + bias + y  # read x, W, b; write y
+        bwd = y + x + w + x + w + bias  # read dy, x, W; write dx, dW, db
+        return float(fwd + (bwd if pass_name == "fwd_bwd" else 0)) * itemsize
 
 
 register(OpSpec(
     name="conv", function="conv2d", workload=ConvWorkload, eager=torch_conv2d,
     triton="kernels:conv2d", triton_compiled="kernels.ops:conv2d", bound="compute",
+    passes=("fwd", "fwd_bwd"),
     bench=("kernel=conv mode=triton kernel.bias=true,false shapes=resnet50",
            "kernel=conv mode=triton shapes=resnet50_b128",
            "kernel=conv kernel.activation=relu "
            "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core",
            "kernel=conv mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
-           "shapes=mobilenet_v2_dw,convnext_dw"),
+           "shapes=mobilenet_v2_dw,convnext_dw",
+           # training, bias-free (kernel against kernel): every layer against eager, and the
+           # core layers against the compile modes (their compile time per layer is minutes)
+           "kernel=conv kernel.bias=false pass=fwd_bwd mode=triton shapes=resnet50",
+           "kernel=conv kernel.bias=false pass=fwd_bwd "
+           "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core"),
     markers={"marker": "D"},
 ))  # fmt: skip
 
 
+# The composed blocks (mlp, attention, bottleneck): they call the ops above and register last.
+from experiments import blocks  # noqa: E402, F401
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    # run as __main__, this file's own OPS lacks the blocks: they register into the importable one
+    ops = importlib.import_module("experiments.registry").OPS
     if args == ["names"]:  # for scripts: the op names, space-separated
-        print(" ".join(OPS))
+        print(" ".join(ops))
         return 0
-    for spec in OPS.values():
-        print(f"{spec.name:<8} {spec.bound:<8} passes={','.join(spec.passes):<12} "
+    for spec in ops.values():
+        print(f"{spec.name:<10} {spec.bound:<8} passes={','.join(spec.passes):<12} "
               f"triton={spec.triton} bench grids={len(spec.bench)}")  # fmt: skip
     return 0
 

@@ -287,8 +287,9 @@ def measure_job(plan: Plan) -> list[dict]:
     try:
         for step, (index, shape) in enumerate(bar):
             label = workload.label(shape)
-            if unsupported:
-                record = skipped_record(job, shape, unsupported)
+            reason = unsupported or workload.unsupported_shape(shape, cfg["pass"].name, cfg.mode)
+            if reason:
+                record = skipped_record(job, shape, reason)
             else:
                 record = measure_shape(
                     job,

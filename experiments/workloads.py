@@ -94,6 +94,11 @@ class Workload:
             for size in self.input_sizes(shape)
         )
 
+    def unsupported_shape(self, shape: dict, pass_name: str, mode_cfg) -> str | None:
+        """Why `mode_cfg` cannot run this one shape in this pass (a skipped row's reason), or
+        None; the mode-wide reasons are experiments.registry.unsupported's."""
+        return None
+
     def check_pass(self, pass_name: str) -> None:
         from experiments import registry
 

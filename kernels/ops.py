@@ -6,9 +6,10 @@ and schedule them in its graph (fullgraph=True works: no graph break), where a p
 `kernels.matmul` would be opaque. Each op reuses the kernels' own private implementation with
 `launch=wrap_triton`; nothing here duplicates kernel code.
 
-Ops (namespace `kbench`): matmul, linear_fwd / linear_bwd, softmax_fwd / softmax_bwd, conv2d.
-linear and softmax get autograd through torch.library.register_autograd, whose backward calls
-the backward op, so fwd_bwd also compiles into one graph.
+Ops (namespace `kbench`): matmul, linear_fwd / linear_bwd, softmax_fwd / softmax_bwd,
+conv2d / conv2d_bwd. linear, softmax and conv2d get autograd through
+torch.library.register_autograd, whose backward calls the backward op, so fwd_bwd also compiles
+into one graph.
 
 In Triton's CPU interpreter wrap_triton cannot trace kernels (it would run them on fake tensors),
 so there the ops are opaque torch.library.custom_ops instead: still no graph break, but Inductor
@@ -20,8 +21,9 @@ import torch
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from kernels._common import activation_id, direct, is_interpreter
+from kernels._common import TORCH_ACTIVATIONS, activation_id, direct, is_interpreter
 from kernels.conv import conv2d_forward
+from kernels.conv.backward import conv2d_backward_upcast, save_mode
 from kernels.conv.dispatch import resolve_padding
 from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import matmul_impl
@@ -169,6 +171,51 @@ def conv2d_op(
                           activation, groups, launch=_launch)  # fmt: skip
 
 
+@_define("kbench::conv2d_bwd")
+def conv2d_bwd_op(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    saved: Tensor,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    act_id: int,
+    need_dx: bool,
+    need_dw: bool,
+    need_db: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = conv2d_backward_upcast(
+        dy, x, weight, saved if saved.numel() else None, act_id, tuple(stride),
+        tuple(padding[:2]), tuple(dilation), need_dx, need_dw, need_db, launch=_launch,
+    )  # fmt: skip
+    return _or_empty(dx, dy), _or_empty(dw, dy), _or_empty(db, dy)
+
+
+def _conv2d_setup(ctx, inputs, output):
+    x, weight, bias, stride, padding, dilation, activation, _ = inputs
+    act_id = activation_id(activation)
+    # relu's derivative reads the output ([y > 0]); kernels/ops.conv2d runs the other
+    # activations outside the op when training, so the op's own activation is relu or none
+    ctx.save_for_backward(x, weight, output if act_id else output.new_empty(0))
+    ctx.geometry = (stride, padding, dilation)
+    ctx.act_id, ctx.has_bias = act_id, bias is not None
+
+
+def _conv2d_backward(ctx, dy):
+    x, weight, saved = ctx.saved_tensors
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    dx, dw, db = torch.ops.kbench.conv2d_bwd(
+        dy, x, weight, saved, *ctx.geometry, ctx.act_id, need_dx, need_dw,
+        need_db and ctx.has_bias,
+    )  # fmt: skip
+    return (dx if need_dx else None, dw if need_dw else None,
+            db if need_db and ctx.has_bias else None, None, None, None, None, None)  # fmt: skip
+
+
+torch.library.register_autograd("kbench::conv2d", _conv2d_backward, setup_context=_conv2d_setup)
+
+
 # ---------------------------------------------------------------------------------------------
 # The public signatures (as in kernels/__init__.py), routed through the ops above; these are
 # what mode=triton-compiled calls for each op (experiments/registry.py names them)
@@ -195,8 +242,21 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=Non
         lo, hi = resolve_padding(padding, tuple(weight.shape[2:]), tuple(_pair(stride)),
                               tuple(_pair(dilation)))  # fmt: skip
         padding = [*lo, *hi]
+    act = activation or "none"
+    trains = torch.is_grad_enabled() and any(
+        getattr(t, "requires_grad", False) for t in (x, weight, bias)
+    )
+    if trains and groups != 1:
+        raise NotImplementedError(
+            f"conv2d with groups={groups} has no backward: only groups=1 trains (depthwise is "
+            "forward only); call it under torch.no_grad() or with inputs that need no gradient"
+        )
+    if trains and save_mode(activation_id(act)) == "preact":  # its derivative reads z: unfused
+        z = torch.ops.kbench.conv2d(x, weight, bias, _pair(stride), _pair(padding),
+                                    _pair(dilation), "none", groups)  # fmt: skip
+        return TORCH_ACTIVATIONS[act](z)
     return torch.ops.kbench.conv2d(x, weight, bias, _pair(stride), _pair(padding),
-                                   _pair(dilation), activation or "none", groups)  # fmt: skip
+                                   _pair(dilation), act, groups)  # fmt: skip
 
 
 def matmul(a, b):

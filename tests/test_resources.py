@@ -139,7 +139,7 @@ def test_conv_fwd_and_linear_fwd_bwd_compile(tmp_path):
     [
         (["--kernel", "nope"], "0", "unknown kernel 'nope'"),
         (["--kernel", "matmul", "--shapes", "nope"], "0", "unknown shape set 'nope'"),
-        (["--kernel", "conv", "--pass", "fwd_bwd"], "0", "pass=fwd_bwd is not supported"),
+        (["--kernel", "conv", "--pass", "bwd"], "0", "pass=bwd is not supported"),
         (["--kernel", "matmul", "--dtype", "int8"], "0", "unknown dtype 'int8'"),
         (["--kernel", "matmul"], "1", "TRITON_INTERPRET=0"),
     ],

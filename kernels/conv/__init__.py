@@ -1,7 +1,9 @@
-"""2-D convolution (forward) as an implicit GEMM on channels-last data, bias and activation fused.
+"""2-D convolution as an implicit GEMM on channels-last data, bias and activation fused, and its
+backward (dgrad through the same implicit GEMM, wgrad as a split reduction).
 
 One module per design (gemm, implicit_gemm, flat_reduction, window), what they share in common,
-and dispatch: the shipped choice between them and the public wrapper. docs/kernels/conv.md holds
+dispatch: the shipped choice between them and the public wrapper; backward.py and wgrad.py: the
+gradients and the autograd Function. docs/kernels/conv.md holds
 the design notes and measurements.
 
 Functions:

@@ -20,7 +20,8 @@ design"):
 Window and implicit-GEMM direct launches split their reduction in the same launch where the
 output tiles are too few to fill the GPU (split_k_rule). On Hopper every direct design writes an
 NHWC output by TMA stores. An NCHW input is read in place by strided loads (measured faster than
-converting it to NHWC first); the output follows the input's layout. Forward only.
+converting it to NHWC first); the output follows the input's layout. The backward is
+backward.py's.
 
 Functions:
     split_k_rule    reduction splits for an implicit / window conv with few output tiles
@@ -107,6 +108,15 @@ def _design_step(conv: Conv, chosen: Plan, launch: Launcher):
     if chosen.design == "window":
         return window_step(conv, tma=chosen.tma, split_k=chosen.split_k)
     return implicit_step(conv, launch=launch, tma=chosen.tma, split_k=chosen.split_k)
+
+
+def design_step(conv: Conv, launch: Launcher = direct, *, window: bool = True):
+    """_design_step of plan(conv); window=False keeps the window design out (the dgrad's
+    negative paddings would start its TMA boxes past the image, which its tiling assumes not)."""
+    chosen = plan(conv, launch)
+    if chosen.design == "window" and not window:
+        chosen = chosen._replace(design="implicit")
+    return _design_step(conv, chosen, launch)
 
 
 class _Launch(NamedTuple):
@@ -377,9 +387,37 @@ def conv2d(
     groups: 1, or depthwise (groups = C: weight (K, 1, R, S), K a multiple of C), which runs a
     memory-bound stencil (depthwise.py); other grouped convs are refused.
     padding is an int, a pair, 'valid' or 'same' (stride 1), as in F.conv2d; x may be unbatched
-    (C, H, W). The output is channels_last when x is, else
-    NCHW. Forward only: the result carries no autograd graph. The kernels read the weight as
-    channels_last (a (K, R·S·C) matrix): a weight in any other layout is copied to it in every
-    call, so keep weights channels_last.
+    (C, H, W). The output is channels_last when x is, else NCHW. Differentiable for groups=1
+    (backward.py: dgrad by the forward's implicit GEMM, wgrad by a split reduction); depthwise is
+    forward only. The kernels read the weight as channels_last (a (K, R·S·C) matrix): a weight
+    in any other layout is copied to it in every call, so keep weights channels_last.
     """
+    if torch.is_grad_enabled() and any(
+        getattr(t, "requires_grad", False) for t in (x, weight, bias)  # bad types: checks say
+    ):
+        return _trainable(x, weight, bias, stride, padding, dilation, activation, groups)
     return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups)
+
+
+def _trainable(x, weight, bias, stride, padding, dilation, activation, groups):
+    """conv2d through backward.Conv2dFunction, after the forward's own checks."""
+    from kernels.conv.backward import Conv2dFunction
+
+    stride_hw, padding_hw, dilation_hw, _, _ = _check(
+        x, weight, bias, stride, padding, dilation, activation, groups
+    )
+    if groups != 1:
+        raise NotImplementedError(
+            f"conv2d with groups={groups} has no backward: only groups=1 trains (depthwise is "
+            "forward only); call it under torch.no_grad() or with inputs that need no gradient"
+        )
+
+    def forward(x4, weight, bias, act):
+        return conv2d_forward(x4, weight, bias, stride_hw, padding, dilation_hw, act)
+
+    if x.dim() == 3:
+        y = Conv2dFunction.apply(x.unsqueeze(0), weight, bias, stride_hw, padding_hw,
+                                 dilation_hw, activation, forward)  # fmt: skip
+        return y.squeeze(0)
+    return Conv2dFunction.apply(x, weight, bias, stride_hw, padding_hw, dilation_hw, activation,
+                                forward)  # fmt: skip

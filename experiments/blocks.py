@@ -1,0 +1,238 @@
+"""Composed blocks: workloads of several ops, where a compiler can fuse across op boundaries and
+our single-op kernels pay a launch and a round trip through memory for each op.
+
+Each block is an nn.Module that calls the registered ops on `self.ops` (experiments/registry.py)
+plus plain torch for what no op covers (attention's scale, the bottleneck's residual add+relu),
+so every mode runs the same forward with only the namespace swapped: eager, torchscript and the
+compile modes see torch ops (Inductor may fuse them, or rewrite attention into one
+scaled_dot_product_attention call: records' `fused_attention`), mode=triton our kernels and
+mode=triton-compiled their custom ops. An entry's `composed` names the ops it calls; the
+registry derives its triton/triton_compiled from theirs. docs/blocks.md has the shapes and the
+reasoning.
+
+Blocks:
+    mlp         linear+bias+gelu (d -> ffn), linear+bias (ffn -> d): Llama-3-8B, fwd and fwd_bwd
+    attention   softmax((q @ k^T) * scale) @ v, written out (no SDPA call): fwd and fwd_bwd
+    bottleneck  ResNet-50 bottleneck, channels-last: conv1x1+relu, conv3x3+relu, conv1x1, + x,
+                relu; fwd (conv's backward is not written yet)
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from experiments.registry import OpSpec, register
+from experiments.workloads import Workload
+
+
+class BlockWorkload(Workload):
+    """A block's parameters are named `<layer>_weight` / `<layer>_bias`: the base class scales
+    only a parameter named exactly "weight" by its fan-in."""
+
+    def init_parameters(self, module: nn.Module, generator: torch.Generator) -> None:
+        """Fresh random weights, each scaled by 1/sqrt(fan-in) so outputs keep unit variance."""
+        with torch.no_grad():
+            for name, p in module.named_parameters():
+                fan_in = p[0].numel() if name.endswith("weight") else 1
+                values = torch.randn(p.shape, generator=generator, device=p.device)
+                p.copy_(values / math.sqrt(fan_in))
+
+
+# ---------------------------------------------------------------------------------------------
+# mlp: y = gelu(x W1^T + b1) W2^T + b2
+# ---------------------------------------------------------------------------------------------
+class MLP(nn.Module):
+    def __init__(self, ops, d, ffn):
+        super().__init__()
+        self.ops = ops
+        self.up_weight = nn.Parameter(torch.empty(ffn, d))
+        self.up_bias = nn.Parameter(torch.empty(ffn))
+        self.down_weight = nn.Parameter(torch.empty(d, ffn))
+        self.down_bias = nn.Parameter(torch.empty(d))
+
+    def forward(self, x):
+        hidden = self.ops.linear(x, self.up_weight, self.up_bias, "gelu")  # gelu in the epilogue
+        return self.ops.linear(hidden, self.down_weight, self.down_bias)
+
+
+class MLPWorkload(BlockWorkload):
+    name = "mlp"
+    shape_keys = ("m", "d", "ffn")  # m: tokens (a key named "tokens" is refused as a credential)
+
+    def make_module(self, shape, ops):
+        return MLP(ops, shape["d"], shape["ffn"])
+
+    def input_sizes(self, shape):
+        return [(shape["m"], shape["d"])]
+
+    def flops(self, shape, pass_name):
+        fwd = 4.0 * shape["m"] * shape["d"] * shape["ffn"]  # two GEMMs of 2·m·d·ffn
+        return fwd * (3 if pass_name == "fwd_bwd" else 1)  # each GEMM's dX and dW: two more
+
+    def min_bytes(self, shape, pass_name, itemsize):
+        # what any implementation reads and writes; the (m, ffn) hidden is not in it: it is
+        # what a fused MLP keeps on chip and ours writes and reads back
+        m, d, f = shape["m"], shape["d"], shape["ffn"]
+        params = 2 * d * f + f + d
+        fwd = m * d + params + m * d  # read x, W1, b1, W2, b2; write y
+        bwd = 3 * m * d + 2 * params  # read dy, x and the weights; write dx and every gradient
+        return float(fwd + (bwd if pass_name == "fwd_bwd" else 0)) * itemsize
+
+
+register(OpSpec(
+    name="mlp", function=None, workload=MLPWorkload, eager=None, triton=None,
+    triton_compiled=None, bound="compute", passes=("fwd", "fwd_bwd"), composed=("linear",),
+    bench=("kernel=mlp mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
+           "pass=fwd,fwd_bwd dtype=bf16",),
+    markers={"marker": "P"},
+))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# attention: softmax((q @ k^T) * scale) @ v over (batch, heads, seq, head_dim)
+# ---------------------------------------------------------------------------------------------
+class _MatmulWithBackward(torch.autograd.Function):
+    """A forward-only matmul (ours: kernels.matmul and its custom op have no backward, matmul's
+    passes are fwd) made differentiable: both gradient products are the same matmul, as
+    torch.matmul's own backward is. Operands of equal batch dims (no broadcast to reduce)."""
+
+    @staticmethod
+    def forward(ctx, a, b, matmul):
+        ctx.save_for_backward(a, b)
+        ctx.matmul = matmul
+        return matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a = ctx.matmul(grad, b.transpose(-2, -1)) if ctx.needs_input_grad[0] else None
+        grad_b = ctx.matmul(a.transpose(-2, -1), grad) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b, None
+
+
+class Attention(nn.Module):
+    def __init__(self, ops, head_dim):
+        super().__init__()
+        self.ops = ops
+        self.scale = head_dim**-0.5
+
+    def matmul(self, a, b):
+        ours = self.ops.matmul is not torch.matmul  # eager's namespace: torch's own backward
+        if ours and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+            return _MatmulWithBackward.apply(a, b, self.ops.matmul)
+        return self.ops.matmul(a, b)
+
+    def forward(self, q, k, v):
+        # the pattern Inductor's attention rewrite looks for (fx_passes/fuse_attention.py)
+        scores = self.matmul(q, k.transpose(-2, -1)) * self.scale
+        return self.matmul(self.ops.softmax(scores, -1), v)
+
+
+class AttentionWorkload(BlockWorkload):
+    name = "attention"
+    shape_keys = ("batch", "heads", "seq", "head_dim")
+    input_names = ("q", "k", "v")
+
+    def make_module(self, shape, ops):
+        return Attention(ops, shape["head_dim"])
+
+    def input_sizes(self, shape):
+        return [(shape["batch"], shape["heads"], shape["seq"], shape["head_dim"])] * 3
+
+    def flops(self, shape, pass_name):
+        # the two products, 2·seq²·head_dim each per head; the backward's four double it
+        fwd = 4.0 * shape["batch"] * shape["heads"] * shape["seq"] ** 2 * shape["head_dim"]
+        return fwd * (3 if pass_name == "fwd_bwd" else 1)
+
+    def min_bytes(self, shape, pass_name, itemsize):
+        # q, k, v and the output only, as a fused (flash) kernel moves them; the heads·seq²
+        # scores that ours writes and reads back between ops are not in it
+        qkv = shape["batch"] * shape["heads"] * shape["seq"] * shape["head_dim"]
+        fwd = 4 * qkv  # read q, k, v; write out
+        bwd = 8 * qkv  # read q, k, v, out, d_out; write dq, dk, dv
+        return float(fwd + (bwd if pass_name == "fwd_bwd" else 0)) * itemsize
+
+
+def fused_attention_rewrites() -> int:
+    """How many matmul-scale-softmax-matmul patterns Inductor replaced with one
+    scaled_dot_product_attention call since torch._dynamo's counters were last cleared (the
+    harness clears them per shape): Inductor's own count (torch/_inductor/fx_passes/
+    fuse_attention.py). A compiled row's fused-attention flag is this > 0 after its compile."""
+    return torch._dynamo.utils.counters["inductor"]["fuse_attention"]
+
+
+register(OpSpec(
+    name="attention", function=None, workload=AttentionWorkload, eager=None, triton=None,
+    triton_compiled=None, bound="compute", passes=("fwd", "fwd_bwd"),
+    composed=("matmul", "softmax"),
+    bench=("kernel=attention mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
+           "pass=fwd,fwd_bwd dtype=bf16",),
+    markers={"marker": "X"},
+))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# bottleneck: relu(x + conv1x1(relu(conv3x3(relu(conv1x1(x)))))), channels-last
+# ---------------------------------------------------------------------------------------------
+class Bottleneck(nn.Module):
+    """Each conv carries a bias: batch norm folded in, as at inference."""
+
+    def __init__(self, ops, c, width):
+        super().__init__()
+        self.ops = ops
+        for layer, (k, c_in, r) in {"reduce": (width, c, 1), "conv": (width, width, 3),
+                                    "expand": (c, width, 1)}.items():  # fmt: skip
+            weight = torch.empty(k, c_in, r, r).to(memory_format=torch.channels_last)
+            setattr(self, f"{layer}_weight", nn.Parameter(weight))
+            setattr(self, f"{layer}_bias", nn.Parameter(torch.empty(k)))
+
+    def forward(self, x):
+        # conv2d(x, weight, bias, stride, padding, dilation, activation)
+        h = self.ops.conv2d(x, self.reduce_weight, self.reduce_bias, 1, 0, 1, "relu")
+        h = self.ops.conv2d(h, self.conv_weight, self.conv_bias, 1, 1, 1, "relu")
+        h = self.ops.conv2d(h, self.expand_weight, self.expand_bias, 1, 0, 1, None)
+        return torch.relu(h + x)  # the residual: torch in every mode
+
+
+class BottleneckWorkload(BlockWorkload):
+    name = "bottleneck"
+    shape_keys = ("n", "c", "h", "w", "width")
+
+    def label(self, shape):
+        return f"{shape['n']}x{shape['c']}x{shape['h']}x{shape['w']}-w{shape['width']}"
+
+    def make_module(self, shape, ops):
+        return Bottleneck(ops, shape["c"], shape["width"])
+
+    def input_sizes(self, shape):
+        return [(shape["n"], shape["c"], shape["h"], shape["w"])]
+
+    def make_inputs(self, shape, dtype, device, generator):
+        (x,) = super().make_inputs(shape, dtype, device, generator)
+        return (x.contiguous(memory_format=torch.channels_last),)
+
+    def flops(self, shape, pass_name):
+        c, width = shape["c"], shape["width"]
+        # the three convs' 2·MACs: c -> width (1x1), width -> width (3x3), width -> c (1x1)
+        fwd = 2.0 * shape["n"] * shape["h"] * shape["w"] * (2 * c * width + 9 * width * width)
+        return fwd * (3 if pass_name == "fwd_bwd" else 1)  # each conv's dgrad and wgrad
+
+    def min_bytes(self, shape, pass_name, itemsize):
+        # x read and y written once, and the weights: the two width-channel activations between
+        # the convs and the pre-residual sum are what fusion could keep off memory
+        c, width = shape["c"], shape["width"]
+        pixels = shape["n"] * shape["h"] * shape["w"]
+        params = 2 * c * width + 9 * width * width + 2 * width + c
+        fwd = 2 * pixels * c + params  # read x and the weights; write y
+        bwd = 2 * pixels * c + 2 * params  # read dy (and x, kept), the weights; write dx, grads
+        return float(fwd + (bwd if pass_name == "fwd_bwd" else 0)) * itemsize
+
+
+register(OpSpec(
+    name="bottleneck", function=None, workload=BottleneckWorkload, eager=None, triton=None,
+    triton_compiled=None, bound="compute", composed=("conv",), passes=("fwd", "fwd_bwd"),
+    bench=("kernel=bottleneck mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
+           "pass=fwd,fwd_bwd dtype=bf16",),
+    markers={"marker": "h"},
+))  # fmt: skip

@@ -1,0 +1,247 @@
+"""conv2d's backward: dX through the forward's own implicit GEMM (dgrad), dW by wgrad.py's
+split reduction, dZ = dY * act'(Z) and db by linear's backward kernels, and the autograd
+Function that makes kernels.conv2d trainable.
+
+dgrad. dX[h] = sum over (r, p) with p·stride + r·dil - pad = h of dZ[p] W[r]. At stride 1 that is
+a forward conv of dZ with the weight flipped and transposed (C outputs, K inputs), padding
+dil·(R-1) - pad (negative padding reads past the start; the kernels' bounds masks make that
+legal) and dX's size as the output size. At stride s > 1 the zero-inserted dZ would waste
+(s² - 1)/s² of the work, so dX is split into s_h·s_w phases (h mod s_h, w mod s_w): within a phase
+only the taps r with (phase + pad - r·dil) divisible by s contribute, and they form a stride-1,
+dilation dil/gcd(dil, s) conv of dZ with that subset of the weight, written straight into the
+phase's strided view of dX (the implicit GEMM stores by strides). A phase no tap reaches is zero.
+
+1x1, stride-1, unpadded convs between NHWC tensors are GEMMs both ways: dX = dZ W and
+dW = dZ^T X by kernels.matmul (cuBLAS-level), as linear's backward does.
+
+Every launch of a direct call goes through a kernels._launch.Step kept per call geometry, so a
+training step's backward after the first pays the forward's thin host path, not the JIT's.
+
+Functions:
+    dgrad_convs      the stride-1 convs (weight taps, padding, dilation, output view) of a dgrad
+    conv2d_backward  (dX, dW, db) of a conv2d with a fused activation, each only when asked for
+    Conv2dFunction   the autograd Function behind kernels.conv2d when an input needs a gradient
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, direct, dot_precision, is_interpreter
+from kernels._launch import PlanCache
+from kernels.conv.common import Conv, as_matrix
+from kernels.conv.wgrad import conv2d_wgrad
+from kernels.linear.backward import activation_backward, column_sum
+from kernels.matmul.dispatch import fused_matmul
+
+RELU = ACTIVATIONS["relu"]
+NONE = ACTIVATIONS["none"]
+
+
+class TapConv(NamedTuple):
+    """One stride-1 conv of a dgrad: dX[:, :, h0::s_h, w0::s_w] = conv(dZ, weight taps)."""
+
+    rows: tuple[int, ...]  # the weight's r indices, in the sub-conv's tap order
+    cols: tuple[int, ...]  # its s indices
+    padding: tuple[int, int]  # top/left padding of the sub-conv (may be negative)
+    dilation: tuple[int, int]
+    start: tuple[int, int]  # (h0, w0): the phase's first row and column of dX
+    size: tuple[int, int]  # the phase's rows and columns
+
+
+def _phase_taps(phase, pad, dil, stride, taps):
+    """(tap indices in sub-conv order, sub-conv padding, dilation) of one axis's phase, or None
+    where no tap reaches it."""
+    hit = [r for r in range(taps) if (phase + pad - r * dil) % stride == 0]
+    if not hit:
+        return None
+    g = math.gcd(dil, stride)
+    # dZ row of tap r for dX row phase + stride·i: i + (phase + pad - r·dil) / stride; the last
+    # tap has the smallest offset, so it leads the flipped order and sets the padding.
+    offset_last = (phase + pad - hit[-1] * dil) // stride
+    return tuple(reversed(hit)), -offset_last, dil // g
+
+
+def dgrad_convs(hw, rs, stride, padding, dilation) -> tuple[list[TapConv], bool]:
+    """The stride-1 convs whose outputs tile dX (H, W) exactly, and whether some phase is left
+    with no tap (dX must then start zeroed). See the module docstring."""
+    convs, gaps = [], False
+    for h0 in range(stride[0]):
+        for w0 in range(stride[1]):
+            size = (-(-(hw[0] - h0) // stride[0]), -(-(hw[1] - w0) // stride[1]))
+            if min(size) <= 0:
+                continue
+            th = _phase_taps(h0, padding[0], dilation[0], stride[0], rs[0])
+            tw = _phase_taps(w0, padding[1], dilation[1], stride[1], rs[1])
+            if th is None or tw is None:
+                gaps = True
+                continue
+            convs.append(TapConv(th[0], tw[0], (th[1], tw[1]), (th[2], tw[2]), (h0, w0), size))
+    return convs, gaps
+
+
+def _tap_matrix(weight: torch.Tensor, rows, cols) -> torch.Tensor:
+    """The sub-conv's (C, R'·S'·K) weight matrix: tap (i, j) is weight[:, :, rows[i], cols[j]]
+    transposed (the dgrad's outputs are the forward's inputs)."""
+    w = weight
+    if rows != tuple(range(weight.shape[2])):
+        w = w[:, :, list(rows)]
+    if cols != tuple(range(weight.shape[3])):
+        w = w[:, :, :, list(cols)]
+    return w.permute(1, 2, 3, 0).reshape(w.shape[1], -1).contiguous()
+
+
+def _nhwc(t: torch.Tensor) -> torch.Tensor:
+    return t if as_matrix(t) else t.contiguous(memory_format=torch.channels_last)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """An NHWC (N, K, P, Q) tensor as its (N·P·Q, K) matrix."""
+    N, K, P, Q = t.shape
+    return t.as_strided((N * P * Q, K), (t.stride(3), 1))
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    return not x.is_contiguous() and x.stride(1) == 1 and x.shape[1] > 1
+
+
+# dgrad launches of direct calls, per geometry: [(TapConv, Step, scratch)]
+_DGRAD = PlanCache()
+
+
+def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
+    """Fill dx (N, C, H, W, allocated) with the dgrad of dz (N, K, P, Q)."""
+    from kernels.conv.dispatch import design_step
+
+    N, C, H, W = dx.shape
+    K, _, R, S = weight.shape
+    planned = launch is direct and not torch.compiler.is_compiling()
+    key = None
+    if planned:
+        key = (dz.shape, dz.stride(), dx.shape, dx.stride(), weight.shape, dz.dtype, dz.device,
+               dz.data_ptr() % 16, dx.data_ptr() % 16, stride, padding, dilation,
+               torch._C._get_cudnn_allow_tf32())  # fmt: skip
+        steps = _DGRAD.get(key)
+        if steps is not None:
+            _run_dgrad(steps, dz, weight, dx, stride)
+            return
+    convs, gaps = dgrad_convs((H, W), (R, S), stride, padding, dilation)
+    if gaps:
+        dx.zero_()
+    precision = dot_precision(dz.dtype, torch.backends.cudnn.allow_tf32)
+    constexprs = dict(HAS_BIAS=False, ACTIVATION=NONE, DOT_PRECISION=precision)
+    steps = []
+    for tc in convs:
+        w2d = _tap_matrix(weight, tc.rows, tc.cols)
+        y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
+        conv = Conv(dz, w2d, None, y, N, K, dz.shape[2], dz.shape[3], C, *tc.size,
+                    len(tc.rows), len(tc.cols), (1, 1), tc.padding, tc.dilation,
+                    constexprs)  # fmt: skip
+        made = design_step(conv, launch, window=min(tc.padding) >= 0)
+        if made is None:  # the traced one-tile GEMM launched at once
+            continue
+        step, scratch = made
+        step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
+        steps.append((tc, step, scratch))
+    if key is not None and len(steps) == len(convs):
+        _DGRAD.put(key, (gaps, steps))
+
+
+def _run_dgrad(planned, dz, weight, dx, stride):
+    gaps, steps = planned
+    if gaps:
+        dx.zero_()
+    for tc, step, scratch in steps:
+        w2d = _tap_matrix(weight, tc.rows, tc.cols)
+        y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
+        step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
+
+
+def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, need_dx, need_dw,
+                    need_db, *, launch=direct):  # fmt: skip
+    """(dX, dW, db) of y = act(conv2d(x, weight) + bias), each None unless asked for.
+
+    saved: the forward's output y for relu (relu'(z) = [y > 0]) or its pre-activation z for the
+    other activations, None without one. stride, padding (top/left), dilation: resolved pairs.
+    dX comes back in x's layout, dW channels_last (its (K, R·S·C) matrix), db in dy's dtype.
+    """
+    dy = _nhwc(dy)
+    if act_id == NONE:
+        dz = dy
+        db = column_sum(_rows(dy), launch) if need_db else None
+    else:
+        dz2d, db = activation_backward(_rows(dy), _rows(_nhwc(saved)), act_id, need_db, launch)
+        N, K, P, Q = dy.shape
+        dz = dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
+    K, C, R, S = weight.shape
+    unit = (R, S) == (1, 1) and stride == (1, 1) and padding == (0, 0)
+    dx = dw = None
+    if need_dx:
+        fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+        if unit and fmt == torch.channels_last:  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
+            dx2d = fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch)[0]
+            N, _, H, W = x.shape
+            dx = dx2d.view(N, H, W, C).permute(0, 3, 1, 2)
+        else:
+            dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+            _dgrad(dz, weight, dx, stride, padding, dilation, launch)
+    if need_dw:
+        if unit and as_matrix(x):  # dW (K, C) = dZ^T (K, N·H·W) @ X (N·H·W, C)
+            dw = fused_matmul(_rows(dz).t(), _rows(x), launch=launch)[0].view(K, C, 1, 1)
+        else:
+            dw = conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch)
+    return dx, dw, db
+
+
+def conv2d_backward_upcast(dy, x, weight, saved, *args, launch=direct):
+    """conv2d_backward; in the CPU interpreter, bf16 operands run as fp32 copies (its tl.dot
+    multiplies bf16 as raw bits, as dispatch.conv2d_forward notes) and the results round once."""
+    if not (is_interpreter() and dy.dtype == torch.bfloat16):
+        return conv2d_backward(dy, x, weight, saved, *args, launch=launch)
+    up = [None if t is None else t.float() for t in (dy, x, weight, saved)]
+    grads = conv2d_backward(*up, *args, launch=launch)
+    return tuple(None if g is None else g.to(torch.bfloat16) for g in grads)
+
+
+def save_mode(act_id: int) -> str:
+    """What the forward keeps for act'(Z): "none", "output" (relu: [y > 0] = [z > 0]) or
+    "preact" (the other activations: the forward runs unfused and applies the activation)."""
+    if act_id == NONE:
+        return "none"
+    return "output" if act_id == RELU else "preact"
+
+
+class Conv2dFunction(torch.autograd.Function):
+    """Autograd for a 4-D x; kernels.conv2d only routes here when some input needs a gradient.
+    stride, padding (top/left) and dilation come resolved, as pairs."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, padding, dilation, activation, forward):
+        act_id = ACTIVATIONS["none" if activation is None else activation]
+        keep = save_mode(act_id)
+        if keep == "preact":
+            z = forward(x, weight, bias, None)
+            y = TORCH_ACTIVATIONS[activation](z)
+        else:
+            y = z = forward(x, weight, bias, activation)
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        # Keep only what the requested gradients read: dX needs W, dW needs X.
+        ctx.save_for_backward(x if need_dw else None, weight, z if keep != "none" else None)
+        ctx.x_meta = (x.shape, x.stride(), x.dtype, x.device)
+        ctx.geometry = (stride, padding, dilation)
+        ctx.act_id, ctx.has_bias = act_id, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, saved = ctx.saved_tensors
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        if x is None:  # dX alone: only the shape and layout of x matter
+            shape, strides, dtype, device = ctx.x_meta
+            x = torch.empty_strided(shape, strides, dtype=dtype, device=device)
+        dx, dw, db = conv2d_backward_upcast(
+            dy, x, weight, saved, ctx.act_id, *ctx.geometry, need_dx, need_dw,
+            need_db and ctx.has_bias,
+        )  # fmt: skip
+        return dx, dw, db, None, None, None, None, None

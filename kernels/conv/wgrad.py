@@ -1,0 +1,400 @@
+"""conv2d's weight gradient (wgrad): dW = dZ^T X per filter tap, the reduction split across
+programs so that few output tiles still fill the GPU. It has to come close to cuDNN's wgrad on the
+ResNet-50 layers (bf16, channels_last, batch 32).
+
+For tap (r, s), dW[:, :, r, s] is a GEMM with M = K output channels, N = C input channels and the
+reduction over the N·P·Q output pixels: row k of dZ^T against the input pixels that tap (r, s) of
+each output pixel reads. A program owns one (tap, BLOCK_M output channels, BLOCK_N input channels)
+tile and walks its share of the pixels BLOCK_K at a time: per pixel one run of BLOCK_M channels of
+dZ and one of BLOCK_N channels of x (contiguous in channels_last; an NCHW tensor is read in place
+by strided loads, as the forward does), so both tiles arrive pixel-major and dZ's is transposed
+into the dot. Each lane's pixel (n, p, q) is decoded once and then advanced by carries, not
+divided out every step; the tap's shift is a scalar. With few input channels (C < 16, the C = 3
+stem) the tile's columns are instead the flat (r, s, c) index, as the forward's flat_reduction.py
+does: R·S·C = 147 columns in 3 tiles of 64, not 49 taps each padding 3 channels to a 64-wide tile
+and reading all of dZ again.
+
+The output tiles are few (K·C·R·S is at most a few million) and the reduction long (100352 pixels
+at 56x56, batch 32), so grid axis 1 splits the pixels (split_rule). Each split writes its fp32
+partial dW into its own slab of a workspace and a second kernel sums the slabs in split order:
+deterministic, with the sum spread over the whole GPU. The forward's last-arriving-program gather
+(common.split_k_gather) would leave one program per tile to read all of its up to 66 partial
+tiles serially, and fp32 atomics would make dW depend on the programs' timing. Unsplit, the
+kernel rounds the accumulator once into dW.
+
+dW comes back channels_last: its memory is the (K, R·S·C) row-major matrix the forward kernels
+read, and each tap's tile is a (BLOCK_M, BLOCK_N) block of it.
+
+Not yet timed on a GPU. Compiled offline for sm_90 (experiments.resources) on ResNet-50 layers:
+wgmma with both operands from shared memory, 16-byte cp.async loads of channels_last tensors in a
+4-stage pipeline, no spills. The 64-channel layers' 64x64 tiles do 32 FLOPs per byte loaded,
+which may leave them bound by L2 bandwidth rather than by the tensor cores.
+
+Functions:
+    conv2d_wgrad_reference  torch's wgrad on x padded as the forward pads it (the tests' reference)
+    conv_wgrad_kernel       @triton.jit, autotuned (and a hook-free copy for traced launches)
+    wgrad_split_sum_kernel  @triton.jit: dW = the sum of the splits' fp32 partials, in order
+    split_rule              pixel splits of a wgrad with few output tiles
+    conv2d_wgrad            the public function: dW (K, C, R, S), channels_last
+"""
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels._common import (
+    Launcher,
+    cdiv,
+    direct,
+    dot_precision,
+    gpu_info,
+    is_interpreter,
+    next_power_of_2,
+)
+from kernels._launch import PlanCache, Step
+from kernels.conv.common import traceable, tune_bench
+
+# (BLOCK_M output channels, BLOCK_N input channels, BLOCK_K pixels, num_stages, num_warps).
+# 64 pixels a step: 128-byte rows of 16-bit channels, the widest wgmma swizzle. Not yet measured on
+# a GPU: the forward's winning shapes, plus 64-wide tiles for the K = 64 / C = 64 layers.
+WGRAD_TILES = [
+    (128, 128, 64, 3, 8),
+    (128, 128, 64, 4, 4),
+    (128, 64, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4),
+    (128, 128, 32, 4, 4),
+]
+# The interpreter's one tile: tl.dot needs dims >= 16; 16 output channels give the tests' K = 20
+# two channel blocks, one of them ragged
+INTERPRETER_TILE = (16, 32, 16, 1, 4)
+# Below this many input channels the tile's columns are the flat (r, s, c) index (the forward
+# takes its flat design below the same count)
+FLAT_BELOW = 16
+# split_rule: each split walks at least this many pixels (16 steps of 64: the pipeline's prologue
+# and the partial's store stay small beside the loop), and at most this many splits
+SPLIT_PIXELS_MIN = 1024
+SPLIT_MAX = 128
+# wgrad_split_sum_kernel's elements per program
+SUM_BLOCK = 1024
+
+# Sizes that only bound loops and masks (not specialised on, so spatial sizes share compiles);
+# channel counts, strides and R, S stay specialised: they decide vectorisation
+WGRAD_SIZES_ONLY = ["NPQ", "H", "W", "P", "Q", "pad_h", "pad_w", "dil_h", "dil_w", "splits",
+                    "stride_split"]  # fmt: skip
+# What changes the best tile: the GEMM's sizes, the split, and which side is channels-contiguous
+WGRAD_KEY = ["NPQ", "K", "C", "R", "S", "conv_stride_h", "conv_stride_w", "stride_dzk",
+             "stride_xc", "splits"]  # fmt: skip
+
+
+def conv2d_wgrad_reference(dz, x, kernel_rs, stride, padding, dilation):
+    """dW of conv2d(x, ·) for the output gradient dz, padding (top, left) and whatever bottom and
+    right padding dz's size implies (rows past the input read zero), by torch.nn.grad."""
+    # 2·K·C·R·S·N·P·Q FLOPs; reads N·K·P·Q + N·C·H·W (once per tap from cache), writes K·C·R·S
+    (R, S), (sh, sw), (ph, pw), (dh, dw) = kernel_rs, stride, padding, dilation
+    P, Q = dz.shape[2:]
+    rows, cols = (P - 1) * sh + dh * (R - 1) + 1, (Q - 1) * sw + dw * (S - 1) + 1
+    H, W = x.shape[2:]
+    padded = F.pad(x, (pw, max(0, cols - W - pw), ph, max(0, rows - H - ph)))[..., :rows, :cols]
+    shape = (dz.shape[1], x.shape[1], R, S)
+    return torch.nn.grad.conv2d_weight(padded, shape, dz, (sh, sw), 0, (dh, dw))
+
+
+def _configs(tiles):
+    if is_interpreter():
+        tiles = [INTERPRETER_TILE]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_stages=stages,
+                          num_warps=warps) for bm, bn, bk, stages, warps in tiles]  # fmt: skip
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles far wider than the problem: K output channels, and C (or R·S·C flat) columns."""
+    K, C = named_args["K"], named_args["C"]
+    cols = named_args["R"] * named_args["S"] * C if kwargs.get("FLAT_TAPS") else C
+    # flat columns carry a 2-D address and bounds mask per element: 128 of them spill (sm_90)
+    widest_n = 64 if kwargs.get("FLAT_TAPS") else max(64, next_power_of_2(cols))
+    kept = [cfg for cfg in configs
+            if cfg.kwargs["BLOCK_M"] <= max(64, next_power_of_2(K))
+            and cfg.kwargs["BLOCK_N"] <= widest_n]  # fmt: skip
+    return kept or configs[-1:]
+
+
+@triton.autotune(configs=_configs(WGRAD_TILES), key=WGRAD_KEY, do_bench=tune_bench,
+                 prune_configs_by={"early_config_prune": _prune})  # fmt: skip
+@triton.heuristics({
+    "EVEN_K": lambda args: args["K"] % args["BLOCK_M"] == 0,
+    "EVEN_C": lambda args: args["C"] % args["BLOCK_N"] == 0,
+})  # fmt: skip
+@triton.jit(do_not_specialize=WGRAD_SIZES_ONLY)
+def conv_wgrad_kernel(
+    # dz: (N, K, P, Q) and x: (N, C, H, W), both by strides; out: dW's (K, R·S·C) matrix, or the
+    # fp32 partial sums, one (K, R·S·C) slab per split, stride_split elements apart
+    dz, x, out,
+    # sizes: NPQ output pixels (the reduction), K output and C input channels, the conv geometry
+    NPQ, K, C, H, W, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    # strides in elements
+    stride_dzn, stride_dzk, stride_dzp, stride_dzq,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    # the pixel splits (grid axis 1) and their slabs' spacing in `out` (0 unsplit)
+    splits, stride_split,
+    # meta-parameters: FLAT_TAPS: columns are the flat (r, s, c) index instead of one tap's c
+    DOT_PRECISION: tl.constexpr, FLAT_TAPS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_C: tl.constexpr,
+):  # fmt: skip
+    # -- program-id mapping: columns fastest, then output channels, then the tap; so programs
+    # that run together share dZ's tile, and every tap of one split reads the same pixels
+    pid = tl.program_id(0)
+    if FLAT_TAPS:
+        cols = R * S * C
+    else:
+        cols = C
+    col_blocks = tl.cdiv(cols, BLOCK_N)
+    k_blocks = tl.cdiv(K, BLOCK_M)
+    pid_col = pid % col_blocks
+    pid_k = (pid // col_blocks) % k_blocks
+    rs = pid // (col_blocks * k_blocks)  # 0 with FLAT_TAPS: the grid has no tap axis
+
+    # -- pointer setup: each column's tap shift (rows, cols) and offset within an input pixel --
+    offs_k = pid_k * BLOCK_M + tl.arange(0, BLOCK_M)
+    k_ok = offs_k < K
+    offs_col = pid_col * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs_col < cols
+    if FLAT_TAPS:
+        tap_h = (offs_col // (S * C)) * dil_h
+        tap_w = ((offs_col // C) % S) * dil_w
+        x_col = tap_h * stride_xh + tap_w * stride_xw + (offs_col % C) * stride_xc
+        w_col = offs_col  # the flat index is dW's own column order
+    else:
+        tap_h = (rs // S) * dil_h
+        tap_w = (rs % S) * dil_w
+        x_col = tap_h * stride_xh + tap_w * stride_xw + offs_col * stride_xc
+        w_col = rs * C + offs_col
+    PQ = P * Q
+    # this split's pixels: whole BLOCK_K steps, the last split ragged (or empty)
+    per_split = tl.cdiv(tl.cdiv(NPQ, BLOCK_K), splits) * BLOCK_K
+    lo = tl.program_id(1) * per_split
+    hi = tl.minimum(lo + per_split, NPQ)
+    # each lane's pixel as (n, p, q), decoded once; a step advances it by BLOCK_K pixels written
+    # in the same mixed radix, with at most one carry per digit: two vector divisions a step
+    # (dozens of instructions each) would cost about as much issue time as the step's MMAs
+    m = lo + tl.arange(0, BLOCK_K)
+    n = m // PQ
+    p = (m - n * PQ) // Q
+    q = m - n * PQ - p * Q
+    step_n = BLOCK_K // PQ
+    step_p = (BLOCK_K - step_n * PQ) // Q
+    step_q = BLOCK_K - step_n * PQ - step_p * Q
+
+    # -- main loop: BLOCK_K pixels a step, each one dZ channel run and one x channel run --
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(lo, hi, BLOCK_K):
+        m_ok = m < hi
+        n64 = n.to(tl.int64)  # batch × image stride can pass 2^31
+        dz_pix = n64 * stride_dzn + p * stride_dzp + q * stride_dzq
+        if EVEN_K:
+            a_mask = m_ok[:, None]
+        else:
+            a_mask = m_ok[:, None] & k_ok[None, :]
+        a = tl.load(dz + dz_pix[:, None] + offs_k[None, :] * stride_dzk, mask=a_mask, other=0.0)
+        ih0 = p * conv_stride_h - pad_h
+        iw0 = q * conv_stride_w - pad_w
+        x_pix = n64 * stride_xn + ih0 * stride_xh + iw0 * stride_xw
+        if FLAT_TAPS:  # each column its own tap: a 2-D bounds mask
+            ih = ih0[:, None] + tap_h[None, :]
+            iw = iw0[:, None] + tap_w[None, :]
+            b_mask = (m_ok[:, None] & col_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0)
+                      & (iw < W))  # fmt: skip
+        else:  # one tap: the mask is per pixel (zero padding reads 0)
+            ih = ih0 + tap_h
+            iw = iw0 + tap_w
+            pix_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            if EVEN_C:
+                b_mask = pix_ok[:, None]
+            else:
+                b_mask = pix_ok[:, None] & col_ok[None, :]
+        b = tl.load(x + x_pix[:, None] + x_col[None, :], mask=b_mask, other=0.0)
+        acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+        m += BLOCK_K
+        q += step_q
+        p += step_p + (q >= Q).to(tl.int32)
+        q = tl.where(q >= Q, q - Q, q)
+        n += step_n + (p >= P).to(tl.int32)
+        p = tl.where(p >= P, p - P, p)
+
+    # -- write-back: dW rounded once, or this split's fp32 slab (every program writes its tile,
+    # an empty split zeros, so the workspace needs no clearing) --
+    split_base = tl.program_id(1).to(tl.int64) * stride_split
+    out_ptrs = out + split_base + offs_k[:, None] * (R * S * C) + w_col[None, :]
+    tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=k_ok[:, None] & col_ok[None, :])
+
+
+_TRACEABLE = traceable(conv_wgrad_kernel.configs, WGRAD_KEY, conv_wgrad_kernel.fn)
+
+
+@triton.jit
+def wgrad_split_sum_kernel(
+    # ws: `splits` fp32 slabs of numel elements, back to back; dw: numel elements, contiguous
+    ws, dw,
+    numel, splits,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    ptrs = ws + offs
+    for _ in range(splits):  # in split order: the same dW on every run
+        acc += tl.load(ptrs, mask=ok, other=0.0)
+        ptrs += numel
+    tl.store(dw + offs, acc.to(dw.dtype.element_ty), mask=ok)
+
+
+def _nominal_tile(size: int) -> int:
+    return 64 if size <= 64 else 128
+
+
+def split_rule(K: int, C: int, R: int, S: int, NPQ: int, sms: int) -> int:
+    """Pixel splits of a wgrad on `sms` SMs: as many as keep its output tiles (128 wide, or 64
+    for sizes up to 64; flat (r, s, c) columns below FLAT_BELOW channels) times the splits within
+    one program per SM, each split keeping SPLIT_PIXELS_MIN pixels, at most SPLIT_MAX. Rounding
+    down keeps the last wave full: a 133rd program on 132 SMs would double the kernel's time.
+    ResNet-50 at batch 32 on 132 SMs: 14 for the 3x3s at 56x56 and 28x28 (9 tiles), 66 for the
+    1x1s at 56x56 (2 tiles), 3 at 14x14 (36 tiles), 1 for the 512-channel 7x7 3x3 (144 tiles)."""
+    flat = C < FLAT_BELOW
+    cols = R * S * C if flat else C
+    taps = 1 if flat else R * S
+    tiles = taps * cdiv(K, _nominal_tile(K)) * cdiv(cols, _nominal_tile(cols))
+    return max(1, min(sms // tiles, NPQ // SPLIT_PIXELS_MIN, SPLIT_MAX))
+
+
+class _Plan(NamedTuple):
+    """A direct call's launches (_PLANS) and what a call allocates for them."""
+
+    main: Step  # conv_wgrad_kernel over (dz, x, out)
+    reduce: Step | None  # wgrad_split_sum_kernel over (workspace, dw); None unsplit
+    workspace: int  # fp32 elements of the split partials (0 unsplit)
+    shape: tuple  # dW's (K, C, R, S)
+    strides: tuple  # channels_last
+
+
+# Direct calls' plans by _plan_key; see kernels/_launch.py
+_PLANS = PlanCache()
+
+
+def _plan_key(dz, x, kernel_rs, stride, padding, dilation, split_k) -> tuple:
+    """Everything a direct call's launches depend on but the tensors' pointers; raises
+    AttributeError or TypeError for arguments no plan can have."""
+    key = (
+        dz.shape, dz.stride(), x.shape, x.stride(), dz.dtype, x.dtype, dz.device, x.device,
+        dz.data_ptr() % 16, x.data_ptr() % 16, tuple(kernel_rs), tuple(stride), tuple(padding),
+        tuple(dilation), split_k, torch._C._get_cudnn_allow_tf32(),
+    )  # fmt: skip
+    hash(key)
+    return key
+
+
+def _launch_planned(plan: _Plan, dz, x) -> torch.Tensor:
+    return _run(plan, dz, x, x.new_empty_strided(plan.shape, plan.strides))
+
+
+def _run(plan: _Plan, dz, x, dw) -> torch.Tensor:
+    """dw from the plan's launches: straight into dw, or split partials then their sum."""
+    if plan.reduce is None:
+        plan.main(dz, x, dw)
+    else:
+        ws = x.new_empty((plan.workspace,), dtype=torch.float32)
+        plan.main(dz, x, ws)
+        plan.reduce(ws, dw)
+    return dw
+
+
+def _plan(dz, x, dw, kernel_rs, stride, padding, dilation, splits, launch) -> _Plan:
+    """The launches of one call (dz, x as the kernel reads them; dw in the dtype it writes)."""
+    N, K, P, Q = dz.shape
+    _, C, H, W = x.shape
+    R, S = kernel_rs
+    flat = C < FLAT_BELOW
+    cols, taps = (R * S * C, 1) if flat else (C, R * S)
+    numel = dw.numel()
+    kernel = conv_wgrad_kernel if launch is direct else _TRACEABLE
+
+    def grid(meta):
+        return (taps * cdiv(K, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"]), splits)
+
+    precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
+    main = Step(
+        launch(kernel), grid,
+        (N * P * Q, K, C, H, W, P, Q, R, S, *stride, *padding, *dilation,
+         *dz.stride(), *x.stride(), splits, numel if splits > 1 else 0),
+        dict(DOT_PRECISION=precision, FLAT_TAPS=flat),
+    )  # fmt: skip
+    reduce = None
+    if splits > 1:
+        reduce = Step(launch(wgrad_split_sum_kernel), (cdiv(numel, SUM_BLOCK),), (numel, splits),
+                      dict(BLOCK=SUM_BLOCK))  # fmt: skip
+    return _Plan(main, reduce, numel * splits if splits > 1 else 0, tuple(dw.shape),
+                 tuple(dw.stride()))  # fmt: skip
+
+
+def conv2d_wgrad(
+    dz: torch.Tensor,
+    x: torch.Tensor,
+    kernel_rs,
+    stride,
+    padding,
+    dilation,
+    *,
+    launch: Launcher = direct,
+    split_k: int | None = None,
+) -> torch.Tensor:
+    """dW (K, C, R, S) of y = conv2d(x, W) for dz = dL/dy (before any activation), channels_last,
+    in x's dtype:
+
+        dW[k, c, r, s] = sum over n, p, q of dz[n, k, p, q] · x[n, c, p·sh + r·dh - ph,
+                                                                  q·sw + s·dw - pw]
+
+    with rows and columns outside x reading zero. dz (N, K, P, Q) and x (N, C, H, W) may have any
+    strides (channels_last is the fast case). kernel_rs = (R, S); stride, padding (the top/left
+    offset; the bottom/right one is implied by P, Q) and dilation are pairs, already validated by
+    the forward. Accumulates in fp32 (TF32 for fp32 exactly when torch.backends.cudnn.allow_tf32).
+    split_k: the pixel splits (None: split_rule on the tensors' GPU, 1 without one). launch:
+    kernels/ops.py passes torch.library.wrap_triton for traced calls."""
+    key = None
+    if launch is direct and not torch.compiler.is_compiling():
+        try:
+            key = _plan_key(dz, x, kernel_rs, stride, padding, dilation, split_k)
+        except (AttributeError, TypeError):
+            key = None
+        plan = None if key is None else _PLANS.get(key)
+        if plan is not None:
+            return _launch_planned(plan, dz, x)
+    assert dz.dim() == 4 and x.dim() == 4, (tuple(dz.shape), tuple(x.shape))
+    N, K, P, Q = dz.shape
+    _, C, H, W = x.shape
+    R, S = kernel_rs
+    assert x.shape[0] == N, f"dz has batch {N}, x {x.shape[0]}"
+    assert dz.dtype == x.dtype and dz.device == x.device, (dz.dtype, x.dtype, dz.device, x.device)
+    dtype = x.dtype
+    dw = torch.empty((K, C, R, S), device=x.device, dtype=dtype, memory_format=torch.channels_last)
+    if N * P * Q == 0 or dw.numel() == 0:
+        return dw.zero_()
+    upcast = is_interpreter() and dtype == torch.bfloat16
+    if upcast:
+        # The triton 3.8 interpreter multiplies bf16 tl.dot operands as their raw uint16 bits, so
+        # run the fp32 kernel on upcast copies; the products are exact in fp32 either way, and dW
+        # is rounded to bf16 once, as on the GPU.
+        dz, x = dz.float(), x.float()
+        dw = torch.empty_like(dw, dtype=torch.float32)
+    if split_k is None:
+        info = gpu_info(x.device)
+        split_k = 1 if info is None else split_rule(K, C, R, S, N * P * Q, info.sms)
+    plan = _plan(dz, x, dw, (R, S), tuple(stride), tuple(padding), tuple(dilation), split_k,
+                 launch)  # fmt: skip
+    _run(plan, dz, x, dw)
+    if key is not None and not upcast:
+        _PLANS.put(key, plan)
+    return dw.to(dtype) if upcast else dw

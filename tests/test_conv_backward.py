@@ -1,0 +1,215 @@
+"""kernels.conv2d's backward (kernels/conv/backward.py) against float64 autograd of F.conv2d.
+
+dX, dW and db of the public function and of the triton-compiled custom op, over the geometries
+the issue names (C = 3, K = 1, 1x1 and 7x7, stride 2 and 3, dilation 2, N = 1), both layouts,
+the activations, the dtypes, non-contiguous gradients and inputs; the dgrad's stride phases on
+their own; plans reused only for the geometry they were made for; bad input. Sizes stay small:
+on CPU every kernel runs in the Triton interpreter. GPU-marked tests run ResNet-50 layers.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from experiments.correctness import relative_error
+from kernels import ops
+from kernels.conv import backward
+from kernels.conv.backward import dgrad_convs
+from tests.test_kernels_conv import DTYPES, REFERENCE_ACTIVATIONS, budget
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# (N, C, H, W, K, R, S, stride, padding, dilation)
+GEOMETRIES = {
+    "3x3-s1": (1, 16, 7, 9, 16, 3, 3, 1, 1, 1),
+    "3x3-s2-odd": (2, 16, 9, 8, 17, 3, 3, 2, 1, 1),
+    "stem-7x7-s2-c3": (1, 3, 11, 10, 16, 7, 7, 2, 3, 1),
+    "1x1-s2": (2, 16, 8, 8, 16, 1, 1, 2, 0, 1),
+    "3x3-s3-d2": (1, 16, 10, 11, 16, 3, 3, 3, 2, 2),
+    "k1-d2": (1, 16, 9, 9, 1, 3, 3, 1, 0, 2),
+    "1x1-s1": (2, 16, 6, 5, 24, 1, 1, 1, 0, 1),
+    "pad-past-window": (1, 16, 7, 7, 16, 3, 3, 1, 3, 1),  # the dgrad's padding is negative
+    "5x3-s(2,3)": (1, 16, 9, 13, 8, (5, 3), None, (2, 3), (2, 1), 1),
+}
+
+
+def _make(geometry, channels_last, dtype, generator):
+    n, c, h, w, k, r, s, stride, padding, dilation = geometry
+    rs = r if isinstance(r, tuple) else (r, s)
+    x = torch.randn(n, c, h, w, generator=generator).to(DEVICE, dtype)
+    weight = torch.randn(k, c, *rs, generator=generator) / (c * rs[0] * rs[1]) ** 0.5
+    weight = weight.to(DEVICE, dtype).contiguous(memory_format=torch.channels_last)
+    bias = torch.randn(k, generator=generator).to(DEVICE, dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, weight, bias, stride, padding, dilation
+
+
+def _reference(x, weight, bias, stride, padding, dilation, activation, dy):
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    y = REFERENCE_ACTIVATIONS[activation](F.conv2d(*leaves, stride, padding, dilation))
+    y.backward(dy.double())
+    return y, *(t.grad for t in leaves)
+
+
+def _check(fn, geometry, channels_last, activation, dtype, seed=0, dy_of=None):
+    generator = torch.Generator().manual_seed(seed)
+    x, weight, bias, stride, padding, dilation = _make(geometry, channels_last, dtype, generator)
+    for t in (x, weight, bias):
+        t.requires_grad_()
+    y = fn(x, weight, bias, stride, padding, dilation, activation)
+    dy = torch.randn(y.shape, generator=generator).to(DEVICE, dtype)
+    if dy_of is not None:
+        dy = dy_of(dy)
+    y.backward(dy)
+    want = _reference(x, weight, bias, stride, padding, dilation, activation, dy)
+    got = (y, x.grad, weight.grad, bias.grad)
+    for name, g, ref in zip(("y", "dx", "dw", "db"), got, want, strict=True):
+        assert g.shape == ref.shape and g.dtype == dtype, (name, g.shape, g.dtype)
+        err = relative_error(g, ref)
+        # fp32 accumulation throughout; the inputs' and outputs' rounding to the dtype dominates
+        assert err < budget(dtype), f"{name}: relative error {err:.2e} ({dtype})"
+    return x, y
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_gradients_match_float64(name, channels_last):
+    x, y = _check(kernels.conv2d, GEOMETRIES[name], channels_last, "relu", torch.float32)
+    if channels_last:  # dX follows x's layout, as the forward's output does
+        assert x.grad.stride() == x.stride()
+    else:
+        assert x.grad.is_contiguous()
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "silu"])
+def test_every_activation(activation):
+    _check(kernels.conv2d, GEOMETRIES["3x3-s2-odd"], True, activation, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("name", ["3x3-s2-odd", "1x1-s1", "stem-7x7-s2-c3"])
+def test_half_dtypes(name, dtype):
+    _check(kernels.conv2d, GEOMETRIES[name], True, "relu", DTYPES[dtype], seed=1)
+
+
+def test_non_contiguous_gradient_and_input():
+    # dY as a channel slice of a wider tensor; x a channel slice (channels_last, not dense)
+    def sliced(dy):
+        wide = torch.randn(dy.shape[0], dy.shape[1] + 3, *dy.shape[2:], device=DEVICE)
+        wide = wide.to(dy.dtype).contiguous(memory_format=torch.channels_last)
+        return wide[:, 1 : 1 + dy.shape[1]].copy_(dy)
+
+    _check(kernels.conv2d, GEOMETRIES["3x3-s1"], True, "relu", torch.float32, dy_of=sliced)
+    generator = torch.Generator().manual_seed(3)
+    x_wide = torch.randn(2, 20, 7, 7, generator=generator).to(DEVICE)
+    x = x_wide.contiguous(memory_format=torch.channels_last)[:, 2:18].requires_grad_()
+    weight = torch.randn(8, 16, 3, 3, generator=generator).to(DEVICE).requires_grad_()
+    y = kernels.conv2d(x, weight, None, 1, 1)
+    dy = torch.randn(y.shape, generator=generator).to(DEVICE)
+    y.backward(dy)
+    ref = _reference(x, weight, torch.zeros(8), 1, 1, 1, None, dy)
+    assert relative_error(x.grad, ref[1]) < budget(torch.float32)
+    assert relative_error(weight.grad, ref[2]) < budget(torch.float32)
+
+
+def test_only_the_requested_gradients():
+    generator = torch.Generator().manual_seed(4)
+    x, weight, bias, *geometry = _make(GEOMETRIES["3x3-s2-odd"], True, torch.float32, generator)
+    weight.requires_grad_()
+    y = kernels.conv2d(x, weight, bias, *geometry, "relu")
+    y.sum().backward()  # an expanded (stride-0) dY
+    assert x.grad is None and bias.grad is None and weight.grad is not None
+    ref = _reference(x, weight, bias, *geometry, "relu", torch.ones(y.shape))
+    assert relative_error(weight.grad, ref[2]) < budget(torch.float32)
+    with torch.no_grad():  # no autograd graph under no_grad
+        assert kernels.conv2d(x, weight, bias, *geometry).grad_fn is None
+
+
+def test_unbatched_input_trains():
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(16, 7, 7, generator=generator).to(DEVICE).requires_grad_()
+    weight = torch.randn(8, 16, 3, 3, generator=generator).to(DEVICE).requires_grad_()
+    y = kernels.conv2d(x, weight, padding="same")
+    assert y.shape == (8, 7, 7)
+    dy = torch.randn(y.shape, generator=generator).to(DEVICE)
+    y.backward(dy)
+    ref = _reference(x[None], weight, torch.zeros(8), 1, 1, 1, None, dy[None])
+    assert relative_error(x.grad, ref[1][0]) < budget(torch.float32)
+
+
+def test_triton_compiled_trains_in_one_graph():
+    def fn(x, weight, bias, stride, padding, dilation, activation):
+        # a graph break is an error; static ints, as a module's attributes are
+        compiled = torch.compile(ops.conv2d, fullgraph=True, dynamic=False)
+        return compiled(x, weight, bias, stride, padding, dilation, activation)
+
+    torch.compiler.reset()
+    _check(fn, GEOMETRIES["3x3-s2-odd"], True, "relu", torch.float32)
+    _check(fn, GEOMETRIES["1x1-s1"], True, "silu", torch.float32)
+
+
+def test_dgrad_phases_cover_dx_once_with_the_right_taps():
+    """Brute force: every (dX row, tap, dZ row) triple with p·s + r·d - pad = h is in exactly
+    one phase's sub-conv, and nothing else is."""
+    for size, taps, stride, pad, dil in itertools.product(
+        (1, 5, 8), (1, 2, 3, 7), (1, 2, 3), (0, 1, 3), (1, 2)
+    ):
+        out = (size + 2 * pad - dil * (taps - 1) - 1) // stride + 1
+        if out < 1:
+            continue
+        want = {(h, r, p) for h in range(size) for r in range(taps) for p in range(out)
+                if p * stride + r * dil - pad == h}  # fmt: skip
+        convs, gaps = dgrad_convs((size, 1), (taps, 1), (stride, 1), (pad, 0), (dil, 1))
+        got = set()
+        for tc in convs:
+            for i in range(tc.size[0]):
+                h = tc.start[0] + i * stride
+                for j, r in enumerate(tc.rows):
+                    p = i - tc.padding[0] + j * tc.dilation[0]
+                    if 0 <= p < out:
+                        got.add((h, r, p))
+        assert got == want, (size, taps, stride, pad, dil)
+        covered = {tc.start[0] + i * stride for tc in convs for i in range(tc.size[0])}
+        assert gaps == (covered != set(range(size)))
+
+
+def test_a_plan_serves_only_its_own_geometry():
+    backward._DGRAD.clear()
+    _check(kernels.conv2d, GEOMETRIES["3x3-s2-odd"], True, "relu", torch.float32, seed=6)
+    planned = len(backward._DGRAD)
+    _check(kernels.conv2d, GEOMETRIES["3x3-s2-odd"], True, "relu", torch.float32, seed=7)
+    assert len(backward._DGRAD) == planned  # same geometry: the plan was reused, still right
+    _check(kernels.conv2d, GEOMETRIES["3x3-s3-d2"], True, "relu", torch.float32, seed=8)
+    assert len(backward._DGRAD) == planned + 1  # another geometry: its own plan
+
+
+def test_depthwise_training_is_refused_before_any_work():
+    x = torch.randn(1, 4, 6, 6, device=DEVICE, requires_grad=True)
+    weight = torch.randn(4, 1, 3, 3, device=DEVICE)
+    for fn in (kernels.conv2d, ops.conv2d):
+        with pytest.raises(NotImplementedError, match="groups=4 has no backward"):
+            fn(x, weight, None, 1, 1, 1, None, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: ResNet-50 layers at batch 32, bf16, channels_last
+# ---------------------------------------------------------------------------------------------
+RESNET50 = {
+    "stem": (32, 3, 224, 224, 64, 7, 7, 2, 3, 1),
+    "3x3-56": (32, 64, 56, 56, 64, 3, 3, 1, 1, 1),
+    "1x1-56": (32, 64, 56, 56, 256, 1, 1, 1, 0, 1),
+    "3x3-s2-28": (32, 128, 56, 56, 128, 3, 3, 2, 1, 1),
+    "1x1-s2-down": (32, 512, 28, 28, 1024, 1, 1, 2, 0, 1),
+    "3x3-7": (32, 512, 7, 7, 512, 3, 3, 1, 1, 1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(RESNET50))
+def test_resnet50_layers_train_on_gpu(name):
+    _check(kernels.conv2d, RESNET50[name], True, "relu", torch.bfloat16)
+    _check(kernels.conv2d, RESNET50[name], True, None, torch.bfloat16, seed=2)
