@@ -16,7 +16,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup peers experiment sweep bench promote fuzz resume resources test test-all test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup peers experiment sweep bench study promote fuzz resume resources test test-all test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -47,6 +47,9 @@ sweep: $(SETUP) ## Hydra multirun over comma lists: make sweep kernel=matmul,sof
 
 bench: $(SETUP) ## An op's speed-target grids + ratio table (grids: experiments/registry.py): make bench kernel=<op>
 	$(PY) -m experiments.bench $(kernel) $(if $(BENCH_DIR),--dir $(BENCH_DIR)) $(ARGS)
+
+study: $(SETUP) ## The whole grid, one job per GPU (docs/study.md): make study [STUDY=multirun/study/<time> to finish one] [ARGS="--dry-run" | ARGS=--smoke]
+	$(PY) -m experiments.study $(if $(STUDY),--dir $(STUDY)) $(ARGS)
 
 promote: $(SETUP) ## Copy a finished run's records into results/current: make promote RUN=multirun/bench-softmax/<stamp> GPU=h100 NAME=softmax [ARGS=--force]
 	@$(if $(and $(RUN),$(GPU),$(NAME)),,echo "error: make promote needs RUN=<multirun or bench dir> GPU=h100|h200 NAME=<folder>" >&2; exit 2)

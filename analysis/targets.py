@@ -320,6 +320,18 @@ def conv_report(frame: pd.DataFrame) -> Report:
             table = _mode_table(part, "speedup_vs_eager").add_suffix(" x eager")
             table["triton % of copy"] = triton.set_index("shape_label")["pct_peak_bw"]
             tables.append((f"{tag}: speedup_vs_eager by mode, triton bandwidth", table))
+    # Grouped 3x3s (ResNeXt-50 32x4d, 32 groups): against eager (cuDNN's grouped kernels), the
+    # compile modes beside it in the table
+    layers = _ok(rows, shape_set="resnext50")
+    for dtype in _dtypes(layers):
+        part = layers[layers["dtype"] == dtype]
+        triton = part[part["mode"] == "triton"]
+        tag = f"conv {dtype} resnext50 (grouped 3x3)"
+        worst, where = _worst(triton, "speedup_vs_eager")
+        checks.append(Check(f"{tag}: triton vs eager (geomean)", _gm(triton["speedup_vs_eager"]),
+                            0.9, f" ({len(triton)} layers){_worst_note(worst, where)}"))
+        tables.append((f"{tag}: speedup_vs_eager by mode",
+                       _mode_table(part, "speedup_vs_eager")))
     fused = _ok(rows, epilogue="bias+relu")
     for dtype in _dtypes(fused):
         best = vs_best_compile(frame, kernel="conv", memory_format="nhwc", epilogue="bias+relu",

@@ -92,41 +92,16 @@ register(OpSpec(
 # ---------------------------------------------------------------------------------------------
 # attention: softmax((q @ k^T) * scale) @ v over (batch, heads, seq, head_dim)
 # ---------------------------------------------------------------------------------------------
-class _MatmulWithBackward(torch.autograd.Function):
-    """A forward-only matmul (ours: kernels.matmul and its custom op have no backward, matmul's
-    passes are fwd) made differentiable: both gradient products are the same matmul, as
-    torch.matmul's own backward is. Operands of equal batch dims (no broadcast to reduce)."""
-
-    @staticmethod
-    def forward(ctx, a, b, matmul):
-        ctx.save_for_backward(a, b)
-        ctx.matmul = matmul
-        return matmul(a, b)
-
-    @staticmethod
-    def backward(ctx, grad):
-        a, b = ctx.saved_tensors
-        grad_a = ctx.matmul(grad, b.transpose(-2, -1)) if ctx.needs_input_grad[0] else None
-        grad_b = ctx.matmul(a.transpose(-2, -1), grad) if ctx.needs_input_grad[1] else None
-        return grad_a, grad_b, None
-
-
 class Attention(nn.Module):
     def __init__(self, ops, head_dim):
         super().__init__()
         self.ops = ops
         self.scale = head_dim**-0.5
 
-    def matmul(self, a, b):
-        ours = self.ops.matmul is not torch.matmul  # eager's namespace: torch's own backward
-        if ours and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-            return _MatmulWithBackward.apply(a, b, self.ops.matmul)
-        return self.ops.matmul(a, b)
-
     def forward(self, q, k, v):
         # the pattern Inductor's attention rewrite looks for (fx_passes/fuse_attention.py)
-        scores = self.matmul(q, k.transpose(-2, -1)) * self.scale
-        return self.matmul(self.ops.softmax(scores, -1), v)
+        scores = self.ops.matmul(q, k.transpose(-2, -1)) * self.scale
+        return self.ops.matmul(self.ops.softmax(scores, -1), v)
 
 
 class AttentionWorkload(BlockWorkload):

@@ -159,18 +159,21 @@ class MatmulWorkload(Workload):
         return [(*batch, shape["m"], shape["k"]), (*batch, shape["k"], shape["n"])]
 
     def flops(self, shape, pass_name):
-        return 2.0 * shape["batch"] * shape["m"] * shape["n"] * shape["k"]
+        fwd = 2.0 * shape["batch"] * shape["m"] * shape["n"] * shape["k"]
+        return fwd * (3 if pass_name == "fwd_bwd" else 1)  # backward: dA and dB, two more GEMMs
 
     def min_bytes(self, shape, pass_name, itemsize):
         m, n, k = shape["m"], shape["n"], shape["k"]
-        # read A and B once, write C once
-        return float(shape["batch"] * (m * k + k * n + m * n)) * itemsize
+        fwd = m * k + k * n + m * n  # read A and B once, write C once
+        bwd = m * n + m * k + k * n + m * k + k * n  # read dC, A, B; write dA, dB
+        return float(shape["batch"] * (fwd + (bwd if pass_name == "fwd_bwd" else 0))) * itemsize
 
 
 register(OpSpec(
     name="matmul", function="matmul", workload=MatmulWorkload, eager=torch.matmul,
     triton="kernels:matmul", triton_compiled="kernels.ops:matmul", bound="compute",
-    # fwd only: the backward of a bare matmul is two matmuls, measured through `linear`
+    # fwd_bwd runs (both gradients are this matmul); linear's grids measure the training GEMMs
+    passes=("fwd", "fwd_bwd"),
     bench=("kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm",
            "kernel=matmul mode=triton,triton-compiled,default dtype=bf16 shapes=default",
            "kernel=matmul mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
@@ -346,9 +349,9 @@ class ConvWorkload(Workload):
 
     def unsupported_shape(self, shape, pass_name, mode_cfg):
         ours = mode_cfg.kind in ("triton", "triton_compiled")
-        if ours and pass_name == "fwd_bwd" and shape["groups"] != 1:
+        if ours and pass_name == "fwd_bwd" and shape["groups"] not in (1, shape["c"]):
             return (f"unsupported: conv groups={shape['groups']} has no Triton backward "
-                    "(depthwise is forward only)")  # fmt: skip
+                    "(groups=1 and depthwise train)")  # fmt: skip
         return None
 
     @staticmethod
@@ -408,6 +411,8 @@ register(OpSpec(
            "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core",
            "kernel=conv mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "shapes=mobilenet_v2_dw,convnext_dw",
+           "kernel=conv mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
+           "shapes=resnext50",
            # training, bias-free (kernel against kernel): every layer against eager, and the
            # core layers against the compile modes (their compile time per layer is minutes)
            "kernel=conv kernel.bias=false pass=fwd_bwd mode=triton shapes=resnet50",

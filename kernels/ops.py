@@ -7,9 +7,8 @@ and schedule them in its graph (fullgraph=True works: no graph break), where a p
 `launch=wrap_triton`; nothing here duplicates kernel code.
 
 Ops (namespace `kbench`): matmul, linear_fwd / linear_bwd, softmax_fwd / softmax_bwd,
-conv2d / conv2d_bwd. linear, softmax and conv2d get autograd through
-torch.library.register_autograd, whose backward calls the backward op, so fwd_bwd also compiles
-into one graph.
+conv2d / conv2d_bwd. Each gets autograd through torch.library.register_autograd, whose backward
+calls the backward op (matmul's: matmul itself), so fwd_bwd also compiles into one graph.
 
 In Triton's CPU interpreter wrap_triton cannot trace kernels (it would run them on fake tensors),
 so there the ops are opaque torch.library.custom_ops instead: still no graph break, but Inductor
@@ -27,7 +26,7 @@ from kernels.conv.backward import conv2d_backward_upcast, save_mode
 from kernels.conv.dispatch import resolve_padding
 from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import matmul_impl
-from kernels.matmul.dispatch import matmul_batched, matmul_nd
+from kernels.matmul.dispatch import matmul_batched, matmul_grads, matmul_nd
 from kernels.softmax import softmax_backward, softmax_forward
 from kernels.softmax.dispatch import cast_input
 
@@ -80,6 +79,19 @@ def matmul_op(a: Tensor, b: Tensor) -> Tensor:
     if b.dim() > 2:  # a batched b: one launch over the broadcast batch
         return matmul_batched(a, b, launch=_launch)
     return matmul_impl(a, b, launch=_launch)
+
+
+def _matmul_setup(ctx, inputs, output):
+    a, b = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _matmul_backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    return matmul_grads(a, b, dc, torch.ops.kbench.matmul, *ctx.needs_input_grad[:2])
+
+
+torch.library.register_autograd("kbench::matmul", _matmul_backward, setup_context=_matmul_setup)
 
 
 @_define("kbench::linear_fwd")
@@ -184,22 +196,24 @@ def conv2d_bwd_op(
     need_dx: bool,
     need_dw: bool,
     need_db: bool,
+    groups: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = conv2d_backward_upcast(
         dy, x, weight, saved if saved.numel() else None, act_id, tuple(stride),
         tuple(padding[:2]), tuple(dilation), need_dx, need_dw, need_db, launch=_launch,
+        groups=groups,
     )  # fmt: skip
     return _or_empty(dx, dy), _or_empty(dw, dy), _or_empty(db, dy)
 
 
 def _conv2d_setup(ctx, inputs, output):
-    x, weight, bias, stride, padding, dilation, activation, _ = inputs
+    x, weight, bias, stride, padding, dilation, activation, groups = inputs
     act_id = activation_id(activation)
     # relu's derivative reads the output ([y > 0]); kernels/ops.conv2d runs the other
     # activations outside the op when training, so the op's own activation is relu or none
     ctx.save_for_backward(x, weight, output if act_id else output.new_empty(0))
     ctx.geometry = (stride, padding, dilation)
-    ctx.act_id, ctx.has_bias = act_id, bias is not None
+    ctx.act_id, ctx.has_bias, ctx.groups = act_id, bias is not None, groups
 
 
 def _conv2d_backward(ctx, dy):
@@ -207,7 +221,7 @@ def _conv2d_backward(ctx, dy):
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     dx, dw, db = torch.ops.kbench.conv2d_bwd(
         dy, x, weight, saved, *ctx.geometry, ctx.act_id, need_dx, need_dw,
-        need_db and ctx.has_bias,
+        need_db and ctx.has_bias, ctx.groups,
     )  # fmt: skip
     return (dx if need_dx else None, dw if need_dw else None,
             db if need_db and ctx.has_bias else None, None, None, None, None, None)  # fmt: skip
@@ -246,10 +260,12 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=Non
     trains = torch.is_grad_enabled() and any(
         getattr(t, "requires_grad", False) for t in (x, weight, bias)
     )
-    if trains and groups != 1:
+    depthwise = isinstance(x, Tensor) and x.dim() >= 3 and groups == x.shape[-3]
+    if trains and groups != 1 and not depthwise:
         raise NotImplementedError(
-            f"conv2d with groups={groups} has no backward: only groups=1 trains (depthwise is "
-            "forward only); call it under torch.no_grad() or with inputs that need no gradient"
+            f"conv2d with groups={groups} has no backward: groups=1 and depthwise (groups=C) "
+            "train, other grouped convs are forward only; call it under torch.no_grad() or with "
+            "inputs that need no gradient"
         )
     if trains and save_mode(activation_id(act)) == "preact":  # its derivative reads z: unfused
         z = torch.ops.kbench.conv2d(x, weight, bias, _pair(stride), _pair(padding),
@@ -263,6 +279,8 @@ def matmul(a, b):
     tensors = isinstance(a, Tensor) and isinstance(b, Tensor)
     if tensors and b.dim() <= 2 and (a.dim() != 2 or b.dim() != 2):
         return matmul_nd(a, b, torch.ops.kbench.matmul)  # 1-D and batched-a operands
+    if tensors and a.dim() == 1 and b.dim() > 2:  # one row of a matrix, as torch.matmul treats it
+        return torch.ops.kbench.matmul(a.unsqueeze(0), b).squeeze(-2)
     return torch.ops.kbench.matmul(a, b)  # 2-D, or a batched b (the op's one launch)
 
 

@@ -31,6 +31,8 @@ def test_groups_are_the_documented_ones():
         "flaggems",  # the peer libraries (experiments/peers.py)
         "liger",
         "quack",
+        "liger-direct",  # their bare kernels (mode kind peer_direct)
+        "quack-direct",
     }
 
 
@@ -138,7 +140,8 @@ def test_the_h100_experiment_sweeps_every_kernel_and_mode():
     assert params.kernel.split(",") == [name for name, spec in OPS.items() if not spec.composed]
     # every mode but the peer libraries', optional installs (docs/peers.md)
     modes = {o for g, o in OPTIONS
-             if g == "mode" and OmegaConf.load(CONF_DIR / g / f"{o}.yaml").kind != "peer"}
+             if g == "mode"
+             and OmegaConf.load(CONF_DIR / g / f"{o}.yaml").kind not in ("peer", "peer_direct")}
     assert set(params.mode.split(",")) == modes
     assert (cfg.dtype.name, cfg.dtype.torch_dtype, cfg.bench.rep_ms) == ("bf16", "bfloat16", 50)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

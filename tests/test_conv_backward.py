@@ -187,12 +187,74 @@ def test_a_plan_serves_only_its_own_geometry():
     assert len(backward._DGRAD) == planned + 1  # another geometry: its own plan
 
 
-def test_depthwise_training_is_refused_before_any_work():
+def test_grouped_training_is_refused_before_any_work():
     x = torch.randn(1, 4, 6, 6, device=DEVICE, requires_grad=True)
-    weight = torch.randn(4, 1, 3, 3, device=DEVICE)
+    weight = torch.randn(4, 2, 3, 3, device=DEVICE)
     for fn in (kernels.conv2d, ops.conv2d):
-        with pytest.raises(NotImplementedError, match="groups=4 has no backward"):
-            fn(x, weight, None, 1, 1, 1, None, 4)
+        with pytest.raises(NotImplementedError, match="groups=2 has no backward"):
+            fn(x, weight, None, 1, 1, 1, None, 2)
+
+
+# (N, C, H, W, multiplier, R, stride, padding, dilation)
+DEPTHWISE = {
+    "3x3-s1": (2, 16, 7, 9, 1, 3, 1, 1, 1),
+    "3x3-s2": (1, 16, 9, 8, 1, 3, 2, 1, 1),
+    "7x7-s1-p3": (1, 8, 9, 9, 1, 7, 1, 3, 1),
+    "3x3-d2-m2": (1, 6, 9, 10, 2, 3, 1, 2, 2),
+    "5x5-s3-m3": (2, 5, 11, 9, 3, 5, 3, 2, 1),
+}
+
+
+def _depthwise(name, channels_last, dtype, activation, fn=None):
+    n, c, h, w, m, r, stride, padding, dilation = DEPTHWISE[name]
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randn(n, c, h, w, generator=generator).to(DEVICE, dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    weight = (torch.randn(c * m, 1, r, r, generator=generator) / r).to(DEVICE, dtype)
+    bias = torch.randn(c * m, generator=generator).to(DEVICE, dtype)
+    for t in (x, weight, bias):
+        t.requires_grad_()
+    y = (fn or kernels.conv2d)(x, weight, bias, stride, padding, dilation, activation, c)
+    dy = torch.randn(y.shape, generator=generator).to(DEVICE, dtype)
+    y.backward(dy)
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    ref = F.conv2d(*leaves, stride, padding, dilation, c)
+    REFERENCE_ACTIVATIONS[activation](ref).backward(dy.double())
+    for name_, got, want in zip(("dx", "dw", "db"), (x.grad, weight.grad, bias.grad),
+                                (t.grad for t in leaves), strict=True):  # fmt: skip
+        err = relative_error(got, want)
+        assert got.dtype == dtype and err < budget(dtype), f"{name_}: {err:.2e} ({dtype})"
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+@pytest.mark.parametrize("name", list(DEPTHWISE))
+def test_depthwise_gradients_match_float64(name, channels_last):
+    _depthwise(name, channels_last, torch.float32, "relu")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_depthwise_half_dtypes_and_the_compiled_op(dtype):
+    _depthwise("3x3-s2", True, DTYPES[dtype], None)
+
+    def compiled(*args):
+        return torch.compile(ops.conv2d, fullgraph=True, dynamic=False)(*args)
+
+    torch.compiler.reset()
+    _depthwise("3x3-d2-m2", True, DTYPES[dtype], "silu", fn=compiled)
+
+
+def test_depthwise_wgrad_splits_agree():
+    """Any pixel split gives the same dW (fp32 partial slabs added in split order)."""
+    from kernels.conv.depthwise import depthwise_wgrad
+
+    generator = torch.Generator().manual_seed(10)
+    x = torch.randn(2, 8, 9, 9, generator=generator).to(DEVICE)
+    dz = torch.randn(2, 8, 9, 9, generator=generator).to(DEVICE)
+    want = torch.nn.grad.conv2d_weight(x.double(), (8, 1, 3, 3), dz.double(), 1, 1, 1, 8)
+    for splits in (1, 3, 7):
+        dw = depthwise_wgrad(dz, x, (3, 3), (1, 1), (1, 1), (1, 1), splits=splits)
+        assert relative_error(dw, want) < budget(torch.float32), splits
 
 
 # ---------------------------------------------------------------------------------------------

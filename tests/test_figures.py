@@ -28,24 +28,42 @@ SPEEDUPS = {  # (kernel, mode) -> speedup per shape, in SHAPES order
 BASE_MS = {"64x64x64": 0.01, "128x128x128": 0.4, "7x1823": 0.02, "1823x7": 0.03}
 
 
-def record(kernel, mode, label, flops, min_bytes, speedup, **extra):
+def latency_us(time_ms):
+    return 40.0 + 1e3 * time_ms  # a fixed 40 µs of host path on top of the GPU time
+
+
+def record(kernel, mode, label, flops, min_bytes, speedup, dtype="bf16", device="cuda", **extra):
     time_ms = BASE_MS[label]
+    eager_latency = speedup and latency_us(time_ms * speedup)
     fields = dict(
         time_ms_p50=time_ms, eager_time_ms_p50=speedup and time_ms * speedup,
         speedup_vs_eager=speedup, static_inputs=[],
         max_rel_err=1e-3, flops=flops, min_bytes=min_bytes, tflops=flops / (time_ms * 1e9),
-        gbps=min_bytes / (time_ms * 1e6), call_latency_us_p50=40.0 + 1e3 * time_ms,
+        gbps=min_bytes / (time_ms * 1e6), call_latency_us_p50=latency_us(time_ms),
+        eager_call_latency_us_p50=eager_latency,
+        latency_speedup_vs_eager=speedup and eager_latency / latency_us(time_ms),
         compile_cold_s=None if mode == "eager" else 2.0)
     fields.update(extra)
     return Record(kernel=kernel, mode=mode, shape={}, shape_label=label, shape_set="default",
-                  dtype="bf16", pass_="fwd", tf32=False, device="cuda", run_name=f"{kernel}-{mode}",
+                  dtype=dtype, pass_="fwd", tf32=False, device=device, run_name=f"{kernel}-{mode}",
                   job_id="sweep/0", **fields).to_json()
 
 
-@pytest.fixture(scope="module")
-def frame(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("records") / "job"
-    folder.mkdir()
+def write_job(folder, rows, env):
+    """One job's results.jsonl and env.json, as a run leaves them."""
+    folder.mkdir(parents=True)
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "env.json").write_text(json.dumps(env))
+    return folder
+
+
+def load(root):
+    results = load_results(root)
+    assert results.problems == []
+    return results.frame
+
+
+def fixture_rows():
     rows = []
     for (kernel, mode), speedups in SPEEDUPS.items():
         shapes = [s for s in SHAPES if s[0] == kernel]
@@ -56,11 +74,36 @@ def frame(tmp_path_factory):
                        static_inputs=["a", "b"]))
     rows.append(record("matmul", "max-autotune", "64x64x64", 1e9, 1e7, None, status="failed",
                        reason="OOM", time_ms_p50=None, speedup_vs_eager=None))
-    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "env.json").write_text(json.dumps(ENV))
-    results = load_results(folder.parent)
-    assert results.problems == []
-    return results.frame
+    return rows
+
+
+@pytest.fixture(scope="module")
+def frame(tmp_path_factory):
+    return load(write_job(tmp_path_factory.mktemp("records") / "job", fixture_rows(), ENV).parent)
+
+
+@pytest.fixture(scope="module")
+def two_gpus(tmp_path_factory):
+    """The fixture's H100 rows, and an H200 job that measured two of its cells and one more."""
+    root = tmp_path_factory.mktemp("two_gpus")
+    write_job(root / "h100", fixture_rows(), ENV)
+    h200 = {**ENV, "gpu_name": "NVIDIA H200", "peaks": {"copy_gbps": 4000.0,
+                                                        "bf16_matmul_tflops": 800.0}}
+    write_job(root / "h200", [
+        record("matmul", "default", "64x64x64", 1e9, 1e7, 3.0, time_ms_p50=0.008),
+        record("softmax", "triton", "7x1823", 2e6, 5e6, 1.2, time_ms_p50=0.015),
+        record("softmax", "eager", "1823x7", 2e6, 5e6, 1.0, dtype="fp32"),  # not on the H100
+    ], h200)
+    return load(root)
+
+
+@pytest.fixture(scope="module")
+def on_cpu(tmp_path_factory):
+    """Rows a CPU run writes: device cpu, a cpu-thread-time timer, no GPU and no peaks."""
+    env = {"device": "cpu", "gpu_name": None, "torch": "2.11.0+cpu", "triton": "3.6.0",
+           "git_sha": "775ac0e" + "0" * 33}
+    rows = [{**row, "device": "cpu", "timer": "cpu-thread-time"} for row in fixture_rows()]
+    return load(write_job(tmp_path_factory.mktemp("cpu") / "job", rows, env).parent)
 
 
 def by_gid(ax, gid):
@@ -75,7 +118,8 @@ def test_speedup_by_mode_bars_are_geomeans_on_a_log_axis(frame):
     fig = figures.speedup_by_mode(frame)
     matmul, softmax = fig.axes[:2]
     assert (matmul.get_title(), softmax.get_title()) == ("matmul (2 shapes)", "softmax (2 shapes)")
-    assert [t.get_text() for t in matmul.get_xticklabels()] == ["eager", "default", "triton"]
+    # the columns share their modes; the tick labels sit under the bottom row
+    assert [t.get_text() for t in fig.axes[2].get_xticklabels()] == ["eager", "default", "triton"]
     expected = {"eager": 1.0, "default": 4.0, "triton": 0.5}  # sqrt(2*8), sqrt(.5*.5)
     for mode, geomean in expected.items():
         (bar,) = by_gid(matmul, mode)
@@ -89,6 +133,16 @@ def test_speedup_by_mode_bars_are_geomeans_on_a_log_axis(frame):
         assert list(parity.get_ydata()) == [1.0, 1.0]
         assert ax.get_ylim()[0] < 0.5 and ax.get_ylim()[1] > 8.0  # the whiskers fit
     assert "min–max" in matmul.get_ylabel() and "geomean" in matmul.get_ylabel()
+    assert "GPU time" in matmul.get_ylabel()
+    # the bottom row: the same bars for call latency (latency_speedup_vs_eager)
+    latency_matmul, latency_softmax = fig.axes[2:]
+    assert "call latency" in latency_matmul.get_ylabel()
+    ratios = [latency_us(ms * s) / latency_us(ms) for ms, s in ((0.01, 2.0), (0.4, 8.0))]
+    (bar,) = by_gid(latency_matmul, "default")
+    assert bar.get_y() + bar.get_height() == pytest.approx(math.sqrt(ratios[0] * ratios[1]))
+    (bar,) = by_gid(latency_softmax, "triton")
+    ratios = [latency_us(ms * s) / latency_us(ms) for ms, s in ((0.02, 1.5), (0.03, 3.0))]
+    assert bar.get_y() + bar.get_height() == pytest.approx(math.sqrt(ratios[0] * ratios[1]))
     assert has_caption(fig)
     plt.close(fig)
 
@@ -176,6 +230,168 @@ def test_latency_vs_gpu_time_small_shapes_with_identity_line(frame):
     plt.close(fig)
 
 
+def test_mode_families():
+    assert [figures.mode_family(m) for m in ("eager", "triton", "triton-compiled", "liger",
+                                             "quack-direct", "flaggems", "default",
+                                             "max-autotune", "torchscript")] == [
+        "eager", "ours", "ours", "peer", "peer", "peer", "compiler", "compiler", "compiler"]
+    # peers are coloured apart from the compilers and from ours
+    peers = {figures.mode_color(m) for m in ("flaggems", "liger", "quack")}
+    others = {figures.mode_color(m) for m in figures.MODES}
+    assert len(peers) == 3 and not peers & others
+
+
+@pytest.fixture(scope="module")
+def contested(tmp_path_factory):
+    """The fixture's rows, a peer that beats triton on one softmax shape, and an fp16 matmul
+    cell that no mode wins."""
+    rows = fixture_rows() + [
+        record("softmax", "liger", "1823x7", 2e6, 5e6, 5.0),
+        record("matmul", "triton", "64x64x64", 1e9, 1e7, 0.5, dtype="fp16"),
+    ]
+    return load(write_job(tmp_path_factory.mktemp("contested") / "job", rows, ENV).parent)
+
+
+def test_winners_per_cell(contested):
+    table = figures.winners(contested).set_index(["kernel", "dtype", "shape_label"])
+    expected = {  # cell -> (winner, family, best mode, its speedup, modes compared with eager)
+        ("matmul", "bf16", "64x64x64"): ("default", "compiler", "default", 2.0, 3),
+        ("matmul", "bf16", "128x128x128"): ("default", "compiler", "default", 8.0, 3),
+        ("matmul", "fp16", "64x64x64"): ("eager", "eager", "triton", 0.5, 2),
+        ("softmax", "bf16", "7x1823"): ("triton", "ours", "triton", 1.5, 2),
+        ("softmax", "bf16", "1823x7"): ("liger", "peer", "liger", 5.0, 3),
+    }
+    assert len(table) == len(expected)
+    for cell, (winner, family, best, speedup, compared) in expected.items():
+        row = table.loc[cell]
+        assert (row["winner"], row["family"], row["best_mode"]) == (winner, family, best), cell
+        assert row["speedup"] == pytest.approx(speedup)
+        assert row["modes_compared"] == compared
+
+
+def test_who_wins_colours_cells_by_family(contested):
+    fig = figures.who_wins(contested)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["bf16 fwd", "fp16 fwd"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "matmul · 64x64x64", "matmul · 128x128x128", "softmax · 1823x7", "softmax · 7x1823"]
+    (cells,) = by_gid(ax, "cells")
+    families = list(figures.FAMILIES)
+    codes = np.ma.filled(cells.get_array().reshape(4, 2).astype(float), np.nan)
+    expected = [["compiler", "eager"], ["compiler", None], ["peer", None], ["ours", None]]
+    for i, row in enumerate(expected):
+        for j, family in enumerate(row):
+            if family is None:
+                assert np.isnan(codes[i, j])
+            else:
+                assert codes[i, j] == families.index(family)
+    texts = {t.get_gid(): t.get_text() for t in ax.texts}
+    assert texts["softmax:1823x7:0"] == "liger 5.00× (3)"
+    assert texts["matmul:64x64x64:1"] == "eager (next triton 0.50×) (2)"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        label for label, _ in figures.FAMILIES.values()]
+    assert has_caption(fig)
+    plt.close(fig)
+
+
+def test_gpu_comparison_needs_two_gpus(frame, capsys):
+    assert figures.gpu_comparison(frame) is None
+    assert figures.draw("gpu_comparison", frame) is None
+    assert "skipped gpu_comparison" in capsys.readouterr().err
+
+
+def test_gpu_comparison_pairs_the_same_cells(two_gpus):
+    gpus, both = figures.gpu_pairs(two_gpus)
+    assert gpus == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    both = both.set_index(["kernel", "mode", "shape_label"])
+    assert len(both) == 2  # the fp32 softmax row has no H100 twin
+    assert both.loc[("matmul", "default", "64x64x64"), ["time_ms_1", "time_ms_2"]].tolist() == [
+        0.01, 0.008]
+    fig = figures.gpu_comparison(two_gpus)
+    times, speedups = fig.axes[:2]
+    (points,) = by_gid(times, "matmul:default")
+    np.testing.assert_allclose(points.get_offsets(), [[0.01, 0.008]])
+    (points,) = by_gid(speedups, "softmax:triton")
+    np.testing.assert_allclose(points.get_offsets(), [[1.5, 1.2]])
+    (ratio,) = by_gid(times, "bandwidth_ratio")
+    np.testing.assert_allclose(np.asarray(ratio.get_ydata()) / np.asarray(ratio.get_xdata()),
+                               3000.0 / 4000.0)
+    for ax in (times, speedups):
+        (identity,) = by_gid(ax, "identity")
+        assert list(identity.get_xdata()) == list(identity.get_ydata())
+    assert "H100" in times.get_xlabel() and "H200" in times.get_ylabel()
+    plt.close(fig)
+
+
+def test_roofline_draws_each_gpu_under_its_own_peaks(two_gpus):
+    fig = figures.roofline(two_gpus)
+    h100, h200 = fig.axes[:2]
+    assert (h100.get_title(), h200.get_title()) == ("H100 80GB HBM3", "H200")
+    for ax, copy, tflops in ((h100, 3000.0, 760.0), (h200, 4000.0, 800.0)):
+        (roof,) = by_gid(ax, "roof")
+        xs, ys = np.asarray(roof.get_xdata()), np.asarray(roof.get_ydata())
+        np.testing.assert_allclose(ys, np.minimum(tflops, xs * copy / 1e3))
+    plt.close(fig)
+
+
+def drawn_figures(frame):
+    """(name, figure) of every figure the rows can give, per-kernel ones for each kernel."""
+    for name, (_, needs_kernel) in figures.FIGURES.items():
+        for kernel in sorted(frame["kernel"].unique()) if needs_kernel else [None]:
+            fig = figures.draw(name, frame, kernel)
+            if fig is not None:
+                yield f"{name}:{kernel}" if kernel else name, fig
+
+
+def outside_the_canvas(fig) -> list[str]:
+    """The titles, caption and marks whose rendered extent leaves the canvas."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [fig._suptitle, *fig.texts]
+    texts += [t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title)]
+    clipped = []
+    for text in texts:
+        if text is None or not text.get_text() or not text.get_visible():
+            continue
+        box = text.get_window_extent(renderer)
+        if box.x0 < 0 or box.y0 < 0 or box.x1 > fig.bbox.width or box.y1 > fig.bbox.height:
+            clipped.append(text.get_text())
+    return clipped
+
+
+def test_no_title_is_cut_off(frame, two_gpus):
+    drawn = [*drawn_figures(frame), ("gpu_comparison", figures.gpu_comparison(two_gpus))]
+    for name, fig in drawn:
+        assert outside_the_canvas(fig) == [], name
+        assert [t for t in fig.texts if t.get_gid() == "cpu_mark"] == [], name  # GPU records
+        plt.close(fig)
+    assert set(figures.FIGURES) == {name.split(":")[0] for name, _ in drawn}
+
+
+def test_a_long_title_on_a_narrow_figure_wraps(frame):
+    fig = figures.speedup_heatmap(frame, "matmul")  # two shapes: 6 inches wide
+    title = fig._suptitle.get_text()
+    assert "\n" in title  # one line would be wider than the figure
+    assert " ".join(title.split()) == (
+        "matmul: speedup vs eager per shape (GPU time, bf16 fwd, activations as inputs; "
+        "red = slower, blue = faster)")
+    assert outside_the_canvas(fig) == []
+    plt.close(fig)
+
+
+def test_figures_from_cpu_records_carry_the_mark(on_cpu, frame):
+    assert figures.measured_on_cpu(on_cpu) and not figures.measured_on_cpu(frame)
+    names = []
+    for name, fig in drawn_figures(on_cpu):
+        marks = [t for t in fig.texts if t.get_gid() == "cpu_mark"]
+        assert [t.get_text() for t in marks] == [figures.CPU_MARK], name
+        assert marks[0].get_fontsize() >= 12, name  # large enough to be seen
+        assert outside_the_canvas(fig) == [], name
+        names.append(name)
+        plt.close(fig)
+    assert "speedup_by_mode" in names and "who_wins" in names
+
+
 def test_cli_without_records_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no results.jsonl under"):
         figures.main([str(tmp_path), str(tmp_path / "out")])
@@ -187,7 +403,7 @@ def test_save_all_reproduces_the_committed_figures_byte_for_byte(tmp_path):
     written = figures.save_all(load_results(H100).frame, tmp_path)
     names = sorted(p.name for p in written)
     assert names == sorted(p.name for p in COMMITTED.iterdir() if p.suffix in (".png", ".svg"))
-    assert {"speedup_by_mode.png", "speedup_by_mode.svg", "speedup_heatmap_matmul.png"} <= set(
-        names)
+    assert {"speedup_by_mode.png", "speedup_by_mode.svg", "speedup_heatmap_matmul.png",
+            "who_wins.png"} <= set(names)
     for name in names:
         assert (tmp_path / name).read_bytes() == (COMMITTED / name).read_bytes(), name

@@ -406,3 +406,29 @@ def test_paths_on_gpu(shape, b_layout, dtype_name, tf32, few_configs, monkeypatc
         assert relative_error(c, ref_c) < tol(dtype_name)
         assert relative_error(z, ref_z) < tol(dtype_name)
     assert relative_error(matmul(a, b), a.double() @ b.double()) < tol(dtype_name)
+
+
+# (a shape, b shape): torch.matmul's cases, broadcast batch dims included
+GRAD_CASES = [((5, 7), (7, 3)), ((7,), (7, 3)), ((5, 7), (7,)), ((7,), (7,)), ((2, 5, 7), (7, 3)),
+              ((2, 5, 7), (2, 7, 3)), ((5, 7), (2, 7, 3)), ((3, 1, 5, 7), (2, 7, 4)),
+              ((7,), (2, 7, 3))]  # fmt: skip
+
+
+@pytest.mark.parametrize("shapes", GRAD_CASES, ids=lambda s: f"{s[0]}@{s[1]}")
+def test_gradients_match_torch_matmul_in_float64(shapes, device):
+    """Both gradients (matmuls themselves, summed over the dims an operand was broadcast along)
+    against torch.matmul's in float64, for the public function and the triton-compiled op."""
+    generator = torch.Generator().manual_seed(11)
+    for fn in (matmul, kernels.ops.matmul):
+        a = torch.randn(shapes[0], generator=generator).to(device).requires_grad_()
+        b = torch.randn(shapes[1], generator=generator).to(device).requires_grad_()
+        c = fn(a, b)
+        grad = torch.randn(c.shape, generator=generator).to(device)
+        c.backward(grad)
+        a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+        c64 = torch.matmul(a64, b64)
+        c64.backward(grad.double())
+        assert c.shape == c64.shape
+        for got, want in ((c, c64), (a.grad, a64.grad), (b.grad, b64.grad)):
+            # fp32: the accumulation order (and TF32 where torch allows it on a GPU) differs
+            assert relative_error(got, want) < tolerance("fp32", tf32=device == "cuda")

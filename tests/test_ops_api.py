@@ -156,5 +156,5 @@ def test_depthwise_conv_through_both_entries():
             y = fn(x, w, b, 1, "same", 1, None, groups=6)
             assert relative_error(y, ref) <= tolerance("fp32", False)
             assert y.is_contiguous(memory_format=torch.channels_last)
-    with pytest.raises(ValueError, match=r"groups=2 \(3 channels a group\) is not supported"):
-        kernels.conv2d(x, torch.randn(12, 3, 3, 3, generator=g), groups=2)
+    with pytest.raises(ValueError, match=r"groups=4 must divide C = 6 and K = 12"):
+        kernels.conv2d(x, torch.randn(12, 3, 3, 3, generator=g), groups=4)  # 6 channels, 4 groups

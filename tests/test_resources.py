@@ -122,7 +122,7 @@ def test_an_ampere_target_takes_the_pointer_kernels_and_the_same_code_hashes_ali
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_conv_fwd_and_linear_fwd_bwd_compile(tmp_path):
+def test_conv_fwd_and_the_backward_kernels_compile(tmp_path):
     out = tmp_path / "conv.json"
     done = run_tool("--kernel", "conv", "--shapes", "cpu", "--set", "activation=relu",
                     "--json", str(out))  # fmt: skip
@@ -132,6 +132,10 @@ def test_conv_fwd_and_linear_fwd_bwd_compile(tmp_path):
     done = run_tool("--kernel", "linear", "--shapes", "cpu", "--pass", "fwd_bwd")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "activation_backward_kernel" in done.stdout  # the backward's kernels compiled too
+    done = run_tool("--kernel", "conv", "--shapes", "cpu", "--pass", "fwd_bwd")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("conv_wgrad_kernel", "wgrad_split_sum_kernel", "depthwise_wgrad_kernel"):
+        assert name in done.stdout, name  # conv's backward: wgrad, its split sum, depthwise
 
 
 @pytest.mark.parametrize(

@@ -12,26 +12,38 @@
 # # Headline: Triton vs torch.compile vs eager
 #
 # Every number here is read from records (`results.jsonl` and `env.json`); rerun with another
-# folder by changing `results_dir` (papermill: `-p results_dir multirun/...`).
+# folder by changing `results_dir` (papermill: `-p results_dir multirun/...`). Each figure cell
+# returns the figure (`figures.draw`), stored in the executed notebook as a PNG; a figure with
+# nothing to plot in these records says so instead.
 
 # %% tags=["parameters"]
 results_dir = "results/current/h100/all_modes_first_kernels"
 
 # %%
-import matplotlib
-
-matplotlib.use("Agg")
+from matplotlib_inline.backend_inline import set_matplotlib_formats
 
 from analysis import figures
 from analysis.load import caption, load_results
 from analysis.summary import geomean_table
 
+set_matplotlib_formats("png")  # figures draws with Agg: a returned Figure is shown as a PNG
+
 results = load_results(results_dir)
 frame = results.frame
 print(caption(frame))
+if figures.measured_on_cpu(frame):
+    print(f"{figures.CPU_MARK}: timed on a CPU; the figures carry the same mark")
 print(f"{len(frame)} records, {len(results.problems)} problems")
 for problem in results.problems:
     print("  ", problem)
+
+# %% [markdown]
+# ## Who wins where
+# Per kernel, shape, dtype and pass: the fastest mode by GPU time, coloured by its family (ours,
+# a peer library, a compiler, or eager when nothing beat it).
+
+# %%
+figures.draw("who_wins", frame)
 
 # %% [markdown]
 # ## Geomean speedup against eager, per kernel and mode
@@ -43,7 +55,7 @@ table = geomean_table(frame)
 table
 
 # %%
-figures.speedup_by_mode(frame)
+figures.draw("speedup_by_mode", frame)
 
 # %% [markdown]
 # ## Where launch overhead matters
@@ -51,14 +63,19 @@ figures.speedup_by_mode(frame)
 # modes; CUDA graphs remove launches but add input copies unless the activations are static.
 
 # %%
-figures.latency_vs_gpu_time(frame)
+figures.draw("latency_vs_gpu_time", frame)
 
 # %% [markdown]
 # ## What compiling costs
 # Calls needed before a mode's compile time is paid back by its per-call gain over eager.
 
 # %%
-figures.compile_break_even(frame)
+figures.draw("compile_break_even", frame)
+
+# %% [markdown]
+# ## Against the measured ceilings
+# Achieved TFLOP/s under the copy-bandwidth and bf16-matmul roofs measured on the same GPU.
+# Records of two GPUs also give `figures.draw("gpu_comparison", frame)` (`make figures`).
 
 # %%
-figures.roofline(frame)
+figures.draw("roofline", frame)

@@ -12,36 +12,41 @@
 # # One kernel in depth
 #
 # Per-shape speedups, scaling and the three timers for one kernel. Parameters: `results_dir`
-# and `kernel` (matmul, linear, softmax or conv).
+# and `kernel` (matmul, linear, softmax, conv, ...; None: the first kernel in the records).
 
 # %% tags=["parameters"]
 results_dir = "results/current/h100/all_modes_first_kernels"
-kernel = "softmax"
+kernel = None
 
 # %%
-import matplotlib
-
-matplotlib.use("Agg")
+from matplotlib_inline.backend_inline import set_matplotlib_formats
 
 from analysis import figures
 from analysis.load import caption, load_results
 
+set_matplotlib_formats("png")  # figures draws with Agg: a returned Figure is shown as a PNG
+
 frame = load_results(results_dir).frame
+if kernel is None:
+    kernel = sorted(frame.loc[frame["status"] == "ok", "kernel"].unique())[0]
 rows = frame[(frame["kernel"] == kernel) & (frame["status"] == "ok")]
 assert len(rows), f"no ok records for kernel={kernel} under {results_dir}"
+print(f"kernel: {kernel}")
 print(caption(rows))
+if figures.measured_on_cpu(rows):
+    print(f"{figures.CPU_MARK}: timed on a CPU; the figures carry the same mark")
 
 # %% [markdown]
 # ## Speedup per shape and mode
 
 # %%
-figures.speedup_heatmap(frame, kernel)
+figures.draw("speedup_heatmap", frame, kernel)
 
 # %% [markdown]
 # ## Throughput against problem size
 
 # %%
-figures.scaling(frame, kernel)
+figures.draw("scaling", frame, kernel)
 
 # %% [markdown]
 # ## The three timers side by side

@@ -1,13 +1,13 @@
 """2-D convolution as an implicit GEMM on channels-last data, bias and activation fused, and its
 backward (dgrad through the same implicit GEMM, wgrad as a split reduction).
 
-One module per design (gemm, implicit_gemm, flat_reduction, window), what they share in common,
-dispatch: the shipped choice between them and the public wrapper; backward.py and wgrad.py: the
-gradients and the autograd Function. docs/kernels/conv.md holds
-the design notes and measurements.
+One module per design (gemm, implicit_gemm, flat_reduction, window; grouped for 1 < groups < C,
+depthwise for groups = C), what they share in common, dispatch: the shipped choice between them
+and the public wrapper; backward.py and wgrad.py: the gradients (groups=1) and the autograd
+Function. docs/kernels/conv.md holds the design notes and measurements.
 
 Functions:
-    conv2d            F.conv2d (groups=1) then an activation, fused (dispatch.conv2d)
+    conv2d            F.conv2d (any groups) then an activation, fused (dispatch.conv2d)
     conv2d_forward    conv2d with the launcher explicit, for kernels/ops.py
     conv2d_reference  F.conv2d, the float64 reference of the tests
 """

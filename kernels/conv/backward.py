@@ -11,6 +11,9 @@ only the taps r with (phase + pad - r·dil) divisible by s contribute, and they 
 dilation dil/gcd(dil, s) conv of dZ with that subset of the weight, written straight into the
 phase's strided view of dX (the implicit GEMM stores by strides). A phase no tap reaches is zero.
 
+Depthwise convs (groups = C) train through depthwise.py's stencils: dX is the same phase split
+of depthwise convs with flipped taps, dW a per-channel reduction. Other groupings do not train.
+
 1x1, stride-1, unpadded convs between NHWC tensors are GEMMs both ways: dX = dZ W and
 dW = dZ^T X by kernels.matmul (cuBLAS-level), as linear's backward does.
 
@@ -31,6 +34,7 @@ import torch
 from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, direct, dot_precision, is_interpreter
 from kernels._launch import PlanCache
 from kernels.conv.common import Conv, as_matrix
+from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
 from kernels.conv.wgrad import conv2d_wgrad
 from kernels.linear.backward import activation_backward, column_sum
 from kernels.matmul.dispatch import fused_matmul
@@ -158,8 +162,30 @@ def _run_dgrad(planned, dz, weight, dx, stride):
         step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
 
 
+def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
+    """Fill dx with the dgrad of a depthwise conv: per stride phase, depthwise convs of dZ with
+    the phase's taps flipped (depthwise.py's stencil, writing the phase's view of dx); with a
+    channel multiplier m, output channel j of each group's m is its own conv, summed."""
+    N, C, H, W = dx.shape
+    K, _, R, S = weight.shape
+    m = K // C
+    convs, gaps = dgrad_convs((H, W), (R, S), stride, padding, dilation)
+    if gaps:
+        dx.zero_()
+    for tc in convs:
+        y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
+        taps = weight[:, :, list(tc.rows)][:, :, :, list(tc.cols)]
+        for j in range(m):
+            z_j, w_j = dz[:, j::m], taps[j::m].contiguous()
+            out = y if j == 0 else torch.empty_like(y)
+            depthwise_step(z_j, w_j, None, out, (1, 1), tc.padding, tc.dilation, NONE,
+                           launch=launch)(z_j, w_j, None, out)  # fmt: skip
+            if j:
+                y.add_(out)
+
+
 def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, need_dx, need_dw,
-                    need_db, *, launch=direct):  # fmt: skip
+                    need_db, *, launch=direct, groups=1):  # fmt: skip
     """(dX, dW, db) of y = act(conv2d(x, weight) + bias), each None unless asked for.
 
     saved: the forward's output y for relu (relu'(z) = [y > 0]) or its pre-activation z for the
@@ -174,6 +200,16 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
         dz2d, db = activation_backward(_rows(dy), _rows(_nhwc(saved)), act_id, need_db, launch)
         N, K, P, Q = dy.shape
         dz = dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
+    if groups != 1:  # depthwise (the only grouping that trains): depthwise.py's stencils
+        dx = dw = None
+        if need_dx:
+            fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+            dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+            _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch)
+        if need_dw:
+            dw = depthwise_wgrad(dz, x, weight.shape[2:], stride, padding, dilation,
+                                 launch=launch)  # fmt: skip
+        return dx, dw, db
     K, C, R, S = weight.shape
     unit = (R, S) == (1, 1) and stride == (1, 1) and padding == (0, 0)
     dx = dw = None
@@ -194,13 +230,13 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
     return dx, dw, db
 
 
-def conv2d_backward_upcast(dy, x, weight, saved, *args, launch=direct):
+def conv2d_backward_upcast(dy, x, weight, saved, *args, launch=direct, groups=1):
     """conv2d_backward; in the CPU interpreter, bf16 operands run as fp32 copies (its tl.dot
     multiplies bf16 as raw bits, as dispatch.conv2d_forward notes) and the results round once."""
     if not (is_interpreter() and dy.dtype == torch.bfloat16):
-        return conv2d_backward(dy, x, weight, saved, *args, launch=launch)
+        return conv2d_backward(dy, x, weight, saved, *args, launch=launch, groups=groups)
     up = [None if t is None else t.float() for t in (dy, x, weight, saved)]
-    grads = conv2d_backward(*up, *args, launch=launch)
+    grads = conv2d_backward(*up, *args, launch=launch, groups=groups)
     return tuple(None if g is None else g.to(torch.bfloat16) for g in grads)
 
 
@@ -217,7 +253,7 @@ class Conv2dFunction(torch.autograd.Function):
     stride, padding (top/left) and dilation come resolved, as pairs."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, activation, forward):
+    def forward(ctx, x, weight, bias, stride, padding, dilation, activation, forward, groups=1):
         act_id = ACTIVATIONS["none" if activation is None else activation]
         keep = save_mode(act_id)
         if keep == "preact":
@@ -230,7 +266,7 @@ class Conv2dFunction(torch.autograd.Function):
         ctx.save_for_backward(x if need_dw else None, weight, z if keep != "none" else None)
         ctx.x_meta = (x.shape, x.stride(), x.dtype, x.device)
         ctx.geometry = (stride, padding, dilation)
-        ctx.act_id, ctx.has_bias = act_id, bias is not None
+        ctx.act_id, ctx.has_bias, ctx.groups = act_id, bias is not None, groups
         return y
 
     @staticmethod
@@ -242,6 +278,6 @@ class Conv2dFunction(torch.autograd.Function):
             x = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         dx, dw, db = conv2d_backward_upcast(
             dy, x, weight, saved, ctx.act_id, *ctx.geometry, need_dx, need_dw,
-            need_db and ctx.has_bias,
+            need_db and ctx.has_bias, groups=ctx.groups,
         )  # fmt: skip
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None

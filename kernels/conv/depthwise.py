@@ -31,6 +31,8 @@ Functions:
     is_depthwise             a (C, K, groups) conv this kernel computes
     depthwise_conv2d         launch it into a preallocated output, through `launch`
     depthwise_step           the launch as a kernels._launch.Step (the dispatch's plans)
+    depthwise_wgrad_kernel   @triton.jit: dW's per-channel, per-tap sums over a run of pixels
+    depthwise_wgrad          dW of a depthwise conv (dX: backward.py, through depthwise_step)
 """
 
 import torch
@@ -199,3 +201,105 @@ def depthwise_step(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, ac
          *y.stride()),
         dict(MULTIPLIER=K // C, HAS_BIAS=bias is not None, ACTIVATION=act_id),
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward. dX of a depthwise conv is a depthwise conv of dZ with the taps flipped (backward.py
+# splits it into stride phases, as for any conv, and runs each through depthwise_step). dW is a
+# per-channel reduction over every output pixel for each tap: memory-bound like the forward, so
+# a stencil again, not a GEMM.
+# ---------------------------------------------------------------------------------------------
+WGRAD_BLOCK_P = 64  # output pixels a step: one (BLOCK_P, BLOCK_C) dZ tile, reused by every tap
+WGRAD_PROGRAMS = 2  # programs an SM: pixel splits = this x SMs / channel blocks
+
+
+@triton.jit(do_not_specialize=SIZES_ONLY + ["pixels_per_split"])
+def depthwise_wgrad_kernel(
+    # dz: (N, K, P, Q), x: (N, C, H, W) by strides; ws: fp32 (splits, K, R·S) partial sums
+    dz, x, ws,
+    # sizes
+    N, C, H, W, K, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    # strides, in elements
+    stride_zn, stride_zk, stride_zp, stride_zq,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    pixels_per_split,
+    # K // C, the taps padded to a power of 2, tile
+    MULTIPLIER: tl.constexpr, TAPS: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    # -- program-id mapping: axis 0 channel blocks, axis 1 this program's run of output pixels
+    offs_k = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    k_ok = offs_k < K
+    split = tl.program_id(1)
+    lo = split * pixels_per_split
+    hi = tl.minimum(lo + pixels_per_split, N * P * Q)
+    x_chan = (offs_k // MULTIPLIER) * stride_xc
+    taps = tl.arange(0, TAPS)
+    acc = tl.zeros((TAPS, BLOCK_C), dtype=tl.float32)  # row r·S + s: that tap's channel sums
+
+    # -- main loop: a dZ tile, then per tap the shifted x tile it multiplies, summed over pixels
+    for start in range(lo, hi, BLOCK_P):
+        offs = start + tl.arange(0, BLOCK_P)
+        ok = offs < hi
+        n = offs // (P * Q)
+        pq = offs - n * (P * Q)
+        p = pq // Q
+        q = pq - p * Q
+        z_ptrs = dz + (n.to(tl.int64) * stride_zn + p * stride_zp + q * stride_zq)[:, None]
+        dzv = tl.load(z_ptrs + (offs_k * stride_zk)[None, :], mask=ok[:, None] & k_ok[None, :],
+                      other=0.0).to(tl.float32)  # fmt: skip
+        ih0 = p * conv_stride_h - pad_h
+        iw0 = q * conv_stride_w - pad_w
+        x_img = n.to(tl.int64) * stride_xn  # each pixel's image (int64: can pass 2^31)
+        for rs in range(R * S):
+            r = rs // S
+            s = rs - r * S
+            ih = ih0 + r * dil_h
+            iw = iw0 + s * dil_w
+            pix_ok = ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            x_ptrs = x + (x_img + ih * stride_xh + iw * stride_xw)[:, None] + x_chan[None, :]
+            xv = tl.load(x_ptrs, mask=pix_ok[:, None] & k_ok[None, :], other=0.0)
+            part = tl.sum(xv.to(tl.float32) * dzv, axis=0)
+            acc = tl.where((taps == rs)[:, None], acc + part[None, :], acc)
+
+    # -- write-back: this split's (K, R·S) slab of fp32 partial sums --
+    slab = ws + split.to(tl.int64) * (K * R * S)
+    ptrs = slab + offs_k[None, :] * (R * S) + taps[:, None]
+    tl.store(ptrs, acc, mask=(taps < R * S)[:, None] & k_ok[None, :])
+
+
+def depthwise_wgrad(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, *, launch=direct,
+                    splits=None):  # fmt: skip
+    """dW (K, 1, R, S) of a depthwise conv, contiguous, in x's dtype: per output channel k and
+    tap (r, s), the sum over every output pixel of dZ[k] times the input channel k // (K / C)
+    shifted by the tap. Pixel splits (grid axis 1) write fp32 partial slabs that
+    wgrad.wgrad_split_sum_kernel adds in order (deterministic). `splits` forces the split count
+    (tests); by default enough programs to fill the GPU."""
+    from kernels._common import gpu_info
+    from kernels.conv.wgrad import SUM_BLOCK, wgrad_split_sum_kernel
+
+    N, K, P, Q = dz.shape
+    _, C, H, W = x.shape
+    R, S = kernel_rs
+    block_c = 32 if K >= 32 else 16
+    pixels = N * P * Q
+    if splits is None:
+        info = gpu_info(x.device)
+        programs = WGRAD_PROGRAMS * (info.sms if info is not None else 2)
+        splits = max(1, min(cdiv(pixels, WGRAD_BLOCK_P), programs // cdiv(K, block_c)))
+    per_split = cdiv(max(pixels, 1), splits)
+    splits = cdiv(max(pixels, 1), per_split)
+    ws = torch.empty((splits * K * R * S,), device=x.device, dtype=torch.float32)
+    dw = torch.empty((K, 1, R, S), device=x.device, dtype=x.dtype)
+    launch(depthwise_wgrad_kernel)[(cdiv(K, block_c), splits)](
+        dz, x, ws, N, C, H, W, K, P, Q, R, S,
+        *stride_hw, *padding_lo_hw, *dilation_hw,
+        *dz.stride(), *x.stride(), per_split,
+        MULTIPLIER=K // C, TAPS=next_power_of_2(R * S), BLOCK_P=WGRAD_BLOCK_P, BLOCK_C=block_c,
+        num_warps=4,
+    )  # fmt: skip
+    numel = K * R * S
+    launch(wgrad_split_sum_kernel)[(cdiv(numel, SUM_BLOCK),)](ws, dw, numel, splits,
+                                                              BLOCK=SUM_BLOCK)  # fmt: skip
+    return dw

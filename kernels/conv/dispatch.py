@@ -14,6 +14,9 @@ design"):
                        4-D TMA box (on 7x7 images its ragged 8x8 boxes lose to the implicit GEMM).
     implicit_gemm.py   everything else: per-pixel gathers of channel runs, one flat loop over
                        (r, s, c-block) steps; the weight by TMA on Hopper.
+    grouped.py         1 < groups < C (ResNeXt): an implicit GEMM with the groups on the grid,
+                       each tile reducing over its groups' channels only (one or several whole
+                       groups a tile, the flat (r, s, c) index in power-of-two channel runs).
     depthwise.py       groups = C (depthwise, any channel multiplier): a memory-bound stencil,
                        no tensor cores.
 
@@ -28,7 +31,7 @@ Functions:
     Plan, plan      the design, TMA use and split a call takes
     prepare         validate a call and allocate its output: the Conv record the designs launch
     conv2d_forward  conv2d with the launcher explicit (kernels/ops.py passes wrap_triton)
-    conv2d          the public function: F.conv2d (groups 1 or depthwise) then an activation
+    conv2d          the public function: F.conv2d (any groups) then an activation
 """
 
 from typing import NamedTuple
@@ -51,6 +54,7 @@ from kernels.conv.common import Conv, TensorDescriptor
 from kernels.conv.depthwise import depthwise_step
 from kernels.conv.flat_reduction import flat_step
 from kernels.conv.gemm import conv_gemm, gemm_persistent_step, is_gemm
+from kernels.conv.grouped import conv_groups, grouped_step
 from kernels.conv.implicit_gemm import implicit_step
 from kernels.conv.window import window_ok, window_step
 
@@ -70,14 +74,18 @@ def split_k_rule(M, K, C, R, S, sms) -> int:
 
 
 class Plan(NamedTuple):
-    design: str  # "gemm_persistent", "gemm", "flat", "window" or "implicit"
+    design: str  # "gemm_persistent", "gemm", "flat", "window", "implicit" or "grouped"
     tma: bool  # Hopper TMA loads / stores where the operands allow them
     split_k: int  # reduction splits (window and implicit only)
 
 
 def plan(conv: Conv, launch: Launcher = direct) -> Plan:
     """The design, TMA use and reduction split for `conv` (see the module docstring). Traced
-    launches take the hook-free pointer kernels, unsplit."""
+    launches take the hook-free pointer kernels, unsplit. A grouped conv (its weight matrix has
+    fewer than C channels a tap) takes grouped.py, whatever else holds (conv2d_forward sends
+    depthwise convs to their stencil before planning)."""
+    if conv_groups(conv) != 1:
+        return Plan("grouped", False, 1)
     info = gpu_info(conv.x.device)
     is_direct = launch is direct
     hopper = TensorDescriptor is not None and info is not None and info.capability >= (9, 0)
@@ -107,6 +115,8 @@ def _design_step(conv: Conv, chosen: Plan, launch: Launcher):
         return flat_step(conv, launch=launch, tma=chosen.tma)
     if chosen.design == "window":
         return window_step(conv, tma=chosen.tma, split_k=chosen.split_k)
+    if chosen.design == "grouped":
+        return grouped_step(conv, launch=launch)
     return implicit_step(conv, launch=launch, tma=chosen.tma, split_k=chosen.split_k)
 
 
@@ -198,19 +208,15 @@ def resolve_padding(padding, kernel_rs, stride_hw, dilation_hw):
 
 def _groups(groups, C: int, K: int, C_w: int, x_shape, w_shape) -> int:
     """groups as F.conv2d takes it: an int >= 1 dividing C and K, with C / groups the weight's
-    channels. Supported: 1 and depthwise (groups = C, any channel multiplier K / C)."""
+    channels; every such value is supported (1, grouped, depthwise with any multiplier)."""
     if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
         raise TypeError(f"groups must be an int >= 1, got {groups!r}")
     if C % groups or K % groups or C // groups != C_w:
+        per_group = "" if C % groups else f" = {C // groups}"
         raise ValueError(
             f"x has {C} channels (shape {tuple(x_shape)}) and weight has shape "
-            f"{tuple(w_shape)}: groups={groups} needs C and K divisible by it and "
-            f"C / groups = {C_w} (the weight's dim 1)"
-        )
-    if groups not in (1, C):
-        raise ValueError(
-            f"groups={groups} ({C // groups} channels a group) is not supported: only groups=1 "
-            "and depthwise groups=C are"
+            f"{tuple(w_shape)}: groups={groups} must divide C = {C} and K = {K}, and the "
+            f"weight's dim 1 must be C / groups{per_group}"
         )
     return groups
 
@@ -287,10 +293,12 @@ def _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act) -> Conv:
                 stride_hw, padding_hw, dilation_hw, constexprs)  # fmt: skip
 
 
-def prepare(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None) -> Conv:
-    """Validate a conv2d call of a 4-D x and allocate its output (uninitialised)."""
+def prepare(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None,
+            groups=1) -> Conv:  # fmt: skip
+    """Validate a conv2d call of a 4-D x and allocate its output (uninitialised); groups other
+    than 1 give the grouped record (plan: "grouped"), depthwise included."""
     stride_hw, padding_hw, dilation_hw, pq, act = _check(
-        x, weight, bias, stride, padding, dilation, activation
+        x, weight, bias, stride, padding, dilation, activation, groups
     )
     return _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act)
 
@@ -321,15 +329,16 @@ def conv2d_forward(
         p = None if key is None else _PLANS.get(key)
         if p is not None:
             return _launch_planned(p, x, weight, bias)
-    if groups != 1:
-        return _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, launch,
-                          key)  # fmt: skip
     stride_hw, padding_hw, dilation_hw, pq, act = _check(
-        x, weight, bias, stride, padding, dilation, activation
+        x, weight, bias, stride, padding, dilation, activation, groups
     )
     unbatched = x.dim() == 3  # as F.conv2d allows
     if unbatched:
         x = x.unsqueeze(0)
+    if groups != 1 and groups == x.shape[1]:
+        y = _depthwise(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act, launch,
+                       None if unbatched else key)  # fmt: skip
+        return y.squeeze(0) if unbatched else y
     dtype = x.dtype
     upcast = is_interpreter() and dtype == torch.bfloat16
     if upcast:
@@ -339,7 +348,7 @@ def conv2d_forward(
         x, weight = x.float(), weight.float()
         bias = None if bias is None else bias.float()
     conv = _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act)
-    if conv.y.numel():
+    if conv.y.numel():  # grouped convs too: plan() takes grouped.py for them
         made = _design_step(conv, plan(conv, launch), launch)
         if made is not None:
             step, scratch = made
@@ -353,23 +362,17 @@ def conv2d_forward(
     return y.squeeze(0) if unbatched else y
 
 
-def _depthwise(x, weight, bias, stride, padding, dilation, activation, groups, launch, key):
-    """groups != 1: checked as any call, then depthwise.py's stencil (groups = C), its launch
-    kept under `key` (a 4-D direct call's) as the other designs' are."""
-    stride_hw, padding_hw, dilation_hw, (P, Q), act = _check(
-        x, weight, bias, stride, padding, dilation, activation, groups
-    )
-    unbatched = x.dim() == 3
-    if unbatched:
-        x = x.unsqueeze(0)
-    y = _new_output(x, weight.shape[0], P, Q)
+def _depthwise(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act, launch, key):
+    """groups = C, checked: depthwise.py's stencil on the 4-D x, its launch kept under `key` (a
+    4-D direct call's, or None) as the other designs' are."""
+    y = _new_output(x, weight.shape[0], *pq)
     if y.numel():
         step = depthwise_step(x, weight, bias, y, stride_hw, padding_hw, dilation_hw, act,
                               launch=launch)  # fmt: skip
         step(x, weight, bias, y)
-        if key is not None and not unbatched:
+        if key is not None:
             _PLANS.put(key, _Launch(step, None, tuple(y.shape), tuple(y.stride()), False))
-    return y.squeeze(0) if unbatched else y
+    return y
 
 
 def conv2d(
@@ -384,13 +387,15 @@ def conv2d(
 ) -> torch.Tensor:
     """F.conv2d(x, weight, bias, stride, padding, dilation, groups), then `activation`.
 
-    groups: 1, or depthwise (groups = C: weight (K, 1, R, S), K a multiple of C), which runs a
-    memory-bound stencil (depthwise.py); other grouped convs are refused.
+    groups: any int dividing C and K, with weight (K, C / groups, R, S): 1; grouped (grouped.py:
+    an implicit GEMM with the groups on the grid); depthwise (groups = C, K a multiple of C: a
+    memory-bound stencil, depthwise.py).
     padding is an int, a pair, 'valid' or 'same' (stride 1), as in F.conv2d; x may be unbatched
     (C, H, W). The output is channels_last when x is, else NCHW. Differentiable for groups=1
-    (backward.py: dgrad by the forward's implicit GEMM, wgrad by a split reduction); depthwise is
-    forward only. The kernels read the weight as channels_last (a (K, R·S·C) matrix): a weight
-    in any other layout is copied to it in every call, so keep weights channels_last.
+    (backward.py: dgrad by the forward's implicit GEMM, wgrad by a split reduction) and for
+    depthwise (depthwise.py's stencils); other grouped convs are forward only. The kernels read
+    the weight as channels_last (a (K, R·S·C) matrix): a weight in any other layout is copied to
+    it in every call, so keep weights channels_last.
     """
     if torch.is_grad_enabled() and any(
         getattr(t, "requires_grad", False) for t in (x, weight, bias)  # bad types: checks say
@@ -406,18 +411,19 @@ def _trainable(x, weight, bias, stride, padding, dilation, activation, groups):
     stride_hw, padding_hw, dilation_hw, _, _ = _check(
         x, weight, bias, stride, padding, dilation, activation, groups
     )
-    if groups != 1:
+    if groups not in (1, x.shape[-3]):
         raise NotImplementedError(
-            f"conv2d with groups={groups} has no backward: only groups=1 trains (depthwise is "
-            "forward only); call it under torch.no_grad() or with inputs that need no gradient"
+            f"conv2d with groups={groups} has no backward: groups=1 and depthwise (groups=C) "
+            "train, other grouped convs are forward only; call it under torch.no_grad() or with "
+            "inputs that need no gradient"
         )
 
     def forward(x4, weight, bias, act):
-        return conv2d_forward(x4, weight, bias, stride_hw, padding, dilation_hw, act)
+        return conv2d_forward(x4, weight, bias, stride_hw, padding, dilation_hw, act, groups)
 
     if x.dim() == 3:
         y = Conv2dFunction.apply(x.unsqueeze(0), weight, bias, stride_hw, padding_hw,
-                                 dilation_hw, activation, forward)  # fmt: skip
+                                 dilation_hw, activation, forward, groups)  # fmt: skip
         return y.squeeze(0)
     return Conv2dFunction.apply(x, weight, bias, stride_hw, padding_hw, dilation_hw, activation,
-                                forward)  # fmt: skip
+                                forward, groups)  # fmt: skip

@@ -321,13 +321,70 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     (K, N); 1-D operands as torch treats them (a vector product); a batched a (..., M, K) with a
     2-D b, its rows folded into one GEMM (read in place where the batch dims merge with M); a
     batched b (..., K, N), the batch dims broadcast as torch does, in one launch
-    (matmul_batched)."""
+    (matmul_batched). Differentiable: both gradients are this matmul (matmul_grads)."""
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (a, b)):
+        return _trainable(a, b)
+    return _matmul_any(a, b)
+
+
+def _matmul_any(a, b):
     tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
     if tensors and b.dim() > 2:
         return matmul_batched(a, b)
     if tensors and (a.dim() != 2 or b.dim() != 2):
         return matmul_nd(a, b, matmul_impl)
     return matmul_impl(a, b)
+
+
+def matmul_grads(a, b, dc, mm, need_a: bool, need_b: bool):
+    """(dA, dB) of c = a @ b for operands of 2+ dims (batch dims broadcast as torch.matmul's),
+    each through `mm` (a matmul taking what torch.matmul takes, or kernels/ops.py's op), None
+    unless asked for. dA = dC @ B^T and dB = A^T @ dC, summed over the batch dims an operand was
+    broadcast along; a 2-D b's dB is one GEMM over every batch row of a (no sum afterwards)."""
+    da = db = None
+    if need_a:
+        da = mm(dc, b.transpose(-2, -1))
+        da = da if da.shape == a.shape else da.sum_to_size(a.shape)
+    if need_b:
+        if b.dim() == 2:
+            db = mm(a.reshape(-1, a.shape[-1]).t(), dc.reshape(-1, dc.shape[-1]))
+        else:
+            db = mm(a.transpose(-2, -1), dc)
+            db = db if db.shape == b.shape else db.sum_to_size(b.shape)
+    return da, db
+
+
+class _MatmulFunction(torch.autograd.Function):
+    """Autograd for operands of 2+ dims; `matmul` routes here when one needs a gradient."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        need_a, need_b = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
+        return _matmul_any(a, b)
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        return matmul_grads(a, b, dc, _matmul_any, *ctx.needs_input_grad[:2])
+
+
+def _trainable(a, b):
+    """matmul through _MatmulFunction; a 1-D operand is a one-row (one-column) matrix whose
+    added dim leaves the result, as in torch.matmul."""
+    check_tensor("a", a)
+    check_tensor("b", b)
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError(f"matmul needs operands of at least 1 dim, got shapes {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")  # fmt: skip
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(1) if b.dim() == 1 else b
+    c = _MatmulFunction.apply(a2, b2)
+    if b.dim() == 1:
+        c = c.squeeze(-1)
+    if a.dim() == 1:
+        c = c.squeeze(-2 if b.dim() > 1 else -1)
+    return c
 
 
 def matmul_nd(a: torch.Tensor, b: torch.Tensor, matmul_2d) -> torch.Tensor:
