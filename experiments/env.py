@@ -138,6 +138,11 @@ def software_versions() -> dict:
     }
 
 
+def cpu_affinity() -> list[int] | None:
+    """The cores this process may run on (None where the OS cannot say)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def relevant_env_vars() -> dict:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
@@ -151,6 +156,8 @@ def collect(config: dict, device: torch.device, seed: int) -> dict:
         "argv": sys.argv[1:],
         "seed": seed,
         "env_vars": relevant_env_vars(),
+        # the cores this job may run on (launcher=gpus pins each job to its GPU's share)
+        "cpu_affinity": cpu_affinity(),
         "config": config,
         "gpu_state_before": gpu_state(device),
     }

@@ -68,6 +68,11 @@ def main(argv=None) -> int:
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. fault.kind=null")
     args = parser.parse_args(argv)
+    if (args.sweep_dir / "study.json").exists():  # a study's folder: its driver finishes it
+        command = [sys.executable, "-m", "experiments.study", "--dir", str(args.sweep_dir),
+                   *args.overrides]  # fmt: skip
+        print(" ".join(command), flush=True)
+        return subprocess.run(command).returncode
     live = live_slurm_tasks(args.sweep_dir)
     if live:
         print(
