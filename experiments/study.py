@@ -62,7 +62,9 @@ COLD_SECONDS_PER_SHAPE = {"triton": 0.8, "triton-compiled": 1.8, "default": 0.7,
 REPLAY_SECONDS = 0.55
 FWD_BWD_FACTOR = 1.4  # triton fwd_bwd against fwd in the same records: 1.32
 BLOCK_FACTOR = 1.5  # assumed: a block calls 2-3 ops (no block is on record yet)
-JOB_OVERHEAD_S = 5.0  # start, imports (2.8 s of CPU on the CI machine), CUDA context, env stamp
+# start, imports (2.8 s of CPU on the CI machine), CUDA context, env stamp, and the offline W&B
+# run every study job writes (about 2 s)
+JOB_OVERHEAD_S = 7.0
 
 
 @dataclass
@@ -236,8 +238,11 @@ def command(study: Path, part: Part, extra: list[str]) -> list[str]:
     folder = study / part.name
     if (folder / "multirun.yaml").exists():  # started before: finish it
         return [sys.executable, "-m", "experiments.resume", str(folder), *extra]
+    # every part's W&B runs in one group, the study's, unless the caller names one
+    group = [] if any(o.startswith("wandb.group=") for o in extra) else [
+        f"wandb.group=study-{study.name}"]  # fmt: skip
     return [sys.executable, "-m", "experiments.run", "--multirun", *part.overrides, *extra,
-            f"hydra.sweep.dir={folder}"]  # fmt: skip
+            *group, f"hydra.sweep.dir={folder}"]  # fmt: skip
 
 
 def save(study: Path, state: dict) -> None:

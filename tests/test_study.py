@@ -51,7 +51,7 @@ def test_the_study_file_covers_every_op_mode_and_dtype():
     assert set(params.mode.split(",")) == modes
     assert params.dtype.split(",") == ["bf16", "fp16", "fp32"]
     assert cfg.launcher.name == "gpus" and cfg.shapes == "study"
-    assert cfg.compile.fresh_cache is False and cfg.wandb.mode == "disabled"
+    assert cfg.compile.fresh_cache is False and cfg.wandb.mode == "offline"  # a W&B run a job
     for op in registry.OPS:  # a study set per op, two shapes that parse
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             kernel = compose("config", overrides=[f"kernel={op}"]).kernel
@@ -98,6 +98,14 @@ def test_an_axis_narrows_from_the_command_line_and_other_overrides_reach_every_j
     assert [p.name for p in parts] == ["1_inputs-fwd-fwd_bwd", "2_static-fwd-fwd_bwd"]  # no fp32
     assert all("bench.rep_ms=100" in p.overrides for p in parts)
     assert {job[0] for job in jobs_of(parts)} == {"softmax", "linear"}
+
+
+def test_every_part_logs_to_the_study_s_wandb_group(tmp_path):
+    folder = tmp_path / "2026-11-26_10-00-00"
+    part = study.plan(["kernel=softmax", "dtype=bf16"])[0]
+    assert "wandb.group=study-2026-11-26_10-00-00" in study.command(folder, part, [])
+    named = study.command(folder, part, ["wandb.group=mine"])  # the caller's own group wins
+    assert "wandb.group=mine" in named and not any("study-" in o for o in named)
 
 
 def test_the_study_fits_30_minutes_on_4_gpus_by_its_own_estimate():
