@@ -23,7 +23,7 @@ from torch.library import triton_op, wrap_triton
 from kernels._common import TORCH_ACTIVATIONS, activation_id, direct, is_interpreter
 from kernels.conv import conv2d_forward
 from kernels.conv.backward import conv2d_backward_upcast, save_mode
-from kernels.conv.dispatch import resolve_padding
+from kernels.conv.dispatch import check_trainable, resolve_padding
 from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import matmul_impl
 from kernels.matmul.dispatch import matmul_batched, matmul_grads, matmul_nd
@@ -260,13 +260,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=Non
     trains = torch.is_grad_enabled() and any(
         getattr(t, "requires_grad", False) for t in (x, weight, bias)
     )
-    depthwise = isinstance(x, Tensor) and x.dim() >= 3 and groups == x.shape[-3]
-    if trains and groups != 1 and not depthwise:
-        raise NotImplementedError(
-            f"conv2d with groups={groups} has no backward: groups=1 and depthwise (groups=C) "
-            "train, other grouped convs are forward only; call it under torch.no_grad() or with "
-            "inputs that need no gradient"
-        )
+    if trains:
+        check_trainable(groups, x.shape[-3] if isinstance(x, Tensor) and x.dim() >= 3 else None)
     if trains and save_mode(activation_id(act)) == "preact":  # its derivative reads z: unfused
         z = torch.ops.kbench.conv2d(x, weight, bias, _pair(stride), _pair(padding),
                                     _pair(dilation), "none", groups)  # fmt: skip

@@ -35,6 +35,7 @@ from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, direct, dot_precisio
 from kernels._launch import PlanCache
 from kernels.conv.common import Conv, as_matrix
 from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
+from kernels.conv.dispatch import _channels_last_output, _new_output, design_step
 from kernels.conv.wgrad import conv2d_wgrad
 from kernels.linear.backward import activation_backward, column_sum
 from kernels.matmul.dispatch import fused_matmul
@@ -106,18 +107,12 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((N * P * Q, K), (t.stride(3), 1))
 
 
-def _channels_last(x: torch.Tensor) -> bool:
-    return not x.is_contiguous() and x.stride(1) == 1 and x.shape[1] > 1
-
-
 # dgrad launches of direct calls, per geometry: [(TapConv, Step, scratch)]
 _DGRAD = PlanCache()
 
 
 def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
     """Fill dx (N, C, H, W, allocated) with the dgrad of dz (N, K, P, Q)."""
-    from kernels.conv.dispatch import design_step
-
     N, C, H, W = dx.shape
     K, _, R, S = weight.shape
     planned = launch is direct and not torch.compiler.is_compiling()
@@ -203,8 +198,7 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
     if groups != 1:  # depthwise (the only grouping that trains): depthwise.py's stencils
         dx = dw = None
         if need_dx:
-            fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
-            dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+            dx = _new_output(x, *x.shape[1:])  # in x's layout
             _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch)
         if need_dw:
             dw = depthwise_wgrad(dz, x, weight.shape[2:], stride, padding, dilation,
@@ -214,13 +208,12 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
     unit = (R, S) == (1, 1) and stride == (1, 1) and padding == (0, 0)
     dx = dw = None
     if need_dx:
-        fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
-        if unit and fmt == torch.channels_last:  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
+        if unit and _channels_last_output(x):  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
             dx2d = fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch)[0]
             N, _, H, W = x.shape
             dx = dx2d.view(N, H, W, C).permute(0, 3, 1, 2)
         else:
-            dx = torch.empty(x.shape, device=x.device, dtype=x.dtype, memory_format=fmt)
+            dx = _new_output(x, *x.shape[1:])  # in x's layout
             _dgrad(dz, weight, dx, stride, padding, dilation, launch)
     if need_dw:
         if unit and as_matrix(x):  # dW (K, C) = dZ^T (K, N·H·W) @ X (N·H·W, C)

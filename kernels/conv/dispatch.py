@@ -404,6 +404,17 @@ def conv2d(
     return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups)
 
 
+def check_trainable(groups: int, channels: int | None) -> None:
+    """NotImplementedError for a grouping with no backward (both training entries, this module's
+    and kernels/ops.py's, call it before any work)."""
+    if groups not in (1, channels):
+        raise NotImplementedError(
+            f"conv2d with groups={groups} has no backward: groups=1 and depthwise (groups=C) "
+            "train, other grouped convs are forward only; call it under torch.no_grad() or with "
+            "inputs that need no gradient"
+        )
+
+
 def _trainable(x, weight, bias, stride, padding, dilation, activation, groups):
     """conv2d through backward.Conv2dFunction, after the forward's own checks."""
     from kernels.conv.backward import Conv2dFunction
@@ -411,12 +422,7 @@ def _trainable(x, weight, bias, stride, padding, dilation, activation, groups):
     stride_hw, padding_hw, dilation_hw, _, _ = _check(
         x, weight, bias, stride, padding, dilation, activation, groups
     )
-    if groups not in (1, x.shape[-3]):
-        raise NotImplementedError(
-            f"conv2d with groups={groups} has no backward: groups=1 and depthwise (groups=C) "
-            "train, other grouped convs are forward only; call it under torch.no_grad() or with "
-            "inputs that need no gradient"
-        )
+    check_trainable(groups, x.shape[-3])
 
     def forward(x4, weight, bias, act):
         return conv2d_forward(x4, weight, bias, stride_hw, padding, dilation_hw, act, groups)
