@@ -42,6 +42,7 @@ picks (or compiles) the right kernel.
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import NamedTuple
 
 import torch
@@ -64,6 +65,23 @@ _FAST = not is_interpreter() and CompiledKernel is not None
 BLOCK_HOOKS: set = set()
 # Cached CUtensorMaps (or TensorDescriptors) of one descriptor slot, by pointer
 DESC_CACHE_MAX = 64
+
+
+_THREAD = threading.local()
+
+
+def bind_context() -> None:
+    """Make the current device's primary CUDA context current on this thread, once per thread.
+
+    Autograd runs a backward on its own thread per device, and torch makes no context current
+    there when the thread's device index is already the one asked for (c10's SetDevice skips
+    cudaSetDevice then). Encoding a host TMA descriptor (cuTensorMapEncodeTiled) on such a
+    thread fails with "invalid device context": Triton's launcher makes the context current
+    itself, but only after the descriptors are built. Any runtime call that needs a context
+    binds the primary one."""
+    if not getattr(_THREAD, "bound", False) and torch.cuda.is_initialized():
+        torch.cuda.current_stream().query()
+        _THREAD.bound = True
 
 
 def hooks_unset() -> bool:
@@ -136,6 +154,7 @@ def desc_cache(dtype, shape, strides, block, padding="zero", expand=None):
     def get(ptr: int):
         value = cache.get(ptr)
         if value is None:
+            bind_context()
             if len(cache) >= DESC_CACHE_MAX:
                 cache.clear()
             desc = TensorDescriptor(_Pointer(ptr, dtype), shape, strides, block, padding=padding)
@@ -215,6 +234,8 @@ class Step:
         return lead
 
     def _launch(self, tensors) -> None:
+        if self.descs and _FAST:
+            bind_context()
         lead = self.lead(tensors)
         result = self.kernel[self.grid](*lead, *self.args, **self.meta)
         if _FAST and self.fast is None and isinstance(result, CompiledKernel):

@@ -187,6 +187,28 @@ def test_a_plan_serves_only_its_own_geometry():
     assert len(backward._DGRAD) == planned + 1  # another geometry: its own plan
 
 
+def test_tap_matrices_gather_every_phase_at_once():
+    """One gather serves every phase: each block is weight[:, :, rows, cols] as a (C, R'·S'·K)
+    matrix, for NCHW and channels_last weights; a planned backward keeps its gather index on
+    the device (no host-to-device copy per call, which would stall the caller)."""
+    generator = torch.Generator().manual_seed(3)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        weight = torch.randn(6, 5, 3, 3, generator=generator).contiguous(memory_format=layout)
+        convs, _ = dgrad_convs((9, 8), (3, 3), (2, 2), (1, 1), (1, 1))
+        backward._TAP_INDEX.clear()
+        blocks = backward._tap_matrices(weight, convs, cached=True)
+        for tc, block in zip(convs, blocks, strict=True):
+            taps = weight[:, :, list(tc.rows)][:, :, :, list(tc.cols)]
+            want = taps.permute(1, 2, 3, 0).reshape(5, -1)
+            assert block.shape == want.shape and block.stride(1) == 1
+            torch.testing.assert_close(block, want, rtol=0, atol=0)
+        (index,) = backward._TAP_INDEX.values()
+        backward._tap_matrices(weight, convs, cached=True)
+        assert next(iter(backward._TAP_INDEX.values())) is index  # made once, reused
+        backward._tap_matrices(weight, convs, cached=False)  # traced: a constant per trace
+        assert len(backward._TAP_INDEX) == 1
+
+
 def test_grouped_training_is_refused_before_any_work():
     x = torch.randn(1, 4, 6, 6, device=DEVICE, requires_grad=True)
     weight = torch.randn(4, 2, 3, 3, device=DEVICE)

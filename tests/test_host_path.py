@@ -404,6 +404,32 @@ def test_descriptor_cache_is_keyed_by_pointer():
     assert ref() is None
 
 
+def test_descriptors_bind_a_context_once_per_thread(monkeypatch):
+    """Autograd's backward thread may have no current CUDA context: a descriptor is encoded
+    only after one runtime call per thread has bound the primary context."""
+    import threading
+
+    calls = []
+
+    class Stream:
+        def query(self):
+            calls.append(threading.get_ident())
+            return True
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(_launch, "_THREAD", threading.local())
+    t = torch.zeros(64, 64, dtype=torch.float16)
+    get = _launch.desc_cache(torch.float16, (64, 64), (64, 1), (16, 32))
+    get(t.data_ptr())
+    get(t.data_ptr() + 4096)
+    assert len(calls) == 1
+    worker = threading.Thread(target=lambda: get(t.data_ptr() + 8192))
+    worker.start()
+    worker.join()
+    assert len(calls) == 2 and calls[0] != calls[1]
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------------

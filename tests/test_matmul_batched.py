@@ -270,3 +270,27 @@ def test_attention_shapes_on_gpu():
         for a, b in [(q, k.transpose(-1, -2)), (p, v)]:
             err = relative_error(matmul(a, b), torch.matmul(a.double(), b.double()))
             assert err < tolerance("bf16", False), f"relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_descriptors_on_a_fresh_thread():
+    """A thread with no current CUDA context (autograd's backward thread on device 0) builds
+    host TMA descriptors: kernels._launch.bind_context."""
+    import threading
+
+    a = torch.randn(8, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8, 128, 1000, device="cuda", dtype=torch.bfloat16)
+    out, errors = [], []
+
+    def work():
+        try:
+            out.append(matmul(a, b))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert not errors, errors
+    want = (a.double() @ b.double()).float()
+    torch.testing.assert_close(out[0].float(), want, rtol=2e-2, atol=2e-2)

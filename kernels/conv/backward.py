@@ -86,15 +86,32 @@ def dgrad_convs(hw, rs, stride, padding, dilation) -> tuple[list[TapConv], bool]
     return convs, gaps
 
 
-def _tap_matrix(weight: torch.Tensor, rows, cols) -> torch.Tensor:
-    """The sub-conv's (C, R'·S'·K) weight matrix: tap (i, j) is weight[:, :, rows[i], cols[j]]
-    transposed (the dgrad's outputs are the forward's inputs)."""
-    w = weight
-    if rows != tuple(range(weight.shape[2])):
-        w = w[:, :, list(rows)]
-    if cols != tuple(range(weight.shape[3])):
-        w = w[:, :, :, list(cols)]
-    return w.permute(1, 2, 3, 0).reshape(w.shape[1], -1).contiguous()
+# the gather index of a dgrad's taps, per (taps, device): a device tensor made once, so a planned
+# backward copies nothing from the host (a pageable copy would stall the caller on the GPU)
+_TAP_INDEX: dict = {}
+
+
+def _tap_matrices(weight: torch.Tensor, convs, cached: bool) -> list[torch.Tensor]:
+    """Each sub-conv's (C, R'·S'·K) weight matrix, whose tap (i, j) is weight[:, :, rows[i],
+    cols[j]] transposed (the dgrad's outputs are the forward's inputs). One gather makes them
+    all: they are column blocks of one (C, T·K) matrix, T being every sub-conv's taps, so each
+    has a row stride of T·K (the kernels take the weight matrix's row stride)."""
+    K, C, R, S = weight.shape
+    taps = tuple(r * S + s for tc in convs for r in tc.rows for s in tc.cols)
+    index = _TAP_INDEX.get((taps, weight.device)) if cached else None
+    if index is None:
+        index = torch.tensor(taps, dtype=torch.int64, device=weight.device)
+        if cached:
+            _TAP_INDEX[(taps, weight.device)] = index
+    # (C, R·S, K): a view of an NCHW or a channels_last weight alike
+    by_tap = weight.permute(1, 2, 3, 0).reshape(C, R * S, K)
+    matrix = by_tap.index_select(1, index).view(C, len(taps) * K)
+    blocks, start = [], 0
+    for tc in convs:
+        width = len(tc.rows) * len(tc.cols) * K
+        blocks.append(matrix[:, start : start + width])
+        start += width
+    return blocks
 
 
 def _nhwc(t: torch.Tensor) -> torch.Tensor:
@@ -130,29 +147,37 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
         dx.zero_()
     precision = dot_precision(dz.dtype, torch.backends.cudnn.allow_tf32)
     constexprs = dict(HAS_BIAS=False, ACTIVATION=NONE, DOT_PRECISION=precision)
+    phased = stride != (1, 1)
     steps = []
-    for tc in convs:
-        w2d = _tap_matrix(weight, tc.rows, tc.cols)
-        y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
+    for tc, w2d in zip(convs, _tap_matrices(weight, convs, planned), strict=True):
+        view = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
+        # A traced launch writes a phase into a tensor of its own, copied into place after:
+        # Inductor stages a user kernel's output that is a strided view with a storage offset
+        # through a buffer that loses the offset, and its copy back read past the end on an
+        # H100 (an illegal address; docs/kernels/conv.md, "Backward (training)").
+        y = view if planned or not phased else _new_output(view, *view.shape[1:])
         conv = Conv(dz, w2d, None, y, N, K, dz.shape[2], dz.shape[3], C, *tc.size,
                     len(tc.rows), len(tc.cols), (1, 1), tc.padding, tc.dilation,
                     constexprs)  # fmt: skip
-        made = design_step(conv, launch, window=min(tc.padding) >= 0)
-        if made is None:  # the traced one-tile GEMM launched at once
-            continue
-        step, scratch = made
-        step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
-        steps.append((tc, step, scratch))
+        # The window design only for the one stride-1 sub-conv: on an H100 one stride-2 phase
+        # (taps 2x1) through it came back partly wrong, in some images, once in four runs;
+        # the implicit GEMM takes the phases until that is understood.
+        made = design_step(conv, launch, window=not phased and min(tc.padding) >= 0)
+        if made is not None:  # None: the traced one-tile GEMM, launched at once
+            step, scratch = made
+            step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
+            steps.append((tc, step, scratch))
+        if y is not view:
+            view.copy_(y)
     if key is not None and len(steps) == len(convs):
-        _DGRAD.put(key, (gaps, steps))
+        _DGRAD.put(key, (gaps, convs, steps))
 
 
 def _run_dgrad(planned, dz, weight, dx, stride):
-    gaps, steps = planned
+    gaps, convs, steps = planned
     if gaps:
         dx.zero_()
-    for tc, step, scratch in steps:
-        w2d = _tap_matrix(weight, tc.rows, tc.cols)
+    for (tc, step, scratch), w2d in zip(steps, _tap_matrices(weight, convs, True), strict=True):
         y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
 
@@ -216,10 +241,9 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
             dx = _new_output(x, *x.shape[1:])  # in x's layout
             _dgrad(dz, weight, dx, stride, padding, dilation, launch)
     if need_dw:
-        if unit and as_matrix(x):  # dW (K, C) = dZ^T (K, N·H·W) @ X (N·H·W, C)
-            dw = fused_matmul(_rows(dz).t(), _rows(x), launch=launch)[0].view(K, C, 1, 1)
-        else:
-            dw = conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch)
+        # the 1x1 too: as one GEMM its reduction over N·H·W would run on a few output tiles,
+        # while the wgrad kernel splits the pixels over the SMs
+        dw = conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch)
     return dx, dw, db
 
 
