@@ -211,12 +211,20 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
         # the K-major copy's rows are not 16-byte aligned: the pointer kernel, unsplit
         kernel = "pointer"
     grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), split_k)
+    meta = dict(SPLIT=split_k > 1, **common)
+    if launch is not direct:
+        # A traced launch names the batched parameters too: Inductor reads which tensors a
+        # user kernel writes from TTIR built from the launch's arguments, and one left to its
+        # default fails that analysis, so every operand counts as written: cloned and copied
+        # back per call, and in training a copy back into a leaf that requires grad fails the
+        # compile (tests/test_traced_launches.py).
+        meta.update(batch=None, stride_ab=None, stride_bb=None, stride_cb=None, BATCHED=False)
     steps = [Step(
         launch(matmul_kernel), grid,
         (M, N, K, split_k,
          a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
          bias.stride(0) if bias is not None else 0),
-        dict(SPLIT=split_k > 1, **common),
+        meta,
     )]  # fmt: skip
     if split_k > 1:
         steps.append(splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch))

@@ -1,0 +1,103 @@
+"""Every launch the triton-compiled ops trace names every parameter of its kernel.
+
+torch.compile's Inductor reads which tensors a user-defined Triton kernel writes from the
+kernel's TTIR, which it builds from the traced launch's arguments. A launch that leaves a
+parameter to its default ("Incorrect number of arguments passed to kernel") makes that analysis
+fail, and Inductor then takes every tensor argument as written: the inputs are cloned and copied
+back (a copy per call in the forward), and in training the copy back into a leaf that requires
+grad fails the compile ("a leaf Variable that requires grad is being used in an in-place
+operation": the 1x1 conv's backward on an H100). On the CPU the interpreter launches directly,
+so this records the launches the ops make through the traced path's code instead (the ops'
+launcher swapped for a recorder that runs each kernel in the interpreter) and checks their
+arguments the way Inductor's analysis does.
+"""
+
+import contextlib
+
+import pytest
+import torch
+from triton.runtime.autotuner import Autotuner, Heuristics
+
+from kernels import ops
+from kernels._common import pretend_gpu
+
+
+class _Recorder:
+    """What kernels.ops' launcher returns: records each launch, then runs it directly."""
+
+    launches: list = []
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            _Recorder.launches.append((self.kernel, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def _missing(kernel, args, kwargs) -> list[str]:
+    """The kernel's parameters that the launch, its autotuner's configs and its heuristics leave
+    to a default."""
+    given = set(kwargs)
+    fn = kernel
+    while isinstance(fn, (Autotuner, Heuristics)):  # down to the JITFunction (interpreted on CPU)
+        if isinstance(fn, Autotuner):
+            for config in fn.configs[:1]:
+                given |= set(config.all_kwargs())
+        if isinstance(fn, Heuristics):
+            given |= set(fn.values)
+        fn = fn.fn
+    given |= set(fn.arg_names[: len(args)])
+    return [name for name in fn.arg_names if name not in given]
+
+
+def _cases():
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(dtype).requires_grad_()
+
+    x4 = rand(2, 16, 6, 6).detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    w1 = rand(24, 16, 1, 1).detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    w3 = rand(16, 16, 3, 3).detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    return {
+        "matmul": lambda: ops.matmul(rand(37, 24), rand(24, 40)),
+        "matmul-split-k": lambda: ops.matmul(rand(8, 1024), rand(1024, 16)),
+        "batched-matmul": lambda: ops.matmul(rand(3, 17, 24), rand(3, 24, 9)),
+        "linear": lambda: ops.linear(rand(5, 24), rand(40, 24), rand(40), "gelu"),
+        "softmax": lambda: ops.softmax(rand(6, 100), -1),
+        "softmax-long-rows": lambda: ops.softmax(rand(2, 70000), -1),
+        "conv-1x1": lambda: ops.conv2d(x4, w1, None, [1, 1], [0, 0], [1, 1], "none", 1),
+        "conv-3x3-s2": lambda: ops.conv2d(x4, w3, None, [2, 2], [1, 1], [1, 1], "relu", 1),
+        "conv-stem-c3": lambda: ops.conv2d(rand(1, 3, 9, 9), rand(8, 3, 3, 3), rand(8), [2, 2],
+                                           [1, 1], [1, 1], "none", 1),
+        "conv-nchw-3x3": lambda: ops.conv2d(rand(1, 16, 7, 7), rand(8, 16, 3, 3), None, [1, 1],
+                                            [1, 1], [1, 1], "silu", 1),
+        "conv-depthwise": lambda: ops.conv2d(x4, rand(16, 1, 3, 3), None, [1, 1], [1, 1], [1, 1],
+                                             "none", 16),
+        "conv-grouped": lambda: ops.conv2d(x4.detach(), rand(16, 4, 3, 3).detach(), None,
+                                           [1, 1], [1, 1], [1, 1], "none", 4),  # no backward
+    }
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-dispatch", "h100-dispatch"])
+@pytest.mark.parametrize("case", list(_cases()))
+def test_traced_launches_name_every_parameter(case, gpu, monkeypatch):
+    if gpu and case == "softmax-long-rows":
+        pytest.skip("a GPU takes the coop design, whose programs wait on each other: the "
+                    "interpreter runs them one at a time")
+    monkeypatch.setattr(ops, "_active_launch", [_Recorder])
+    _Recorder.launches = []
+    # an H100's dispatch (pretend_gpu): the kernel choices and K splits a GPU trace makes
+    with pretend_gpu((9, 0), 132) if gpu else contextlib.nullcontext():
+        out = _cases()[case]()
+        if out.requires_grad:
+            out.float().square().sum().backward()
+    assert _Recorder.launches, "no launch went through the traced path"
+    for kernel, args, kwargs in _Recorder.launches:
+        missing = _missing(kernel, args, kwargs)
+        name = getattr(getattr(kernel, "fn", kernel), "__name__", None) or repr(kernel)
+        assert not missing, f"{case}: a traced launch leaves {missing} to their defaults ({name})"
