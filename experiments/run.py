@@ -198,14 +198,13 @@ def run(cfg: DictConfig) -> list[dict]:
 
 
 def isolated(cfg: DictConfig) -> bool:
-    """isolate=auto: a multirun on the local launcher runs each job's shapes in child processes,
-    so a CUDA fault or leaked compiler state in one job cannot reach the next."""
+    """isolate=auto: every multirun job (any launcher) measures its shapes in child processes,
+    so a CUDA fault or leaked compiler state costs one row, not the rest of the job (on the
+    gpus and slurm launchers a job is its own process, but one lost CUDA context still ended
+    all its remaining shapes) and cannot reach the next job."""
     if cfg.isolate != "auto":
         return bool(cfg.isolate)
-    hydra_cfg = HydraConfig.get()
-    return hydra_cfg.mode == hydra.types.RunMode.MULTIRUN and "BasicLauncher" in str(
-        hydra_cfg.launcher.get("_target_", "")
-    )
+    return HydraConfig.get().mode == hydra.types.RunMode.MULTIRUN
 
 
 def measure_job(plan: Plan) -> list[dict]:
