@@ -198,13 +198,18 @@ def run(cfg: DictConfig) -> list[dict]:
 
 
 def isolated(cfg: DictConfig) -> bool:
-    """isolate=auto: every multirun job (any launcher) measures its shapes in child processes,
-    so a CUDA fault or leaked compiler state costs one row, not the rest of the job (on the
-    gpus and slurm launchers a job is its own process, but one lost CUDA context still ended
-    all its remaining shapes) and cannot reach the next job."""
+    """isolate=auto: a multirun job on the local or gpus launcher measures its shapes in child
+    processes, so a CUDA fault or leaked compiler state costs one row, not the rest of the job
+    (on gpus a job is its own process, but one lost CUDA context still ended all its remaining
+    shapes) and cannot reach the next job. Not on slurm: there a killed process is the
+    scheduler's scancel or time limit, which must stop the task (make resume finishes it), not
+    be recorded as a failed shape and skipped; isolate=true asks for it there."""
     if cfg.isolate != "auto":
         return bool(cfg.isolate)
-    return HydraConfig.get().mode == hydra.types.RunMode.MULTIRUN
+    hydra_cfg = HydraConfig.get()
+    return hydra_cfg.mode == hydra.types.RunMode.MULTIRUN and "Slurm" not in str(
+        hydra_cfg.launcher.get("_target_", "")
+    )
 
 
 def measure_job(plan: Plan) -> list[dict]:
