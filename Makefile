@@ -9,7 +9,7 @@ PLATFORM ?= manylinux2014_x86_64
 WHEELHOUSE ?= wheelhouse
 # make wheelhouse PEERS=1: the peer libraries' wheels too (about 200 MB; docs/peers.md)
 PEERS ?=
-RESULTS ?= results/current/h100/all_modes_first_kernels
+RESULTS ?= results/current/h100/study
 
 # kernel=..., mode=..., dtype=..., pass=... become Hydra overrides when given.
 OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \

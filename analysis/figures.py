@@ -1,6 +1,6 @@
 """The figures of the results, one function per figure, each `fn(frame[, kernel]) -> Figure`.
 
-    python -m analysis.figures results/current/h100/all_modes_first_kernels out/figures  # PNG + SVG
+    python -m analysis.figures results/current/h100/study out/figures  # PNG + SVG
 
 `frame` is analysis.load.load_results(...).frame (or load_wandb(...)). Unless a figure says
 otherwise it shows the default view: ok rows whose activations are ordinary inputs, so CUDA-graph

@@ -307,7 +307,7 @@ def headline_text(current: Path = CURRENT) -> str:
     """The per-op bench table, or once a study is committed, a line pointing to it."""
     if study_summaries(current):
         return (
-            "The study below replaces the per-op bench table; its records stay in "
+            "The study above replaces the per-op bench table; its records stay in "
             "`results/current/<gpu>/<op>/` (`python -m analysis.headline --benches`).\n"
         )
     return table(current)

@@ -1,6 +1,6 @@
 """A static HTML report of a results folder: the dashboard for users without a W&B account.
 
-    python -m analysis.report results/current/h100/all_modes_first_kernels outputs/report
+    python -m analysis.report results/current/h100/study outputs/report
 
 It holds every figure of analysis.figures (in FIGURES order, each under the first paragraph of
 its function's docstring), the geomean table, and the per-shape rows, all made from the records by

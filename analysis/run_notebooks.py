@@ -1,6 +1,6 @@
 """Execute the analysis notebooks against a results folder, as `make notebooks` and CI do.
 
-    python -m analysis.run_notebooks results/current/h100/all_modes_first_kernels outputs/notebooks
+    python -m analysis.run_notebooks results/current/h100/study outputs/notebooks
 
 The notebooks live in analysis/notebooks/ as jupytext percent-format .py files (clean diffs);
 each is converted to .ipynb and executed with papermill, with `results_dir` as a parameter. The

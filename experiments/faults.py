@@ -4,9 +4,10 @@ illegal_address launches a Triton kernel that writes out of bounds: on a GPU thi
 CUDA error that poisons the process (on a CPU the error is raised, not caused).
 
 Each kind stands for a failure seen in real sweeps: an exception in a kernel or the compiler
-(raise), a wrong result (nan_output), CUDA running out of memory (oom), and a process killed
-part-way, as a CUDA illegal-address error or the OOM killer would (kill). The fault fires at
-one index of the job's shape set; fault.kind=null (the default) injects nothing.
+(raise), a wrong result (nan_output), CUDA running out of memory (oom), a process killed
+part-way, as a CUDA illegal-address error or the OOM killer would (kill), and one that exits
+with an error no shape's handler catches (exit: a study worker died with exit code 1 so). The
+fault fires at one index of the job's shape set; fault.kind=null (the default) injects nothing.
 """
 
 import os
@@ -16,7 +17,7 @@ import torch
 
 from experiments.errors import ConfigError
 
-KINDS = ("raise", "nan_output", "oom", "kill", "illegal_address")
+KINDS = ("raise", "nan_output", "oom", "kill", "illegal_address", "exit")
 
 # CUDA errors after which the process's context is unusable: every later call fails too.
 STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
@@ -50,6 +51,8 @@ def inject(fault, shape_index: int) -> None:
         raise torch.cuda.OutOfMemoryError("injected fault: simulated CUDA out of memory")
     if fires(fault, shape_index, "kill"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if fires(fault, shape_index, "exit"):  # SystemExit passes every `except Exception`
+        raise SystemExit("SystemExit: injected fault (fault.kind=exit)")
     if fires(fault, shape_index, "illegal_address"):
         write_out_of_bounds()
 

@@ -75,7 +75,7 @@ Name = Annotated[str, at.MinLen(1)]
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MODE_KINDS = ("eager", "triton", "compile", "triton_compiled", "torchscript", "peer", "peer_direct")
-FAULT_KINDS = ("raise", "nan_output", "oom", "kill", "illegal_address")
+FAULT_KINDS = ("raise", "nan_output", "oom", "kill", "illegal_address", "exit")
 
 
 @dataclass

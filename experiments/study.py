@@ -62,9 +62,12 @@ COLD_SECONDS_PER_SHAPE = {"triton": 0.8, "triton-compiled": 1.8, "default": 0.7,
 REPLAY_SECONDS = 0.55
 FWD_BWD_FACTOR = 1.4  # triton fwd_bwd against fwd in the same records: 1.32
 BLOCK_FACTOR = 1.5  # assumed: a block calls 2-3 ops (no block is on record yet)
-# start, imports (2.8 s of CPU on the CI machine), CUDA context, env stamp, and the offline W&B
-# run every study job writes (about 2 s)
-JOB_OVERHEAD_S = 7.0
+# What a job costs beyond its measurement, from the bf16 study on 4 H100s (results/current/h100/
+# study): 12 s between one job's end and the next one's first log line on a GPU (submitit, the
+# isolated parent's start and imports, Hydra, the worker's start) and 9.5 s in the worker beyond
+# its wall_s (CUDA context, env stamp, the offline W&B run). With it the estimate gives that
+# study 26.2 minutes cold; it took 26.1
+JOB_OVERHEAD_S = 21.5
 
 
 @dataclass

@@ -8,8 +8,10 @@ and a new child carries on from the next shape. A child whose CUDA context is lo
 address, say) records its failed row itself and exits with POISONED_EXIT, and a new child goes on.
 """
 
+import collections
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ import sys
 from experiments.faults import POISONED_EXIT
 from experiments.measure import base_record
 from experiments.records import JsonlWriter, read_jsonl, recorded_keys
-from experiments.tracking import run_group
+from experiments.tracking import redact, run_group
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +44,35 @@ def missing_shapes(plan) -> list[tuple[int, dict]]:
     ]
 
 
-def record_death(plan, index: int, shape: dict, returncode: int) -> None:
+# A line of a Python traceback's end or of an `error:` message: what a dying worker said last
+ERROR_LINE = re.compile(r"^(?:(?:\w+\.)*[A-Z]\w*(?::|$)|error:)")  # `pkg.mod.SomeError: text`
+
+
+def last_error(lines) -> str | None:
+    """The last error line among a worker's final stderr lines, if it printed one."""
+    return next((line.strip() for line in reversed(lines) if ERROR_LINE.match(line)), None)
+
+
+def run_worker(command: list[str], env: dict) -> tuple[int, str | None]:
+    """The worker's exit code and its last error line; its stderr still reaches ours, line by
+    line, so the job's log shows it as before."""
+    tail = collections.deque(maxlen=200)
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
+                          errors="replace") as child:  # fmt: skip
+        for line in child.stderr:
+            sys.stderr.write(line)
+            tail.append(line)
+    sys.stderr.flush()
+    return child.returncode, last_error(tail)
+
+
+def record_death(plan, index: int, shape: dict, returncode: int, error: str | None) -> None:
     record = base_record(plan.job(), shape)
     record.status, record.stage = "failed", "worker"
     record.reason = (
         f"the job's worker process died ({describe_exit(returncode)}) "
         f"while measuring shape {index} of its set"
+        + (f"; its last error: {redact(error[:300])}" if error else "")
     )
     writer = JsonlWriter(plan.output_dir / "results.jsonl")
     writer.write(record)
@@ -71,14 +96,14 @@ def run_isolated(plan) -> list[dict]:
     ]
     child_env = {**os.environ, "KBENCH_JOB_ID": plan.job_id}
     for _ in range(len(plan.shapes)):  # each death records a row, so this always ends
-        returncode = subprocess.run(command, env=child_env).returncode
+        returncode, error = run_worker(command, child_env)
         missing = missing_shapes(plan)
         if returncode == 0 or not missing:
             break
         if returncode == POISONED_EXIT:
             continue  # it recorded its failed row and stopped cleanly: a new child goes on
         index, shape = missing[0]
-        record_death(plan, index, shape, returncode)
+        record_death(plan, index, shape, returncode, error)
         if len(missing) == 1:
             break
     rows = [

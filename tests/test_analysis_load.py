@@ -10,7 +10,7 @@ from analysis.load import caption, load_results, load_wandb
 from experiments.records import Record
 from tests.conftest import REPO_ROOT
 
-H100 = REPO_ROOT / "results" / "current" / "h100" / "all_modes_first_kernels"
+H100 = REPO_ROOT / "results" / "current" / "h100" / "study"
 SHA = "775ac0e8bab87144f19ac3a159a1795b286191fa"
 ENV = {"gpu_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "triton": "3.6.0",
        "git_sha": SHA, "peaks": {"copy_gbps": 3000.0, "bf16_matmul_tflops": 760.0}}
@@ -80,10 +80,10 @@ def test_committed_h100_records_load_cleanly():
     frame = results.frame
     assert {"matmul", "linear", "softmax", "conv"} <= set(frame["kernel"])
     assert frame["gpu_name"].eq("NVIDIA H100 80GB HBM3").all()
-    assert set(frame["git_short_sha"]) == {"775ac0e", "f8374d0"}
+    assert set(frame["git_short_sha"]) == {"b123d32"}
     assert frame["peak_bf16_tflops"].notna().all()
     static = frame[frame["activations"] == "static"]
-    assert set(static["mode"]) == {"reduce-overhead"} and len(static) == 15
+    assert set(static["mode"]) == {"reduce-overhead", "max-autotune"} and len(static) == 56
 
 
 # --- W&B, through a fake public API (no network) ---------------------------------------------
@@ -131,7 +131,7 @@ def _offline(tmp_path, rows) -> pd.DataFrame:
     return load_results(tmp_path / "offline").frame
 
 
-COMMITTED = ["current/h100/all_modes_first_kernels", "current/h100/matmul", "current/h100/linear",
+COMMITTED = ["current/h100/study", "current/h100/matmul", "current/h100/linear",
              "current/h100/conv", "current/h100/softmax", "current/h200/matmul",
              "current/h200/linear", "current/h200/conv", "current/h200/softmax"]  # fmt: skip
 

@@ -126,6 +126,22 @@ def test_worker_passes_the_wandb_group_as_a_string(value):
     assert run_group(None, 1, "name") == "1" and run_group(None, None, "name") == "name"
 
 
+def test_a_dead_workers_row_keeps_its_last_error_line():
+    """A worker that exits outside every shape's handler (exit code 1 in the H100 study) left a
+    row without a cause; now the row quotes the last error line the worker printed."""
+    from experiments.worker import last_error
+
+    traceback = ["Traceback (most recent call last):\n", '  File "m.py", line 3, in f\n',
+                 "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised: boom\n",
+                 "\n", "Set the environment variable HYDRA_FULL_ERROR=1 for a stack trace.\n",
+                 "[2026-11-26 21:27:52,212][submitit][INFO] - Job completed\n"]  # fmt: skip
+    assert last_error(traceback) == (
+        "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised: boom")
+    assert last_error(["error: kernel=nope is not registered\n"]).startswith("error: kernel=nope")
+    assert last_error(["KeyboardInterrupt\n"]) == "KeyboardInterrupt"
+    assert last_error(["all shapes measured\n", "Traceback (most recent call last):\n"]) is None
+
+
 def test_a_row_notes_the_config_its_first_call_chose(compose_job, monkeypatch):
     """softmax's first call on a GPU picks its short-row tile (and its row loop) by timing
     candidates; the row's notes name the choice, and each row chooses afresh (the

@@ -12,7 +12,7 @@ from analysis.load import load_results
 from experiments.records import Record
 from tests.conftest import REPO_ROOT
 
-H100 = REPO_ROOT / "results" / "current" / "h100" / "all_modes_first_kernels"
+H100 = REPO_ROOT / "results" / "current" / "h100" / "study"
 COMMITTED = H100 / "figures"
 ENV = {"gpu_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "triton": "3.6.0",
        "git_sha": "775ac0e" + "0" * 33, "peaks": {"copy_gbps": 3000.0, "bf16_matmul_tflops": 760.0}}

@@ -13,7 +13,7 @@ from analysis.run_notebooks import NOTEBOOKS, execute
 from tests.conftest import REPO_ROOT
 from tests.test_figures import ENV, fixture_rows, write_job
 
-H100 = REPO_ROOT / "results" / "current" / "h100" / "all_modes_first_kernels"
+H100 = REPO_ROOT / "results" / "current" / "h100" / "study"
 pytestmark = pytest.mark.skipif(not H100.exists(), reason="no committed H100 records")
 # figures.draw("name", ...) or figures.name(...), for a name in figures.FIGURES
 FIGURE_CALL = re.compile(r"\bfigures\.(?:draw\(\s*[\"'](\w+)[\"']|(\w+)\()")
@@ -81,7 +81,7 @@ def test_notebook_executes_on_committed_records(source, tmp_path):
 def test_deep_dive_takes_another_kernel(tmp_path):
     executed = execute(NOTEBOOKS / "kernel_deep_dive.py", H100, tmp_path, kernel="softmax")
     text = cell_text(executed)
-    assert "kernel: softmax" in text and "8192x4096" in text
+    assert "kernel: softmax" in text and "2048x16384" in text
     assert cells_without_a_png(json.loads(executed.read_text())) == []
 
 

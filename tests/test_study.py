@@ -108,12 +108,15 @@ def test_every_part_logs_to_the_study_s_wandb_group(tmp_path):
     assert "wandb.group=mine" in named and not any("study-" in o for o in named)
 
 
-def test_the_study_fits_30_minutes_on_4_gpus_by_its_own_estimate():
-    """The estimate (docs/study.md) with warm caches; a host's first study compiles cold."""
+def test_the_estimate_reproduces_the_measured_bf16_study():
+    """docs/study.md: the bf16 slice took 26.1 minutes cold on 4 H100s; the estimate, calibrated on
+    that run's per-job overhead, must stay near it, and the whole grid's must exceed it."""
+    bf16 = study.plan(["dtype=bf16"])
+    cold_minutes = sum(p.cold_s for p in bf16) / 60 / 4
+    assert 26.1 * 0.9 <= cold_minutes <= 26.1 * 1.1, study.describe(bf16, 4)
     parts = study.plan([])
-    warm_minutes = sum(p.estimate_s for p in parts) / 60 / 4
-    assert warm_minutes <= 30, study.describe(parts, 4)
-    assert sum(p.cold_s for p in parts) > sum(p.estimate_s for p in parts)
+    assert sum(p.cold_s for p in parts) > sum(p.estimate_s for p in parts) > sum(
+        p.cold_s for p in bf16)
     # every job of a peer without a kernel for it costs its start only, as it writes skipped rows
     assert study.peer_lacks("liger", "matmul", "bf16", "fwd")
     assert study.peer_lacks("quack", "linear", "fp32", "fwd")

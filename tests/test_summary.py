@@ -9,7 +9,7 @@ from analysis.summary import geomean_table, load_rows, main
 from experiments.records import FIELDS, Record, validate
 from tests.conftest import REPO_ROOT
 
-H100 = REPO_ROOT / "results" / "current" / "h100" / "all_modes_first_kernels"
+H100 = REPO_ROOT / "results" / "current" / "h100" / "study"
 
 
 def write_rows(path, rows):

@@ -28,10 +28,10 @@ def job_rows(sweep):
 
 
 def test_each_fault_is_one_failed_row_and_the_sweep_goes_on(tmp_path):
-    result = cli("experiments.run", "--multirun", *CPU, "fault.kind=raise,nan_output,oom,kill",
+    result = cli("experiments.run", "--multirun", *CPU, "fault.kind=raise,nan_output,oom,kill,exit",
                  "fault.shape=0", f"hydra.sweep.dir={tmp_path}")
     jobs = job_rows(tmp_path)
-    assert len(jobs) == 4
+    assert len(jobs) == 5
     reasons = []
     for rows in jobs.values():
         assert [r["shape_label"] for r in rows] == ["37x100", "5x4097"]  # both shapes, in order
@@ -42,8 +42,12 @@ def test_each_fault_is_one_failed_row_and_the_sweep_goes_on(tmp_path):
     assert "NaN" in reasons[1]
     assert reasons[2].startswith("OutOfMemoryError")
     assert "worker process died (killed by SIGKILL)" in reasons[3]
+    assert reasons[3].endswith("of its set")  # SIGKILL leaves no last words
+    # an error that passes every shape's handler: the row carries what the worker said last
+    assert "worker process died (exit code 1)" in reasons[4]
+    assert reasons[4].endswith("its last error: SystemExit: injected fault (fault.kind=exit)")
     merged = read_jsonl(tmp_path / "sweep_results.jsonl")  # the multirun-end callback
-    assert len(merged) == 8 and "4 rows not ok" in result.stdout
+    assert len(merged) == 10 and "5 rows not ok" in result.stdout
 
 
 def test_resume_completes_exactly_the_missing_work(tmp_path):

@@ -17,7 +17,7 @@
 # nothing to plot in these records says so instead.
 
 # %% tags=["parameters"]
-results_dir = "results/current/h100/all_modes_first_kernels"
+results_dir = "results/current/h100/study"
 
 # %%
 from matplotlib_inline.backend_inline import set_matplotlib_formats

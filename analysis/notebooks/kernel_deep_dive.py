@@ -15,7 +15,7 @@
 # and `kernel` (matmul, linear, softmax, conv, ...; None: the first kernel in the records).
 
 # %% tags=["parameters"]
-results_dir = "results/current/h100/all_modes_first_kernels"
+results_dir = "results/current/h100/study"
 kernel = None
 
 # %%
