@@ -194,7 +194,7 @@ def _raw_entry(compiled):
     return launch, runner.launch_cooperative_grid, runner.launch_pdl, expand
 
 
-def _python_function(kernel):
+def python_function(kernel):
     """The Python function under a JITFunction, an Autotuner or triton.heuristics wrapper."""
     while kernel is not None and not inspect.isfunction(kernel):
         kernel = getattr(kernel, "fn", None)
@@ -254,7 +254,7 @@ def arm(step: Step, compiled, tensors, lead):
                 or (hook is not None and hook not in BLOCK_HOOKS)):  # fmt: skip
             return None
         meta.update(config.all_kwargs())
-    fn = _python_function(kernel)
+    fn = python_function(kernel)
     if fn is None or getattr(compiled, "function", None) is None:
         return None  # not loaded (the JIT path loads it when it launches)
     signature = compiled.src.signature
@@ -351,7 +351,7 @@ def _generate(step, compiled, tensors, lead, types, grid, rest, raw):
         f"{call}, {', '.join([*args, '*REST'])})",
         "return True",
     ])  # fmt: skip
-    name = getattr(_python_function(step.kernel), "__name__", "kernel")
+    name = getattr(python_function(step.kernel), "__name__", "kernel")
     exec(compile(source, f"<armed {name}>", "exec"), env)
     fast = env["fast"]
     fast.source = source  # for tests and for reading what a plan launches

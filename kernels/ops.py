@@ -16,11 +16,15 @@ cannot see inside. Their fake (shape) implementation is the same function with a
 launches nothing, so output allocation is written once.
 """
 
+import inspect
+
 import torch
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
+from triton.runtime.autotuner import Autotuner, Heuristics
 
 from kernels._common import TORCH_ACTIVATIONS, activation_id, direct, is_interpreter
+from kernels._launch import python_function
 from kernels.conv import conv2d_forward
 from kernels.conv.backward import conv2d_backward_upcast, save_mode
 from kernels.conv.dispatch import check_trainable, resolve_padding
@@ -32,7 +36,60 @@ from kernels.softmax.dispatch import cast_input
 
 _INTERPRETED = is_interpreter()
 _register = torch.library.custom_op if _INTERPRETED else triton_op
-_active_launch = [direct if _INTERPRETED else wrap_triton]
+
+
+def _unnamed_defaults(kernel) -> tuple[list[str], dict]:
+    """The kernel's parameter names, and the defaulted parameters that neither its autotuner's
+    configs nor its heuristics set: a launch that names none of those leaves them to defaults."""
+    fixed, fn = set(), kernel
+    while isinstance(fn, (Autotuner, Heuristics)):
+        if isinstance(fn, Autotuner):
+            fixed.update(*(config.all_kwargs() for config in fn.configs))
+        else:
+            fixed.update(fn.values)
+        fn = fn.fn
+    params = inspect.signature(python_function(fn)).parameters.values()
+    defaults = {p.name: p.default for p in params
+                if p.default is not p.empty and p.name not in fixed}  # fmt: skip
+    return [p.name for p in params], defaults
+
+
+class _Named:
+    """A traced launcher whose launches name every parameter of the kernel.
+
+    Inductor reads which tensors a user-defined Triton kernel writes from TTIR it builds from
+    the traced launch's arguments. A parameter left to its default fails that analysis
+    ("Incorrect number of arguments passed to kernel"), and Inductor then takes every tensor
+    argument as written: inputs cloned and copied back on every call, and in training a copy
+    back into a leaf that requires grad fails the compile (the 1x1 conv's backward on an H100).
+    So each launch passes the defaults it leaves out by name (tests/test_traced_launches.py).
+    """
+
+    _defaults: dict = {}  # kernel -> _unnamed_defaults(kernel), filled once per kernel
+
+    def __init__(self, launcher, kernel):
+        self.launcher = launcher
+        if kernel not in _Named._defaults:
+            _Named._defaults[kernel] = _unnamed_defaults(kernel)
+        self.names, self.defaults = _Named._defaults[kernel]
+
+    def __getitem__(self, grid):
+        run = self.launcher[grid]
+
+        def launch(*args, **kwargs):
+            given = set(self.names[: len(args)]).union(kwargs)
+            unnamed = {k: v for k, v in self.defaults.items() if k not in given}
+            return run(*args, **kwargs, **unnamed)
+
+        return launch
+
+
+def naming(launcher):
+    """`launcher` (wrap_triton, or a test's recorder) with every launch's defaults named."""
+    return lambda kernel: _Named(launcher(kernel), kernel)
+
+
+_active_launch = [direct if _INTERPRETED else naming(wrap_triton)]
 
 
 def _launch(kernel):

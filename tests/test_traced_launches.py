@@ -89,7 +89,7 @@ def test_traced_launches_name_every_parameter(case, gpu, monkeypatch):
     if gpu and case == "softmax-long-rows":
         pytest.skip("a GPU takes the coop design, whose programs wait on each other: the "
                     "interpreter runs them one at a time")
-    monkeypatch.setattr(ops, "_active_launch", [_Recorder])
+    monkeypatch.setattr(ops, "_active_launch", [ops.naming(_Recorder)])
     _Recorder.launches = []
     # an H100's dispatch (pretend_gpu): the kernel choices and K splits a GPU trace makes
     with pretend_gpu((9, 0), 132) if gpu else contextlib.nullcontext():

@@ -86,29 +86,26 @@ def dgrad_convs(hw, rs, stride, padding, dilation) -> tuple[list[TapConv], bool]
     return convs, gaps
 
 
-# the gather index of a dgrad's taps, per (taps, device): a device tensor made once, so a planned
-# backward copies nothing from the host (a pageable copy would stall the caller on the GPU)
-_TAP_INDEX: dict = {}
+def _tap_gather(convs, S: int, K: int, device) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The gather index of every sub-conv's weight taps (a device tensor: a planned backward
+    keeps it, so no call copies from the host, whose pageable copy stalled each backward on
+    the GPU), and each sub-conv's column count in the gathered matrix."""
+    taps = [r * S + s for tc in convs for r in tc.rows for s in tc.cols]
+    index = torch.tensor(taps, dtype=torch.int64, device=device)
+    return index, tuple(len(tc.rows) * len(tc.cols) * K for tc in convs)
 
 
-def _tap_matrices(weight: torch.Tensor, convs, cached: bool) -> list[torch.Tensor]:
+def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, widths) -> list[torch.Tensor]:
     """Each sub-conv's (C, R'·S'·K) weight matrix, whose tap (i, j) is weight[:, :, rows[i],
     cols[j]] transposed (the dgrad's outputs are the forward's inputs). One gather makes them
     all: they are column blocks of one (C, T·K) matrix, T being every sub-conv's taps, so each
     has a row stride of T·K (the kernels take the weight matrix's row stride)."""
     K, C, R, S = weight.shape
-    taps = tuple(r * S + s for tc in convs for r in tc.rows for s in tc.cols)
-    index = _TAP_INDEX.get((taps, weight.device)) if cached else None
-    if index is None:
-        index = torch.tensor(taps, dtype=torch.int64, device=weight.device)
-        if cached:
-            _TAP_INDEX[(taps, weight.device)] = index
     # (C, R·S, K): a view of an NCHW or a channels_last weight alike
     by_tap = weight.permute(1, 2, 3, 0).reshape(C, R * S, K)
-    matrix = by_tap.index_select(1, index).view(C, len(taps) * K)
+    matrix = by_tap.index_select(1, index).view(C, index.numel() * K)
     blocks, start = [], 0
-    for tc in convs:
-        width = len(tc.rows) * len(tc.cols) * K
+    for width in widths:
         blocks.append(matrix[:, start : start + width])
         start += width
     return blocks
@@ -149,7 +146,8 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
     constexprs = dict(HAS_BIAS=False, ACTIVATION=NONE, DOT_PRECISION=precision)
     phased = stride != (1, 1)
     steps = []
-    for tc, w2d in zip(convs, _tap_matrices(weight, convs, planned), strict=True):
+    gather = _tap_gather(convs, S, K, dz.device)
+    for tc, w2d in zip(convs, _tap_matrices(weight, *gather), strict=True):
         view = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         # A traced launch writes a phase into a tensor of its own, copied into place after:
         # Inductor stages a user kernel's output that is a strided view with a storage offset
@@ -170,14 +168,14 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
         if y is not view:
             view.copy_(y)
     if key is not None and len(steps) == len(convs):
-        _DGRAD.put(key, (gaps, convs, steps))
+        _DGRAD.put(key, (gaps, gather, steps))
 
 
 def _run_dgrad(planned, dz, weight, dx, stride):
-    gaps, convs, steps = planned
+    gaps, gather, steps = planned
     if gaps:
         dx.zero_()
-    for (tc, step, scratch), w2d in zip(steps, _tap_matrices(weight, convs, True), strict=True):
+    for (tc, step, scratch), w2d in zip(steps, _tap_matrices(weight, *gather), strict=True):
         y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
 

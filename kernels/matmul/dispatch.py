@@ -212,13 +212,6 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
         kernel = "pointer"
     grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), split_k)
     meta = dict(SPLIT=split_k > 1, **common)
-    if launch is not direct:
-        # A traced launch names the batched parameters too: Inductor reads which tensors a
-        # user kernel writes from TTIR built from the launch's arguments, and one left to its
-        # default fails that analysis, so every operand counts as written: cloned and copied
-        # back per call, and in training a copy back into a leaf that requires grad fails the
-        # compile (tests/test_traced_launches.py).
-        meta.update(batch=None, stride_ab=None, stride_bb=None, stride_cb=None, BATCHED=False)
     steps = [Step(
         launch(matmul_kernel), grid,
         (M, N, K, split_k,

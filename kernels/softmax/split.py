@@ -409,8 +409,6 @@ def launch_split(launch, moved: list[torch.Tensor], backward: bool, rows: tuple[
             return Alternate(pair, parity, step, with_next=False)
     else:
         ws = torch.empty(n_slots, device=device, dtype=torch.int64)
-        if launch is not direct:  # every parameter named, as for coop above (and Inductor's
-            meta.update(CLEAR=False, next_ptr=ws)  # analysis of what the kernel writes)
         for phase in (0, 1):
             launch(kernel)[grid](*moved, ws, rows_inner, n_cols, n_chunks, n_slots,
                                  *flat_strides, PHASE=phase, **meta)  # fmt: skip
