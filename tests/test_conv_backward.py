@@ -211,6 +211,21 @@ def test_tap_matrices_gather_every_phase_at_once():
     assert index is first
 
 
+def test_depthwise_dgrad_takes_its_taps_without_list_indexing():
+    """The depthwise dgrad's taps per phase, a slice flipped on the device, are the taps that
+    list indexing (a host-to-device copy per call) gave, for every stride, padding, dilation."""
+    generator = torch.Generator().manual_seed(4)
+    for R, S in ((7, 7), (3, 5), (1, 1)):
+        weight = torch.randn(6, 1, R, S, generator=generator)
+        for stride, pad, dil in itertools.product((1, 2, 3), (0, 1, 3), (1, 2)):
+            convs, _ = dgrad_convs((13, 11), (R, S), (stride, stride), (pad, pad), (dil, dil))
+            for tc in convs:
+                want = weight[:, :, list(tc.rows)][:, :, :, list(tc.cols)]
+                got = backward._flipped_taps(backward._flipped_taps(weight, tc.rows, 2),
+                                             tc.cols, 3)  # fmt: skip
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_grouped_training_is_refused_before_any_work():
     x = torch.randn(1, 4, 6, 6, device=DEVICE, requires_grad=True)
     weight = torch.randn(4, 2, 3, 3, device=DEVICE)
