@@ -44,7 +44,8 @@ def summary(rows):
                    ours_compile_cold_s=0.5, compile_mode="max-autotune",
                    compile_speedup=compiled, compile_latency_speedup=compiled * 2,
                    compile_cold_s=3.0, compile_warm_s=1.0, compile_fused_attention=0,
-                   static_view_gain_max_autotune=1.2, rows_ok=20, rows_failed=0,
+                   static_view_gain_max_autotune=1.2,
+                   static_view_latency_gain_max_autotune=1.5, rows_ok=20, rows_failed=0,
                    rows_skipped=2, rows_noisy=1, **{"pass": pass_name})  # fmt: skip
         table.append(row)
     return pd.DataFrame(table, columns=study_summary.COLUMNS)
@@ -77,7 +78,7 @@ def test_the_study_block_is_the_committed_summary(tmp_path):
                                                     ["| attention", "fwd"]]  # fmt: skip
     assert (
         "| softmax | fwd | H100 | triton | 1.60x, 0.80x | - | - | max-autotune | 1.20x, 2.40x "
-        "| 3.0 s | ours |"
+        "| 3.0 s, 1.0 s | -, 1.50x | ours |"
     ) in text
     prose = " ".join(text.split(headline.STUDY_END)[0].split("\n\n")[-1].split())
     assert "best GPU time on 2 of 4 op/dtype/pass rows" in prose
@@ -87,7 +88,8 @@ def test_the_study_block_is_the_committed_summary(tmp_path):
         prose)  # fmt: skip
     assert "2 of 2 rows of memory-bound ops (softmax)" in prose
     assert "fused attention call on 2 of 2 shapes" in prose
-    assert "max-autotune runs at a median 1.20x of its speed (4 rows)" in prose
+    assert ("max-autotune runs at a median 1.20x of its speed and 1.50x of its call latency "
+            "(4 rows)") in prose
     (folder / study_summary.CSV).write_text(
         study_summary.csv_text(table.assign(ours_speedup=table["ours_speedup"] * 1.1))
     )
