@@ -100,7 +100,16 @@ def outputs_of(step, inputs, params, fwd_bwd) -> list[torch.Tensor]:
     out = step().detach().clone()
     if not fwd_bwd:
         return [out]
-    return [out] + [t.grad.detach().clone() for t in (*inputs, *params)]
+    tensors = (*inputs, *params)
+    if missing := [i for i, t in enumerate(tensors) if t.grad is None]:
+        # a mode whose ops record no autograd history for some tensor (a peer library's kernel
+        # without a backward, say): say so, rather than fail on the missing gradient below
+        raise RuntimeError(
+            f"fwd_bwd left no gradient on {len(missing)} of the {len(tensors)} tensors that "
+            f"require one (inputs then parameters, indices {missing}): the mode's forward "
+            "recorded no autograd history for them"
+        )
+    return [out] + [t.grad.detach().clone() for t in tensors]
 
 
 def reference_outputs(eager, inputs, grad_out, fwd_bwd) -> list[torch.Tensor]:

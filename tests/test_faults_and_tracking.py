@@ -126,6 +126,25 @@ def test_worker_passes_the_wandb_group_as_a_string(value):
     assert run_group(None, 1, "name") == "1" and run_group(None, None, "name") == "name"
 
 
+def test_a_gradient_the_mode_never_made_is_named_as_the_cause():
+    """FlagGems' bottleneck fwd_bwd on the H100 left a parameter without a gradient, and the row
+    said only "'NoneType' object has no attribute 'detach'"; the row now says what happened."""
+    x = torch.randn(3, 4, requires_grad=True)
+    weight = torch.randn(4, 4, requires_grad=True)
+
+    def step():  # a forward whose op records history for x but not for weight
+        for t in (x, weight):
+            t.grad = None
+        out = x @ weight.detach()
+        out.backward(torch.ones_like(out))
+        return out
+
+    with pytest.raises(RuntimeError, match=r"no gradient on 1 of the 2 tensors .* indices \[1\]"):
+        measure.outputs_of(step, [x], [weight], fwd_bwd=True)
+    weight.requires_grad_(False)
+    assert len(measure.outputs_of(step, [x], [], fwd_bwd=True)) == 2  # output and x's gradient
+
+
 def test_a_dead_workers_row_keeps_its_last_error_line():
     """A worker that exits outside every shape's handler (exit code 1 in the H100 study) left a
     row without a cause; now the row quotes the last error line the worker printed."""
