@@ -51,7 +51,7 @@ bench: $(SETUP) ## An op's speed-target grids + ratio table (grids: experiments/
 study: $(SETUP) ## The whole grid, one job per GPU (docs/study.md): make study [STUDY=multirun/study/<time> to finish one] [ARGS="--dry-run" | ARGS=--smoke]
 	$(PY) -m experiments.study $(if $(STUDY),--dir $(STUDY)) $(ARGS)
 
-promote: $(SETUP) ## Copy a finished run's records into results/current: make promote RUN=multirun/bench-softmax/<stamp> GPU=h100 NAME=softmax [ARGS=--force]
+promote: $(SETUP) ## Copy a finished run's records into results/current: make promote RUN=multirun/bench-softmax/<stamp> GPU=h100 NAME=softmax [ARGS=--force|--merge]
 	@$(if $(and $(RUN),$(GPU),$(NAME)),,echo "error: make promote needs RUN=<multirun or bench dir> GPU=h100|h200 NAME=<folder>" >&2; exit 2)
 	$(PY) -m analysis.promote $(RUN) $(GPU) $(NAME) $(ARGS)
 

@@ -11,7 +11,9 @@ fused epilogue), plus targets.txt and paired_ab.jsonl where present, and writes 
 (source folder, date, git commits, GPU, the sweeps' overrides, this command). It never copies
 W&B run internals (wandb/), Hydra dumps (.hydra/, .hydra-worker/), Inductor's generated code
 (inductor_code/), logs or scripts. An existing destination is refused unless --force (which
-replaces it). Edit the README stub to say what the run shows; commit the folder.
+replaces it) or --merge (which adds the run's files to it, refusing any that is there already,
+and appends what it added to the README: a study run in pieces, say another dtype's). Edit the
+README stub to say what the run shows; commit the folder.
 """
 
 import argparse
@@ -26,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from analysis.load import load_results
+from experiments.records import read_jsonl
 
 RECORD_FILES = ("results.jsonl", "env.json")
 EXTRA_FILES = ("targets.txt", "paired_ab.jsonl")
@@ -137,9 +140,19 @@ def readme_stub(src: Path, gpu: str, name: str, dest: Path, command: str, date: 
     return "\n".join(lines)
 
 
+def merged_note(src: Path, files: list[Path], dest: Path, command: str, date: str) -> str:
+    """The README lines that say what a --merge added."""
+    added = [dest / rel for rel in files if rel.name == "results.jsonl"]
+    rows = [row for path in added for row in read_jsonl(path)]
+    facts = {key: ", ".join(sorted({str(r.get(key)) for r in rows})) for key in ("dtype", "pass")}
+    return (f"\nMerged {date} from `{src}` by `{command}`: {len(rows)} rows from {len(added)} "
+            f"job(s); dtypes {facts['dtype']}; passes {facts['pass']}.\n")
+
+
 def promote(src, gpu: str, name: str, root=DEFAULT_ROOT, force: bool = False,
-            command: str | None = None) -> Path:  # fmt: skip
-    """Copy src's records into root/gpu/name; returns that folder."""
+            command: str | None = None, merge: bool = False) -> Path:  # fmt: skip
+    """Copy src's records into root/gpu/name (with merge: into it as it is); returns that
+    folder."""
     src, root = Path(src), Path(root)
     if not src.is_dir():
         raise SystemExit(f"error: {src} is not a folder")
@@ -152,9 +165,19 @@ def promote(src, gpu: str, name: str, root=DEFAULT_ROOT, force: bool = False,
     for job in _job_dirs_without_records(src):
         print(f"warning: {job} has no results.jsonl (unfinished or failed job)", file=sys.stderr)
     dest = root / gpu / name
-    if dest.exists():
+    if force and merge:
+        raise SystemExit("error: --force replaces the folder and --merge adds to it: pass one")
+    if merge:
+        if not dest.is_dir():
+            raise SystemExit(f"error: {dest} does not exist (--merge adds to a promoted folder)")
+        clashes = [rel.as_posix() for rel in files if (dest / rel).exists()]
+        if clashes:
+            raise SystemExit(f"error: --merge would overwrite {len(clashes)} file(s) of {dest}, "
+                             f"first {clashes[0]}; nothing was copied")  # fmt: skip
+    elif dest.exists():
         if not force:
-            raise SystemExit(f"error: {dest} exists (pass --force to replace it)")
+            raise SystemExit(f"error: {dest} exists (pass --force to replace it, --merge to add "
+                             "to it)")  # fmt: skip
         shutil.rmtree(dest)
     for rel in files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -164,8 +187,12 @@ def promote(src, gpu: str, name: str, root=DEFAULT_ROOT, force: bool = False,
         print(f"warning: {problem}", file=sys.stderr)
     command = command or shlex.join(["python", "-m", "analysis.promote", str(src), gpu, name])
     date = dt.date.today().isoformat()
-    (dest / "README.md").write_text(readme_stub(src, gpu, name, dest, command, date),
-                                    encoding="utf-8")
+    readme = dest / "README.md"
+    if merge and readme.is_file():
+        with readme.open("a", encoding="utf-8") as out:
+            out.write(merged_note(src, files, dest, command, date))
+    else:
+        readme.write_text(readme_stub(src, gpu, name, dest, command, date), encoding="utf-8")
     return dest
 
 
@@ -177,10 +204,12 @@ def main(argv=None) -> None:
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
                         help=f"where the gpu folders are (default: {DEFAULT_ROOT})")
     parser.add_argument("--force", action="store_true", help="replace an existing folder")
+    parser.add_argument("--merge", action="store_true",
+                        help="add the run's files to an existing folder, none overwritten")
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "analysis.promote", *(argv if argv is not None
                                                                  else sys.argv[1:])])
-    dest = promote(args.run, args.gpu, args.name, args.root, args.force, command)
+    dest = promote(args.run, args.gpu, args.name, args.root, args.force, command, args.merge)
     count = sum(1 for p in dest.rglob("*") if p.is_file())
     print(f"{dest}: {count} files; edit {dest / 'README.md'} and commit the folder")
 

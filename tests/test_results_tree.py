@@ -166,6 +166,39 @@ def test_promote_refuses_an_existing_folder_unless_forced(tmp_path):
     assert not (root / "h200" / "linear" / "stale.txt").exists()
 
 
+def test_promote_merges_another_run_into_a_folder_without_overwriting(tmp_path):
+    """A study in pieces (another dtype's jobs later): --merge adds the new jobs' files, says so
+    in the README, and refuses, copying nothing, when any file is there already."""
+    root = tmp_path / "current"
+    first, second = tmp_path / "first", tmp_path / "second"
+    _fake_bench(first)
+    _fake_bench(second)
+    for path in sorted(second.rglob("*-bf16-*"), reverse=True):  # the second run: fp32 jobs
+        if path.is_dir() and path.parent.name in ("1", "2"):
+            path.rename(path.with_name(path.name.replace("-bf16-", "-fp32-")))
+    (second / "2" / "0_linear-triton-fp16-fwd").rename(second / "2" / "0_linear-triton-fp32-fwd")
+    for name in ("targets.txt", "paired_ab.jsonl"):
+        (second / name).unlink()
+    dest = promote_mod.promote(first, "h100", "study", root=root)
+    with pytest.raises(SystemExit, match="exists .* --merge"):
+        promote_mod.promote(second, "h100", "study", root=root)
+    with pytest.raises(SystemExit, match="pass one"):
+        promote_mod.promote(second, "h100", "study", root=root, force=True, merge=True)
+    promote_mod.promote(second, "h100", "study", root=root, merge=True)
+    jobs = sorted(p.parent.name for p in dest.rglob("results.jsonl"))
+    assert jobs == ["0_linear-triton-bf16-fwd", "0_linear-triton-fp16-fwd",
+                    "0_linear-triton-fp32-fwd", "0_linear-triton-fp32-fwd",
+                    "1_linear-default-bf16-fwd", "1_linear-default-fp32-fwd"]  # fmt: skip
+    readme = (dest / "README.md").read_text()
+    assert "TODO" in readme and "Merged" in readme and f"`{second}`" in readme
+    before = sorted(p for p in dest.rglob("*") if p.is_file())
+    with pytest.raises(SystemExit, match="would overwrite 6 file"):
+        promote_mod.promote(second, "h100", "study", root=root, merge=True)
+    assert sorted(p for p in dest.rglob("*") if p.is_file()) == before
+    with pytest.raises(SystemExit, match="does not exist"):
+        promote_mod.promote(second, "h200", "study", root=root, merge=True)
+
+
 def test_promote_refuses_a_folder_without_records(tmp_path):
     (tmp_path / "run" / "1" / "0_job" / ".hydra").mkdir(parents=True)
     with pytest.raises(SystemExit, match="no results.jsonl"):
