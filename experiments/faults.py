@@ -16,8 +16,7 @@ import signal
 import torch
 
 from experiments.errors import ConfigError
-
-KINDS = ("raise", "nan_output", "oom", "kill", "illegal_address", "exit")
+from experiments.schema import FAULT_KINDS as KINDS
 
 # CUDA errors after which the process's context is unusable: every later call fails too.
 STICKY_CUDA_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",

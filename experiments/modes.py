@@ -10,10 +10,8 @@ import torch
 from torch import nn
 
 from experiments.errors import ConfigError
+from experiments.schema import MODE_KINDS as KINDS
 from experiments.workloads import custom_ops, triton_ops, with_ops
-
-# peer / peer_direct: another library's kernels, through its API or launched directly
-KINDS = ("eager", "triton", "compile", "triton_compiled", "torchscript", "peer", "peer_direct")
 
 
 @dataclass

@@ -74,6 +74,7 @@ PositiveMillis = Annotated[float, at.Gt(0), at.Le(600_000)]
 Name = Annotated[str, at.MinLen(1)]
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# peer / peer_direct: another library's kernels, through its API or launched directly
 MODE_KINDS = ("eager", "triton", "compile", "triton_compiled", "torchscript", "peer", "peer_direct")
 FAULT_KINDS = ("raise", "nan_output", "oom", "kill", "illegal_address", "exit")
 

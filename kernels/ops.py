@@ -16,6 +16,7 @@ cannot see inside. Their fake (shape) implementation is the same function with a
 launches nothing, so output allocation is written once.
 """
 
+import functools
 import inspect
 
 import torch
@@ -38,6 +39,7 @@ _INTERPRETED = is_interpreter()
 _register = torch.library.custom_op if _INTERPRETED else triton_op
 
 
+@functools.cache
 def _unnamed_defaults(kernel) -> tuple[list[str], dict]:
     """The kernel's parameter names, and the defaulted parameters that neither its autotuner's
     configs nor its heuristics set: a launch that names none of those leaves them to defaults."""
@@ -65,13 +67,9 @@ class _Named:
     So each launch passes the defaults it leaves out by name (tests/test_traced_launches.py).
     """
 
-    _defaults: dict = {}  # kernel -> _unnamed_defaults(kernel), filled once per kernel
-
     def __init__(self, launcher, kernel):
         self.launcher = launcher
-        if kernel not in _Named._defaults:
-            _Named._defaults[kernel] = _unnamed_defaults(kernel)
-        self.names, self.defaults = _Named._defaults[kernel]
+        self.names, self.defaults = _unnamed_defaults(kernel)
 
     def __getitem__(self, grid):
         run = self.launcher[grid]

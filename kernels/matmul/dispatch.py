@@ -211,13 +211,12 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
         # the K-major copy's rows are not 16-byte aligned: the pointer kernel, unsplit
         kernel = "pointer"
     grid = lambda META: (cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"]), split_k)
-    meta = dict(SPLIT=split_k > 1, **common)
     steps = [Step(
         launch(matmul_kernel), grid,
         (M, N, K, split_k,
          a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
          bias.stride(0) if bias is not None else 0),
-        meta,
+        dict(SPLIT=split_k > 1, **common),
     )]  # fmt: skip
     if split_k > 1:
         steps.append(splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch))
