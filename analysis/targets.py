@@ -379,8 +379,10 @@ def _conv_training(frame, checks, tables) -> None:
 
 
 # The host path (issue: kernels fast as they are called), for every op and pass: call latency
-# (back-to-back calls, one sync) against eager's in the same job, as eager / ours, and plain
-# triton.testing.do_bench of the public function against the harness's GPU time.
+# (back-to-back calls, one sync) against eager's in the same job, as eager / ours; and for the
+# forward, plain triton.testing.do_bench of the public function against the harness's GPU time.
+# A fwd_bwd row's do_bench times a training step, whose autograd host path outlasts the GPU time
+# at small sizes for eager as much as for ours: its table gives both readings, with no target.
 LATENCY_GEOMEAN = 1.0  # ours at most eager's latency, geomean
 LATENCY_WORST = 1 / 1.5  # no shape above 1.5x eager's
 DO_BENCH_FROM_MS = 0.020  # do_bench within 5% of the GPU time from 20 us of GPU time
@@ -402,22 +404,28 @@ def host_path_report(frame: pd.DataFrame, kernel: str) -> Report:
             worst, where = _worst(part, "latency_speedup_vs_eager")
             checks.append(Check(f"{tag}, worst shape (1.5x eager's at most)", worst,
                                 LATENCY_WORST, where))
-            long_enough = part["time_ms_p50"] >= DO_BENCH_FROM_MS
-            timed = part[long_enough & part["do_bench_ms_p50"].notna()]
-            timed = timed.assign(gpu_over_do_bench=timed["time_ms_p50"] / timed["do_bench_ms_p50"])
-            worst, where = _worst(timed, "gpu_over_do_bench")
-            checks.append(Check(f"{kernel} {dtype} {pass_name} GPU time / plain do_bench, worst "
-                                f"shape from 20 us (do_bench 5% over at most)", worst,
-                                DO_BENCH_WITHIN, where + f" ({len(timed)} rows)"))
+            if pass_name == "fwd":
+                long_enough = part["time_ms_p50"] >= DO_BENCH_FROM_MS
+                timed = part[long_enough & part["do_bench_ms_p50"].notna()]
+                timed = timed.assign(
+                    gpu_over_do_bench=timed["time_ms_p50"] / timed["do_bench_ms_p50"])
+                worst, where = _worst(timed, "gpu_over_do_bench")
+                checks.append(Check(f"{kernel} {dtype} fwd GPU time / plain do_bench, worst "
+                                    f"shape from 20 us (do_bench 5% over at most)", worst,
+                                    DO_BENCH_WITHIN, where + f" ({len(timed)} rows)"))
             table = part.set_index("shape_label")
+            columns = {
+                "triton us": table["call_latency_us_p50"],
+                "eager us": table["eager_call_latency_us_p50"],
+                "eager/triton": table["latency_speedup_vs_eager"],
+                "gpu ms": table["time_ms_p50"],
+                "do_bench ms": table["do_bench_ms_p50"],
+            }
+            if "eager_do_bench_ms_p50" in table:  # records from before it was kept lack it
+                columns["eager gpu ms"] = table["eager_time_ms_p50"]
+                columns["eager do_bench ms"] = table["eager_do_bench_ms_p50"]
             tables.append((f"{kernel} {dtype} {pass_name} host path: call latency (us) and "
-                           "plain do_bench (ms)", pd.DataFrame({
-                               "triton us": table["call_latency_us_p50"],
-                               "eager us": table["eager_call_latency_us_p50"],
-                               "eager/triton": table["latency_speedup_vs_eager"],
-                               "gpu ms": table["time_ms_p50"],
-                               "do_bench ms": table["do_bench_ms_p50"],
-                           })))  # fmt: skip
+                           "plain do_bench (ms)", pd.DataFrame(columns)))
         checks += _compiled_checks(frame, kernel, dtype)
     return Report(checks, tables)
 

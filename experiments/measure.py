@@ -318,6 +318,10 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
             plain["p20"],
             plain["p80"],
         )
+        # eager's own reading: where a call's host path outlasts its GPU time (a training step
+        # at small sizes) do_bench reads the host path, eager's as well as ours
+        record.eager_do_bench_ms_p50 = timing.do_bench_ms(
+            eager_step, bench.warmup_ms, bench.rep_ms)["p50"]  # fmt: skip
         if bench.cudagraph_replay:
             progress("cudagraph replay")
             record.cudagraph_ms = graph_replay(step, impl, bench, record, "mode")

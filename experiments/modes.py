@@ -33,17 +33,32 @@ def check_mode(mode_cfg) -> None:
         peers.check(mode_cfg)
 
 
-def resolved_options(compile_mode: str, user_options: dict) -> dict:
-    """The Inductor options a mode runs with: the mode's own, then the user's on top."""
+# Inductor launches the kernels it generates through its static CUDA launcher (one C call), but a
+# user-defined Triton kernel, such as ours in triton-compiled, through Triton's Python launcher
+# unless this is set: 25-40 us more per call on an H200 (docs/kernels/host_path.md). Setting it
+# gives our kernels the launcher the compile modes' own kernels get; a kernel the static launcher
+# cannot take falls back to Triton's.
+USER_KERNEL_OPTIONS = {"static_launch_user_defined_triton_kernels": True}
+
+
+def kind_options(mode_cfg) -> dict:
+    """The Inductor options a kind of mode adds to its compile mode's."""
+    return USER_KERNEL_OPTIONS if mode_cfg.kind == "triton_compiled" else {}
+
+
+def resolved_options(compile_mode: str, user_options: dict, kind_extra=None) -> dict:
+    """The Inductor options a mode runs with: the compile mode's own, the mode kind's extra ones
+    (kind_options), then the user's on top."""
     mode_options = torch._inductor.list_mode_options(compile_mode)
-    return {**mode_options, **user_options}
+    return {**mode_options, **(kind_extra or {}), **user_options}
 
 
-def _compile(module, compile_mode, compile_cfg, fullgraph) -> Impl:
+def _compile(module, compile_mode, compile_cfg, fullgraph, kind_extra=None) -> Impl:
     user_options = dict(compile_cfg.options or {})
-    options = resolved_options(compile_mode, user_options)
-    # torch.compile takes a mode or an options dict, not both: with user options, pass the merge.
-    how = {"options": options} if user_options else {"mode": compile_mode}
+    options = resolved_options(compile_mode, user_options, kind_extra)
+    # torch.compile takes a mode or an options dict, not both: with options of our own, pass the
+    # merge.
+    how = {"options": options} if user_options or kind_extra else {"mode": compile_mode}
     compiled = torch.compile(module, fullgraph=fullgraph, dynamic=compile_cfg.dynamic, **how)
     return Impl(
         compiled, compiled=True, cudagraphs=bool(options.get("triton.cudagraphs")), options=options
@@ -60,9 +75,8 @@ def build(mode_cfg, compile_cfg, eager_module: nn.Module, example_inputs: tuple)
         return _compile(eager_module, mode_cfg.compile_mode, compile_cfg, compile_cfg.fullgraph)
     if kind == "triton_compiled":
         # fullgraph=True is the point of this mode: a graph break would be an error, not a count.
-        return _compile(
-            with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg, fullgraph=True
-        )
+        return _compile(with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg,
+                        fullgraph=True, kind_extra=kind_options(mode_cfg))  # fmt: skip
     if kind in ("peer", "peer_direct"):  # experiments/peers.py: the library imports here
         from experiments import peers
 

@@ -52,6 +52,7 @@ class Record:
     do_bench_ms_p50: float | None = None
     do_bench_ms_p20: float | None = None
     do_bench_ms_p80: float | None = None
+    eager_do_bench_ms_p50: float | None = None  # the same for eager's call, in the same job
     # CUDA-graph replay of one call (ms); None for modes that already run as CUDA graphs
     cudagraph_ms: float | None = None
     eager_cudagraph_ms: float | None = None

@@ -235,7 +235,8 @@ def measure_job(plan: Plan) -> list[dict]:
     cache_dir = use_fresh_compile_cache() if cfg.compile.fresh_cache else None
 
     inductor_options = (
-        modes.resolved_options(cfg.mode.compile_mode, dict(cfg.compile.options))
+        modes.resolved_options(cfg.mode.compile_mode, dict(cfg.compile.options),
+                               modes.kind_options(cfg.mode))
         if "compile_mode" in cfg.mode
         else None
     )

@@ -137,6 +137,9 @@ def test_two_job_sweep_through_the_cli(tmp_path):
         assert all(row["graph_breaks"] in (0, None) for row in rows)
         env = json.loads((job_dir / "env.json").read_text())
         assert env["job_id"].endswith(job_dir.name.split("_")[0])
+    # our kernels get the static launcher Inductor gives its own (experiments/modes.py)
+    compiled_env = json.loads((job_dirs[0] / "env.json").read_text())
+    assert compiled_env["inductor_options"]["static_launch_user_defined_triton_kernels"] is True
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ def test_cuda_graph_mode_records_every_timer(compose_job):
     for row in rows:
         assert row["timer"] == "cuda-events-l2flush"
         assert row["do_bench_ms_p50"] > 0 and row["call_latency_us_p50"] > 0
+        assert row["eager_do_bench_ms_p50"] > 0
         assert row["cudagraph_ms"] is None  # already a CUDA graph
         assert row["eager_cudagraph_ms"] > 0
         assert row["peak_mem_mb"] is not None and row["pct_peak_flops"] > 0

@@ -244,8 +244,18 @@ def test_host_path_targets_read_latency_do_bench_and_triton_compiled():
         lat("triton-compiled", "mid", 50.0, 50.0, status="failed", reason="ValueError: boom"),
         lat("default", "small", 25.0, 10.0),
         lat("default", "big", 90.0, 120.0),
+        # a training step whose host path outlasts its GPU time, eager's too: a table, no target
+        lat("triton", "big", 300.0, 310.0, 0.060, 0.290, eager_do_bench_ms_p50=0.300,
+            eager_time_ms_p50=0.070, **{"pass": "fwd_bwd"}),
     ])
-    checks = {c.target: c for c in host_path_report(frame, "linear").checks}
+    report = host_path_report(frame, "linear")
+    checks = {c.target: c for c in report.checks}
+    assert "linear bf16 fwd_bwd call latency, eager / triton (geomean)" in checks
+    assert not any("fwd_bwd GPU time / plain do_bench" in target for target in checks)
+    training = dict(report.tables)["linear bf16 fwd_bwd host path: call latency (us) and plain "
+                                   "do_bench (ms)"]
+    assert training.loc["big", "eager do_bench ms"] == pytest.approx(0.300)
+    assert training.loc["big", "do_bench ms"] == pytest.approx(0.290)
     geo = checks["linear bf16 fwd call latency, eager / triton (geomean)"]
     assert geo.value == pytest.approx((10 / 12 * 1.2 * 1.25) ** (1 / 3)) and geo.passed
     worst = checks["linear bf16 fwd call latency, eager / triton, worst shape "
