@@ -1,7 +1,9 @@
 """Host-path diagnosis on a GPU (docs/kernels/host_path.md's tables): per case, wall us per call
-(N back-to-back calls, one sync) of ours and eager, plain triton.testing.do_bench of both, and
-how many of our launches took the JIT path after warm-up; how many armed launches reached
-Triton's C launcher; then cProfile's top entries for four cases.
+(N back-to-back calls, one sync) of ours and eager, plain triton.testing.do_bench of both, how
+many of our launches took the JIT path and how many host TMA descriptors the armed launches built
+during the timed calls (a planned call on pointers seen before takes neither); how many armed
+launches reached Triton's C launcher; then cProfile's top entries for four cases. Conv training
+is read through autograd and with its backward called directly (docs/kernels/conv.md).
 
     python scripts/host_path_diag.py [N] [case,substrings]
     PYTHONPATH=<checkout of an older commit> python scripts/host_path_diag.py   # its kernels
@@ -51,6 +53,33 @@ dy_l = r(16, 4096)
 dy_s = r(64, 128)
 
 
+def conv_training(x0, w0, stride, padding):
+    """A training step of our conv through autograd, the same forward and backward called
+    directly (no autograd: kernels.conv2d under no_grad, then conv2d_backward in this thread),
+    and eager's step: the conv backward's host path read three ways."""
+    from kernels.conv.backward import conv2d_backward
+
+    xt, wt = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    dy = cl(torch.randn(F.conv2d(x0, w0, None, stride, padding).shape, device=dev, dtype=dt,
+                        generator=g))  # fmt: skip
+    pair = (stride, stride), (padding, padding), (1, 1)
+
+    def ours():
+        xt.grad = wt.grad = None
+        kernels.conv2d(xt, wt, None, stride, padding).backward(dy)
+
+    def direct():
+        with torch.no_grad():
+            kernels.conv2d(x0, w0, None, stride, padding)
+            conv2d_backward(dy, x0, w0, None, 0, *pair, True, True, False)
+
+    def eager():
+        xt.grad = wt.grad = None
+        F.conv2d(xt, wt, None, stride, padding).backward(dy)
+
+    return (ours, eager), (direct, eager)
+
+
 def lin_fb_ours():
     kernels.linear(xg, wg, bias, "gelu").backward(dy_l)
 
@@ -92,11 +121,19 @@ cases = {
     ),
     "conv 32x512x7x7 1x1": (lambda: kernels.conv2d(c3, k3), lambda: F.conv2d(c3, k3)),
 }
+c4, k4 = cl(r(32, 128, 56, 56)), cl(r(128, 128, 3, 3) * 0.05)
+for label, (x0, w0, stride, padding) in {
+    "32x64x56x56 3x3": (c2, k2 * 0.05, 1, 1),
+    "32x128x56x56 3x3 s2": (c4, k4, 2, 1),
+}.items():
+    through_autograd, called_directly = conv_training(x0, w0, stride, padding)
+    cases[f"conv fwd_bwd {label}"] = through_autograd
+    cases[f"conv fwd+bwd direct {label}"] = called_directly
 only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
 
 
 
-counts = {"jit": 0}
+counts = {"jit": 0, "desc": 0}
 raw_seen = []
 try:
     from kernels import _launch
@@ -108,6 +145,20 @@ try:
         return orig_launch(self, tensors)
 
     _launch.Step._launch = launch
+
+    orig_desc_cache = _launch.desc_cache
+
+    def desc_cache(dtype, shape, strides, block, padding="zero", expand=None):
+        """An armed launch's descriptor cache, counting its misses (each builds and encodes a
+        host TMA descriptor): a pointer seen before builds none."""
+
+        def counted(desc):
+            counts["desc"] += 1
+            return desc if expand is None else expand(desc)
+
+        return orig_desc_cache(dtype, shape, strides, block, padding, counted)
+
+    _launch.desc_cache = desc_cache
     orig_raw = _launch._raw_entry
 
     def raw(compiled):
@@ -127,22 +178,23 @@ print(
     triton.__version__,
 )
 HEAD = ("case", "ours us", "eager us", "e/o", "db ours", "db eager", "e/o")
-print(f"{HEAD[0]:30} " + " ".join(f"{h:>8}" for h in HEAD[1:]) + "  jit-launches")
+print(f"{HEAD[0]:36} " + " ".join(f"{h:>8}" for h in HEAD[1:]) + "  jit-launches desc-builds")
 for name, (ours, eager) in cases.items():
     if only and not any(o in name for o in only):
         continue
     try:
         ours()
         ours()
-        counts["jit"] = 0
+        counts["jit"] = counts["desc"] = 0
         o = wall_us(ours, N)
-        jit = counts["jit"]
+        jit, desc = counts["jit"], counts["desc"]
         e = wall_us(eager, N)
         do = triton.testing.do_bench(ours, return_mode="median") * 1e3
         de = triton.testing.do_bench(eager, return_mode="median") * 1e3
-        print(f"{name:30} {o:8.1f} {e:8.1f} {e / o:5.2f} {do:8.1f} {de:8.1f} {de / do:5.2f}  {jit}")
+        print(f"{name:36} {o:8.1f} {e:8.1f} {e / o:5.2f} {do:8.1f} {de:8.1f} {de / do:5.2f}  "
+              f"{jit:12d} {desc:11d}")  # fmt: skip
     except Exception as exc:
-        print(f"{name:30} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+        print(f"{name:36} FAILED {type(exc).__name__}: {str(exc)[:300]}")
 print("C launcher reached:", sum(raw_seen), "of", len(raw_seen), "armed launches")
 for name, (ours, _) in cases.items():
     profiled = ("matmul 1024", "conv 32x256", "softmax 64x128", "linear+gelu 16")
