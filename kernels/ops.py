@@ -10,6 +10,12 @@ Ops (namespace `kbench`): matmul, linear_fwd / linear_bwd, softmax_fwd / softmax
 conv2d / conv2d_bwd. Each gets autograd through torch.library.register_autograd, whose backward
 calls the backward op (matmul's: matmul itself), so fwd_bwd also compiles into one graph.
 
+Compiled, a user-defined Triton kernel goes through Triton's Python launcher unless Inductor's
+`static_launch_user_defined_triton_kernels` option is set; with it, the kernels get the static
+CUDA launcher Inductor's own kernels use (25-40 us less per call on an H200; the triton-compiled
+mode sets it, experiments/modes.py): `torch.compile(model, options={
+"static_launch_user_defined_triton_kernels": True})`.
+
 In Triton's CPU interpreter wrap_triton cannot trace kernels (it would run them on fake tensors),
 so there the ops are opaque torch.library.custom_ops instead: still no graph break, but Inductor
 cannot see inside. Their fake (shape) implementation is the same function with a launcher that
