@@ -570,3 +570,35 @@ def test_host_path_script_rejects_bad_arguments(argv, capsys):
         parse_args(argv)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("host_path: ")
+
+
+def test_conv_training_checks_run_once_per_call_key(plans, monkeypatch):
+    """A training call (inputs that need a gradient) checks its arguments once per call key, as a
+    planned forward does: the same key again runs no check and still gives the right gradients;
+    another layout or padding is checked again, and a bad argument is refused at its first call."""
+    from kernels import conv2d
+    from kernels.conv import dispatch as conv_dispatch
+
+    checks = []
+    real_check = conv_dispatch._check
+    monkeypatch.setattr(conv_dispatch, "_check",
+                        lambda *a, **k: checks.append(1) or real_check(*a, **k))  # fmt: skip
+    g = torch.Generator().manual_seed(9)
+    for step in range(2):
+        x = torch.randn(2, 8, 7, 9, generator=g).to(memory_format=torch.channels_last)
+        w = torch.randn(6, 8, 3, 3, generator=g).to(memory_format=torch.channels_last)
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        conv2d(xg, wg, None, 2, 1).sum().backward()
+        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+        torch.nn.functional.conv2d(xr, wr, None, 2, 1).sum().backward()
+        _close(xg.grad, xr.grad.float())
+        _close(wg.grad, wr.grad.float())
+        if step == 0:  # the training entry's checks, then the forward's own (its first plan)
+            first = len(checks)
+            assert first == 2
+    assert len(checks) == first  # the second step: no check at all
+    conv2d(xg.detach().contiguous().requires_grad_(), wg, None, 2, 1)  # NCHW: another key
+    conv2d(xg, wg, None, 2, 0)  # another padding
+    assert len(checks) == first + 4
+    with pytest.raises(ValueError, match="channels"):
+        conv2d(torch.randn(2, 5, 7, 9, requires_grad=True), wg, None, 2, 1)

@@ -141,6 +141,9 @@ class _Launch(NamedTuple):
 
 # Direct 4-D calls' plans by _plan_key; see kernels/_launch.py
 _PLANS = PlanCache()
+# Training calls' checked (stride, padding, dilation) pairs by _plan_key: a key seen before
+# passed every check, so a training step runs none (as a planned forward runs none)
+_TRAIN_ARGS = PlanCache()
 
 
 def _plan_key(x, weight, bias, stride, padding, dilation, activation, groups) -> tuple:
@@ -416,13 +419,24 @@ def check_trainable(groups: int, channels: int | None) -> None:
 
 
 def _trainable(x, weight, bias, stride, padding, dilation, activation, groups):
-    """conv2d through backward.Conv2dFunction, after the forward's own checks."""
+    """conv2d through backward.Conv2dFunction, after the forward's own checks (once per call
+    key: _TRAIN_ARGS)."""
     from kernels.conv.backward import Conv2dFunction
 
-    stride_hw, padding_hw, dilation_hw, _, _ = _check(
-        x, weight, bias, stride, padding, dilation, activation, groups
-    )
-    check_trainable(groups, x.shape[-3])
+    try:
+        key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups)
+    except (AttributeError, TypeError):
+        key = None  # the checks below say what is wrong, or the call goes unplanned
+    checked = None if key is None else _TRAIN_ARGS.get(key)
+    if checked is None:
+        stride_hw, padding_hw, dilation_hw, _, _ = _check(
+            x, weight, bias, stride, padding, dilation, activation, groups
+        )
+        check_trainable(groups, x.shape[-3])
+        checked = (stride_hw, padding_hw, dilation_hw)
+        if key is not None:
+            _TRAIN_ARGS.put(key, checked)
+    stride_hw, padding_hw, dilation_hw = checked
 
     def forward(x4, weight, bias, act):
         return conv2d_forward(x4, weight, bias, stride_hw, padding, dilation_hw, act, groups)
