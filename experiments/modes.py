@@ -35,7 +35,7 @@ def check_mode(mode_cfg) -> None:
 
 # Inductor launches the kernels it generates through its static CUDA launcher (one C call), but a
 # user-defined Triton kernel, such as ours in triton-compiled, through Triton's Python launcher
-# unless this is set: 25-40 us more per call on an H200 (docs/kernels/host_path.md). Setting it
+# (several Python frames per launch, docs/kernels/host_path.md) unless this is set. Setting it
 # gives our kernels the launcher the compile modes' own kernels get; a kernel the static launcher
 # cannot take falls back to Triton's.
 USER_KERNEL_OPTIONS = {"static_launch_user_defined_triton_kernels": True}

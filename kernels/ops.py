@@ -12,8 +12,8 @@ calls the backward op (matmul's: matmul itself), so fwd_bwd also compiles into o
 
 Compiled, a user-defined Triton kernel goes through Triton's Python launcher unless Inductor's
 `static_launch_user_defined_triton_kernels` option is set; with it, the kernels get the static
-CUDA launcher Inductor's own kernels use (25-40 us less per call on an H200; the triton-compiled
-mode sets it, experiments/modes.py): `torch.compile(model, options={
+CUDA launcher Inductor's own kernels use (docs/kernels/host_path.md; the triton-compiled mode
+sets it, experiments/modes.py): `torch.compile(model, options={
 "static_launch_user_defined_triton_kernels": True})`.
 
 In Triton's CPU interpreter wrap_triton cannot trace kernels (it would run them on fake tensors),
