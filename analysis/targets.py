@@ -15,7 +15,9 @@ Where Triton and the best compile mode both run at the copy's rate, jobs of thei
 more than the kernels do (0.3-0.7% for one kernel between runs, docs/kernels/softmax.md).
 --paired FILE adds softmax's paired reading: the JSONL of `python -m experiments.paired --jsonl
 FILE`, which times ours and both compile modes in one process, interleaved, round by round; the
-check takes each N's median ratio over the rounds, from the records of the sweep's own GPU.
+check takes each N's median ratio over the rounds, from the records of the sweep's own GPU. Its
+`--metric latency` records (triton-compiled's call latency against compile default's, paired the
+same way) replace the separate-jobs reading of that host-path target.
 
 A target prints its value, its threshold and PASS or MISS; one with no rows prints "n/a" and counts
 as a miss. These are benchmarks: the exit status is 0 unless --strict is given.
@@ -204,7 +206,7 @@ def paired_check(paired: list[dict], dtype: str, gpus: list[str]) -> Check:
     """softmax's "vs best compile mode" from paired records (load_paired) of this dtype on the
     sweep's GPU: the worst N's median ratio over its rounds (n/a where there are none)."""
     mine = [r for r in paired if r.get("kernel") == "softmax" and r.get("dtype") == dtype
-            and r.get("gpu_name") in gpus]  # fmt: skip
+            and r.get("gpu_name") in gpus and r.get("metric", "gpu_time") == "gpu_time"]
     target = f"softmax {dtype} fwd: triton vs best compile mode, paired, every N"
     if not mine:
         return Check(target, None, 1.0, f" (no paired records of {', '.join(gpus) or '?'})")
@@ -389,7 +391,8 @@ DO_BENCH_FROM_MS = 0.020  # do_bench within 5% of the GPU time from 20 us of GPU
 DO_BENCH_WITHIN = 1 / 1.05
 
 
-def host_path_report(frame: pd.DataFrame, kernel: str) -> Report:
+def host_path_report(frame: pd.DataFrame, kernel: str,
+                     paired: list[dict] | None = None) -> Report:  # fmt: skip
     checks, tables = [], []
     rows = _ok(frame, kernel=kernel)
     for dtype in _dtypes(rows):
@@ -426,13 +429,17 @@ def host_path_report(frame: pd.DataFrame, kernel: str) -> Report:
                 columns["eager do_bench ms"] = table["eager_do_bench_ms_p50"]
             tables.append((f"{kernel} {dtype} {pass_name} host path: call latency (us) and "
                            "plain do_bench (ms)", pd.DataFrame(columns)))
-        checks += _compiled_checks(frame, kernel, dtype)
+        checks += _compiled_checks(frame, kernel, dtype, paired)
     return Report(checks, tables)
 
 
-def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str) -> list[Check]:
-    """triton-compiled: every row ok, and call latency no worse than compile `default`'s on the
-    same rows (shape, pass, epilogue)."""
+def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str,
+                     paired: list[dict] | None = None) -> list[Check]:  # fmt: skip
+    """triton-compiled: every row ok, and call latency no worse than compile `default`'s: from
+    paired records (experiments.paired --metric latency, one process) where the run has them for
+    this op, dtype and GPU, each shape's median ratio over its rounds; else from the rows of the
+    two modes' separate jobs (shape, pass, epilogue), which a compiled call's process-to-process
+    spread makes a weak reading (docs/targets.md)."""
     ours = frame[(frame["kernel"] == kernel) & (frame["dtype"] == dtype)
                  & (frame["mode"] == "triton-compiled") & (frame["activations"] == "inputs")]
     if ours.empty:
@@ -444,6 +451,18 @@ def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str) -> list[Check
     if not failed.empty:
         note += f"; first not ok: {failed.iloc[0]['shape_label']}: {failed.iloc[0].get('reason')}"
     checks = [Check(f"{tag}: rows ok", len(ok) / len(ours), 1.0, note)]
+    gpus = set(ours["gpu_name"].dropna())
+    mine = [r for r in paired or () if r.get("metric") == "call_latency"
+            and r.get("kernel") == kernel and r.get("dtype") == dtype
+            and r.get("gpu_name") in gpus]  # fmt: skip
+    if mine:
+        medians = pd.Series([r["median_ratio"] for r in mine])
+        worst = min(mine, key=lambda r: r["median_ratio"])
+        note = (f"; worst {worst['median_ratio']:.3f} at {worst['shape_label']} (rounds "
+                f"{min(worst['ratios']):.3f}-{max(worst['ratios']):.3f}; {len(mine)} shapes)")
+        checks.append(Check(f"{tag} call latency: default's / ours, paired (geomean)",
+                            _gm(medians), 1.0, note))
+        return checks
     default = _ok(frame, kernel=kernel, dtype=dtype, mode="default")
     keys = ["shape_label", "pass", "epilogue"]
     both = ok.merge(default, on=keys, suffixes=("", "_default"))
@@ -467,7 +486,8 @@ REPORTS = {
 def render(frame: pd.DataFrame, kernels: list[str],
            paired: list[dict] | None = None) -> tuple[str, bool]:  # fmt: skip
     """The tables and the target lines for `kernels`; True when every target passed. paired:
-    softmax's paired records (load_paired), if any."""
+    experiments.paired's records (load_paired), if any: softmax's GPU-time pairing and the
+    ops' triton-compiled latency pairing."""
     from analysis.composed_targets import block_report, peer_report
 
     reports = {**REPORTS, **{name: partial(block_report, kernel=name) for name in BLOCKS}}
@@ -499,7 +519,7 @@ def render(frame: pd.DataFrame, kernels: list[str],
                 out.append(check.line())
                 all_passed &= check.passed
         for kernel in kernels:
-            host = host_path_report(frame, kernel)
+            host = host_path_report(frame, kernel, paired)
             for title, table in host.tables:
                 out += [f"\n{title}", table.to_string()]
             if host.checks:
@@ -520,7 +540,7 @@ def main(argv=None) -> None:
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--paired", type=Path, action="append", default=None,
                         help="an experiments.paired --jsonl file (repeatable): softmax's paired "
-                        "vs-best-compile reading")
+                        "vs-best-compile reading, triton-compiled's paired call latency")
     args = parser.parse_args(argv)
     frame = load_rows(args.results)
     kernels = args.kernel or [k for k in registry.OPS if k in set(frame["kernel"])]

@@ -3,7 +3,7 @@
     python -m experiments.bench softmax [--dir multirun/bench-softmax/<stamp>] [HYDRA OVERRIDES]
 
 Runs each of the op's bench grids (experiments/registry.py, OpSpec.bench) as one Hydra multirun
-into <dir>/<i>, then its paired run if it has one (experiments.paired, into
+into <dir>/<i>, then its paired runs if it has any (experiments.paired, into
 <dir>/paired_ab.jsonl), then prints analysis.targets over <dir> and writes it to
 <dir>/targets.txt. Eager is measured inside every job (speedup_vs_eager pairs the mode's calls
 with eager's), so no grid needs an eager job. A grid that fails leaves its rows and the rest run;
@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from experiments import registry
 
@@ -43,13 +45,17 @@ def main(argv=None) -> int:
                    f"hydra.sweep.dir={out}/{i}", *overrides]  # fmt: skip
         rc |= subprocess.run(command).returncode != 0
     paired = []
-    if spec.paired:
-        print(f"bench {name} [paired]: {spec.paired}", flush=True)
+    jsonl = out / "paired_ab.jsonl"
+    if spec.paired and not torch.cuda.is_available():
+        # the paired runs time on a GPU; their target lines read n/a (a miss) without records
+        print(f"bench {name} [paired]: skipped, no CUDA device", file=sys.stderr)
+        paired = ["--paired", str(jsonl)]
+    for arguments in spec.paired if torch.cuda.is_available() else ():
+        print(f"bench {name} [paired]: {arguments}", flush=True)  # each appends to the one file
         out.mkdir(parents=True, exist_ok=True)
-        jsonl = out / "paired_ab.jsonl"
-        command = [sys.executable, "-m", "experiments.paired", *shlex.split(spec.paired),
+        command = [sys.executable, "-m", "experiments.paired", *shlex.split(arguments),
                    "--jsonl", str(jsonl)]  # fmt: skip
-        with (out / "paired_ab.txt").open("w") as log:
+        with (out / "paired_ab.txt").open("a") as log:
             result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
             log.write(result.stdout)
         print(result.stdout, end="")

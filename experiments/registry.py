@@ -48,8 +48,8 @@ class OpSpec:
     passes: tuple[str, ...] = ("fwd",)
     # `make bench kernel=<name>`: Hydra multirun grids, each one quoted set of overrides
     bench: tuple[str, ...] = ()
-    # extra arguments of `python -m experiments.paired` run after the grids, if any
-    paired: str | None = None
+    # `python -m experiments.paired` runs after the grids: the extra arguments of each
+    paired: tuple[str, ...] = ()
     markers: dict = field(default_factory=dict)  # plot styling: {"marker": "o"}
     # A block of several ops (experiments/blocks.py): the ops its module calls. It adds no
     # function to the namespaces (function and eager are None); its triton and triton_compiled
@@ -73,6 +73,9 @@ class OpSpec:
 
 
 OPS: dict[str, OpSpec] = {}
+# An op's triton-compiled call latency against compile default's, timed in one process
+# (experiments.paired --metric latency) on its default shape set: the host-path target's reading
+LATENCY_PAIRING = "--kernel {op} --shapes auto --metric latency --rounds 5"
 
 
 def register(spec: OpSpec) -> OpSpec:
@@ -178,6 +181,7 @@ register(OpSpec(
            "kernel=matmul mode=triton,triton-compiled,default dtype=bf16 shapes=default",
            "kernel=matmul mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "dtype=bf16 shapes=attention"),
+    paired=(LATENCY_PAIRING.format(op="matmul"),),
     markers={"marker": "o"},
 ))  # fmt: skip
 
@@ -237,6 +241,7 @@ register(OpSpec(
     bench=("kernel=linear mode=triton,triton-compiled,default,max-autotune-no-cudagraphs pass=fwd "
            "dtype=bf16,fp16",
            "kernel=linear mode=triton pass=fwd_bwd dtype=bf16,fp16"),
+    paired=(LATENCY_PAIRING.format(op="linear"),),
     markers={"marker": "s"},
 ))  # fmt: skip
 
@@ -284,8 +289,9 @@ register(OpSpec(
            "kernel=softmax mode=eager,triton,triton-compiled,default,reduce-overhead shapes=small"),
     # ours and both compile modes timed in one process, interleaved round by round: where both
     # run at the copy's rate, separate jobs differ by more than the kernels do
-    paired="--kernel softmax --shapes rows --only-n 128,512,1024,4096,16384 --rounds 7 "
-           "--dtypes bf16,fp32",
+    paired=("--kernel softmax --shapes rows --only-n 128,512,1024,4096,16384 --rounds 7 "
+            "--dtypes bf16,fp32",
+            LATENCY_PAIRING.format(op="softmax")),
     markers={"marker": "^"},
 ))  # fmt: skip
 
@@ -418,6 +424,7 @@ register(OpSpec(
            "kernel=conv kernel.bias=false pass=fwd_bwd mode=triton shapes=resnet50",
            "kernel=conv kernel.bias=false pass=fwd_bwd "
            "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core"),
+    paired=(LATENCY_PAIRING.format(op="conv"),),
     markers={"marker": "D"},
 ))  # fmt: skip
 

@@ -117,6 +117,8 @@ def test_softmax_paired_reading_is_the_worst_median_on_the_sweeps_gpu(tmp_path):
         paired_record(4096, [0.999, 0.997, 0.998]),
         paired_record(512, [0.9, 0.9, 0.9], gpu="OtherGPU"),  # another GPU's run
         paired_record(128, [0.5, 0.5, 0.5], dtype="fp32"),
+        # triton-compiled's latency pairing (--metric latency) is the host-path target's
+        {**paired_record(1024, [0.5, 0.5, 0.5]), "metric": "call_latency"},
     ]
     path = tmp_path / "paired.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in paired) + "\n")
@@ -271,6 +273,24 @@ def test_host_path_targets_read_latency_do_bench_and_triton_compiled():
     assert vs_default.value == pytest.approx((25 / 20 * 90 / 100) ** 0.5)
     assert "worst 0.900 at big" in vs_default.detail
 
+    # experiments.paired --metric latency records of this op, dtype and GPU replace the reading
+    # of the separate jobs; softmax's GPU-time pairing, another GPU's and another op's do not
+    def pairing(label, ratios, **fields):
+        return {"kernel": "linear", "dtype": "bf16", "shape_label": label, "ratios": ratios,
+                "median_ratio": sorted(ratios)[len(ratios) // 2], "gpu_name": "TestGPU",
+                "metric": "call_latency", **fields}  # fmt: skip
+
+    paired = [pairing("small", [1.1, 1.2, 1.0]), pairing("big", [0.9, 0.95, 0.8]),
+              pairing("big", [0.1], gpu_name="OtherGPU"), pairing("big", [0.1], kernel="conv"),
+              pairing("big", [0.1], metric="gpu_time"), pairing("big", [0.1], dtype="fp16")]
+    checks = {c.target: c for c in host_path_report(frame, "linear", paired).checks}
+    assert "linear bf16 triton-compiled call latency: default's / ours (geomean)" not in checks
+    vs_default = checks["linear bf16 triton-compiled call latency: default's / ours, paired "
+                        "(geomean)"]
+    assert vs_default.value == pytest.approx((1.1 * 0.9) ** 0.5) and not vs_default.passed
+    assert "worst 0.900 at big (rounds 0.800-0.950; 2 shapes)" in vs_default.detail
+    assert checks["linear bf16 triton-compiled: rows ok"].value == pytest.approx(2 / 3)
+
 
 def test_depthwise_targets_read_eager_compile_and_bandwidth():
     from analysis.targets import conv_report
@@ -306,3 +326,32 @@ def test_batched_matmul_target_reads_the_attention_set():
     check = checks["matmul bf16 attention (batched): triton vs eager (geomean)"]
     assert check.value == pytest.approx((0.97 * 0.91) ** 0.5) and not check.passed
     assert "worst 0.910 at 8x(8192x128x8192)" in check.detail
+
+
+def test_paired_latency_times_triton_compiled_and_default_in_one_process():
+    """experiments.paired --metric latency: both modes compiled in one process and checked
+    against float64, then their call latencies taken round by round; the record's ratio is
+    default's / ours. (On the CPU: the interpreter's opaque custom ops and Inductor's CPU
+    backend, so the figures are no speed reading.)"""
+    import statistics
+
+    import torch
+
+    from experiments.paired import main, run_shape
+    from experiments.workloads import make_workload, resolve_shapes
+
+    kernel_cfg = OmegaConf.load(CONF_DIR / "kernel" / "softmax.yaml")
+    workload = make_workload(kernel_cfg)
+    _, shapes = resolve_shapes(workload, kernel_cfg, "cpu", on_gpu=False)
+    line, record = run_shape(workload, shapes[0], "fp32", 2, None, "latency",
+                             torch.device("cpu"))  # fmt: skip
+    assert record is not None, line
+    assert record["metric"] == "call_latency" and record["rounds"] == 2
+    latency = record["latency_us_p50"]
+    assert set(latency) == {"triton-compiled", "default"} and min(latency.values()) > 0
+    assert len(record["ratios"]) == 2 and min(record["ratios"]) > 0
+    assert record["median_ratio"] == statistics.median(record["ratios"])
+    assert 10 <= min(record["calls_per_sample"].values()) <= 200
+    with pytest.raises(SystemExit) as exc:
+        main(["--kernel", "softmax", "--metric", "cycles"])
+    assert exc.value.code == 2
