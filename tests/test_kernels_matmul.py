@@ -233,12 +233,17 @@ def test_dispatch():
         # rows of 1823 bf16 elements are not 16-byte aligned: the pointer kernel, split for M = 16
         assert plan(*meta(16, 1823, 4096)) == ("pointer", 2, None)
         assert plan(*meta(1024, 1823, 4096)) == ("pointer", 1, None)
-        # launches traced by torch.compile take the pointer kernel
-        assert plan(*meta(16, 4096, 4096), launch=traced) == ("pointer", 8, None)
-        assert plan(*meta(4096, 4096, 4096), launch=traced) == ("pointer", 1, None)
+        # launches traced by torch.compile: 16-bit takes the device-descriptor kernel at the
+        # direct call's tile, but a host-bound GEMM the pointer kernel in one launch; fp32 and
+        # operands TMA cannot read the pointer kernel, split over K where skinny
+        assert plan(*meta(16, 4096, 4096), launch=traced) == ("tma_device_desc", 1, DECODE_TILE)
+        assert plan(*meta(4096, 4096, 4096), launch=traced) == ("tma_device_desc", 1, LARGE_TILE)
+        assert plan(*meta(2048, 2048, 2048), launch=traced) == ("pointer", 1, None)
+        assert plan(*meta(16, 4096, 4096, torch.float32), launch=traced) == ("pointer", 8, None)
+        assert plan(*meta(16, 1823, 4096), launch=traced) == ("pointer", 2, None)
         assert plan(*meta(64, 0, 64)) == ("pointer", 1, None)  # K = 0: nothing to describe
     with pretend_gpu(HOPPER, 66):  # split-K by the SM count: 32 tiles x 4 slices fill 2 x 66
-        assert plan(*meta(16, 4096, 4096), launch=traced) == ("pointer", 4, None)
+        assert plan(*meta(16, 4096, 4096, torch.float32), launch=traced) == ("pointer", 4, None)
     with pretend_gpu((8, 0), 66):  # no TMA: the pointer kernel, split-K sized for 132 SMs
         assert plan(*meta(16, 4096, 4096)) == ("pointer", 8, None)
         assert plan(*meta(4096, 4096, 4096)) == ("pointer", 1, None)

@@ -20,6 +20,14 @@ from tests.conftest import CONF_DIR, DEVICE
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+@pytest.fixture(autouse=True)
+def _no_tf32(monkeypatch):
+    """fp32 is held to fp32's tolerance, so TF32 stays off: torch lets cuDNN convs use it by
+    default, and the conv kernels follow that switch (on a GPU they would then round to TF32)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+
+
 def _workload(name):
     cfg = OmegaConf.load(CONF_DIR / "kernel" / f"{name}.yaml")
     workload = make_workload(cfg)

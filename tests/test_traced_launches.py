@@ -66,6 +66,9 @@ def _cases():
     return {
         "matmul": lambda: ops.matmul(rand(37, 24), rand(24, 40)),
         "matmul-split-k": lambda: ops.matmul(rand(8, 1024), rand(1024, 16)),
+        # 16-bit on an H100: the device-descriptor kernel at heuristic_tile's tile
+        "matmul-bf16": lambda: ops.matmul(rand(37, 24, dtype=torch.bfloat16),
+                                          rand(24, 40, dtype=torch.bfloat16)),
         "batched-matmul": lambda: ops.matmul(rand(3, 17, 24), rand(3, 24, 9)),
         "linear": lambda: ops.linear(rand(5, 24), rand(40, 24), rand(40), "gelu"),
         "softmax": lambda: ops.softmax(rand(6, 100), -1),

@@ -1,15 +1,18 @@
 """The GEMM's dispatch and public wrappers: which kernel a call takes, and the launch.
 
-    Hopper (capability 9.x and up), operands TMA can read (tma.tma_layout), direct launches:
-        16-bit -> matmul_tma_host_desc_kernel on heuristic_tile's tile
-        fp32   -> matmul_tma_device_desc_kernel, autotuned; with TF32 a wrong-way operand is
-                  copied K-major first (wgmma takes tf32 operands K-major only), and skinny
+    Hopper (capability 9.x and up), operands TMA can read (tma.tma_layout):
+        16-bit, direct -> matmul_tma_host_desc_kernel on heuristic_tile's tile
+        16-bit, traced by torch.compile (kernels/ops.py passes launch=torch.library.wrap_triton,
+                  whose tracing cannot carry a host descriptor)
+               -> matmul_tma_device_desc_kernel on the same tile, not autotuned; a host-bound
+                  GEMM (more than SKINNY_M rows, under TRACED_TMA_FLOPS, no K split) takes the
+                  pointer kernel, which Inductor's static launcher can launch
+        fp32, direct -> matmul_tma_device_desc_kernel, autotuned; with TF32 a wrong-way operand
+                  is copied K-major first (wgmma takes tf32 operands K-major only), and skinny
                   TF32 shapes take the pointer kernel instead
     everything else -> matmul_kernel (pointer loads), split over K for skinny shapes
                   (splitk.auto_split_k) with splitk_reduce_kernel adding the slices: other GPUs,
-                  the interpreter, operands TMA cannot read, K = 0, and launches traced by
-                  torch.compile (kernels/ops.py passes launch=torch.library.wrap_triton; how
-                  Inductor handles TMA descriptors was not checked on the GPU)
+                  the interpreter, operands TMA cannot read, K = 0, and traced fp32 launches
 Evidence for each choice: docs/kernels/matmul.md, "Shipped design".
 
 A batched b (torch.matmul's broadcast batch, direct calls only) is one launch over every matrix
@@ -127,12 +130,29 @@ def plan(a: torch.Tensor, b: torch.Tensor, launch=direct) -> Plan:
         return Plan("pointer", 1, None)
     tf32 = dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32) == "tf32"
     if has_tma and tma_layout(a) and tma_layout(b) and not (tf32 and M <= SKINNY_M):
+        if a.dtype in (torch.float16, torch.bfloat16):
+            tile = heuristic_tile(M, N, K, num_sms)
+            if launch is direct:
+                return Plan("tma_host_desc", 1, tile)
+            if M > SKINNY_M and 2 * M * N * K < TRACED_TMA_FLOPS:
+                split_k = auto_split_k(M, N, K, num_sms)
+                if split_k == 1:  # host-bound: one launch through Inductor's static launcher
+                    return Plan("pointer", 1, None)
+            # traced (kernels/ops.py): a host descriptor cannot pass through torch.library's
+            # tracing, so the same tile builds its descriptors on the device
+            return Plan("tma_device_desc", 1, tile)
         if launch is not direct:
             return Plan("pointer", auto_split_k(M, N, K, num_sms), None)
-        if a.dtype in (torch.float16, torch.bfloat16):
-            return Plan("tma_host_desc", 1, heuristic_tile(M, N, K, num_sms))
         return Plan("tma_device_desc", 1, None)
     return Plan("pointer", auto_split_k(M, N, K, num_sms if has_tma else DEFAULT_SMS), None)
+
+
+# Traced 16-bit launches (kernels/ops.py) build their TMA descriptors on the device, which needs
+# a global scratch buffer that Inductor's static launcher cannot give: Triton's Python launcher
+# takes them, about 14 us more a call on an H100 (docs/kernels/host_path.md). Below this many
+# FLOPs a GEMM of more than SKINNY_M rows is host-bound, and the pointer kernel, in one launch
+# through the static launcher, is the faster call.
+TRACED_TMA_FLOPS = 2**35
 
 
 class _Launches(NamedTuple):
@@ -206,7 +226,7 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
             copy_a = bool(tma_layout(a)[0])
             a, b = _k_major(a, b, copy_a, copy_b)
         if tma_layout(a) is not None and tma_layout(b) is not None:
-            step = device_desc_step(a, b, c, bias, preact, common, sms)
+            step = device_desc_step(a, b, c, bias, preact, common, sms, tile, launch)
             return _Launches(kernel, 1, (step,), (M, N), (N, 1), copy_b, copy_a)
         # the K-major copy's rows are not 16-byte aligned: the pointer kernel, unsplit
         kernel = "pointer"

@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import ACTIVATIONS, cdiv, is_interpreter
+from kernels._common import ACTIVATIONS, cdiv, direct, is_interpreter
 from kernels._launch import Step
 from kernels.matmul.epilogue import apply_activation, bias_activation, grouped_tile, store_masked
 from kernels.matmul.pointer import SKINNY_M, interpreter_configs, make_config, prune_by_m
@@ -497,23 +497,33 @@ def host_desc_step(a, b, c, bias, preact, tile, common, num_sms):
     )  # fmt: skip
 
 
-def device_desc_step(a, b, c, bias, preact, common, num_sms):
-    """matmul_tma_device_desc_kernel, autotuned: one program per SM at most (four in the
-    interpreter). The lead is (a, b, c, bias, preact)."""
+def device_desc_step(a, b, c, bias, preact, common, num_sms, tile=None, launch=direct):
+    """matmul_tma_device_desc_kernel as a Step whose lead is (a, b, c, bias, preact): one
+    program per SM at most (four in the interpreter). Autotuned (fp32 direct calls); with
+    `tile` (heuristic_tile's, 16-bit), the kernel under the autotuner at that tile, launched
+    with `launch`: a launch traced by torch.compile, which cannot pass host descriptors."""
     M, K = a.shape
     N = b.shape[1]
     (a_col, stride_a), (b_col, stride_b) = tma_layout(a), tma_layout(b)
+    meta = dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=(N * c.element_size()) % 16 == 0,
+                **common)  # fmt: skip
+    sms = 4 if is_interpreter() else num_sms
+    if tile is None:
+        kernel = matmul_tma_device_desc_kernel
 
-    def grid(META):
-        tiles = cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"])
-        return (min(4 if is_interpreter() else num_sms, tiles),)
-
+        def grid(META):
+            return (min(sms, cdiv(M, META["BLOCK_M"]) * cdiv(N, META["BLOCK_N"])),)
+    else:
+        kernel = matmul_tma_device_desc_kernel.fn
+        grid = (min(sms, cdiv(M, tile.block_m) * cdiv(N, tile.block_n)),)
+        meta.update(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                    GROUP_M=GROUP_M, EPILOGUE_SUBTILE=tile.subtile, num_stages=tile.num_stages,
+                    num_warps=tile.num_warps)  # fmt: skip
     return Step(
-        matmul_tma_device_desc_kernel, grid,
+        launch(kernel), grid,
         (M, N, K,
          stride_a, stride_b, c.stride(0), bias.stride(0) if bias is not None else 0),
-        dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=(N * c.element_size()) % 16 == 0,
-             **common),
+        meta,
     )  # fmt: skip
 
 
