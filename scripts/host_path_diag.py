@@ -3,7 +3,8 @@
 many of our launches took the JIT path and how many host TMA descriptors the armed launches built
 during the timed calls (a planned call on pointers seen before takes neither); how many armed
 launches reached Triton's C launcher; then cProfile's top entries for four cases. Conv training
-is read through autograd and with its backward called directly (docs/kernels/conv.md).
+is read through autograd and with its backward called directly (docs/kernels/conv.md); every
+training case again with autograd on the calling thread ("[calling thread]").
 
     python scripts/host_path_diag.py [N] [case,substrings]
     PYTHONPATH=<checkout of an older commit> python scripts/host_path_diag.py   # its kernels
@@ -129,6 +130,22 @@ for label, (x0, w0, stride, padding) in {
     through_autograd, called_directly = conv_training(x0, w0, stride, padding)
     cases[f"conv fwd_bwd {label}"] = through_autograd
     cases[f"conv fwd+bwd direct {label}"] = called_directly
+
+
+def calling_thread(step):
+    """The training step with autograd's engine on the calling thread: a CUDA backward otherwise
+    runs on the engine's device thread, where our Python backward (not eager's C++ one) ran 2-3x
+    slower than on the main thread in some processes (docs/kernels/host_path.md)."""
+
+    def call():
+        with torch.autograd.set_multithreading_enabled(False):
+            step()
+
+    return call
+
+
+for name in [n for n in cases if "fwd_bwd" in n]:
+    cases[f"{name} [calling thread]"] = tuple(calling_thread(step) for step in cases[name])
 only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
 
 
