@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 
 from experiments import modes, registry, timing
 from experiments.correctness import TOLERANCES, relative_error
+from experiments.errors import ConfigError
 from experiments.workloads import custom_ops, make_workload, resolve_shapes, triton_ops, with_ops
 
 MODES = ("default", "max-autotune-no-cudagraphs")
@@ -145,16 +146,25 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    dtypes = args.dtypes.split(",")
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown:
+        parser.error(f"--dtypes: unknown {', '.join(unknown)}; choose from {', '.join(DTYPES)}")
+    kernel_cfg = OmegaConf.load(CONF / f"{args.kernel}.yaml")
+    workload = make_workload(kernel_cfg)
+    try:
+        _, shapes = resolve_shapes(workload, kernel_cfg, args.shapes, on_gpu=True)
+        only = {int(v) for v in args.only_n.split(",") if v}
+    except (ConfigError, ValueError) as exc:
+        parser.error(str(exc))
+    shapes = [s for s in shapes if not only or s.get("n") in only]
+    if not shapes:
+        parser.error(f"--only-n {args.only_n} leaves no shape of the set {args.shapes!r}")
     if not torch.cuda.is_available():
         print("error: no CUDA device: the paired run times on a GPU", file=sys.stderr)
         return 1
     from experiments.timing import GpuTimer
 
-    kernel_cfg = OmegaConf.load(CONF / f"{args.kernel}.yaml")
-    workload = make_workload(kernel_cfg)
-    _, shapes = resolve_shapes(workload, kernel_cfg, args.shapes, on_gpu=True)
-    only = {int(v) for v in args.only_n.split(",") if v}
-    shapes = [s for s in shapes if not only or s.get("n") in only]
     timer = GpuTimer(torch.device("cuda"), flush_l2=True)
     gpu_name = torch.cuda.get_device_name()
     what = "call latency" if args.metric == "latency" else "GPU time"
@@ -164,7 +174,7 @@ def main(argv=None) -> int:
     print(f"{'dtype':5} {'shape':>16} " + " ".join(f"{n[:9]:>9}" for n in names)
           + f" {'ratio':>7} {'min':>7} {'max':>7}  per round")  # fmt: skip
     failed = False
-    for dtype_name in args.dtypes.split(","):
+    for dtype_name in dtypes:
         for shape in shapes:
             line, record = run_shape(workload, shape, dtype_name, args.rounds, timer,
                                      args.metric)  # fmt: skip

@@ -352,6 +352,8 @@ def test_paired_latency_times_triton_compiled_and_default_in_one_process():
     assert len(record["ratios"]) == 2 and min(record["ratios"]) > 0
     assert record["median_ratio"] == statistics.median(record["ratios"])
     assert 10 <= min(record["calls_per_sample"].values()) <= 200
-    with pytest.raises(SystemExit) as exc:
-        main(["--kernel", "softmax", "--metric", "cycles"])
-    assert exc.value.code == 2
+    for bad in (["--metric", "cycles"], ["--dtypes", "bf16,fp8"], ["--shapes", "nosuchset"],
+                ["--only-n", "x"], ["--only-n", "7"], ["--rounds", "0"]):
+        with pytest.raises(SystemExit) as exc:  # one clear line, before any work
+            main(["--kernel", "softmax", *bad])
+        assert exc.value.code == 2, bad
