@@ -66,9 +66,11 @@ def peer_report(frame: pd.DataFrame, kernel: str) -> Report:
     return Report(checks, tables)
 
 
-def block_report(frame: pd.DataFrame, kernel: str) -> Report:
+def block_report(frame: pd.DataFrame, kernel: str, paired: list[dict] | None = None) -> Report:
     """mode=triton against the best compile mode by GPU time (targets for mlp fwd and fwd_bwd and
-    bottleneck fwd; attention and bottleneck fwd_bwd are reported), and by call latency."""
+    bottleneck fwd; attention and bottleneck fwd_bwd are reported), and by call latency: from
+    paired records (experiments.paired --metric latency --ours triton, one process) where the run
+    has them for this block, dtype, pass and GPU, else from the modes' separate jobs."""
     checks, tables = [], []
     rows = _ok(frame, kernel=kernel)
     for dtype in _dtypes(rows):
@@ -87,7 +89,20 @@ def block_report(frame: pd.DataFrame, kernel: str) -> Report:
                     tables.append((f"{name}: {value:.3f}{detail}", best))
                 else:
                     checks.append(Check(name, value, threshold, detail))
-            latency = _latency_vs_best_compile(part)
+            mine = [r for r in paired or () if r.get("metric") == "call_latency"
+                    and r.get("ours") == "triton" and r.get("kernel") == kernel
+                    and r.get("dtype") == dtype and r.get("pass") == pass_name
+                    and r.get("gpu_name") in set(part["gpu_name"].dropna())]  # fmt: skip
+            if mine:
+                worst = min(mine, key=lambda r: r["median_ratio"])
+                checks.append(Check(
+                    f"{tag}: call latency, best compile mode's / triton's, paired (geomean)",
+                    _gm(pd.Series([r["median_ratio"] for r in mine])), LATENCY_AT_LEAST,
+                    f"; worst {worst['median_ratio']:.3f} at {worst['shape_label']} ("
+                    f"{', '.join(worst['compile_modes'])}; {len(mine)} shapes)"))
+                latency = pd.DataFrame()
+            else:
+                latency = _latency_vs_best_compile(part)
             if not latency.empty:
                 worst, at = _worst(latency.reset_index(), "ratio")
                 checks.append(Check(f"{tag}: call latency, best compile mode's / triton's "

@@ -453,8 +453,9 @@ def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str,
     checks = [Check(f"{tag}: rows ok", len(ok) / len(ours), 1.0, note)]
     gpus = set(ours["gpu_name"].dropna())
     mine = [r for r in paired or () if r.get("metric") == "call_latency"
-            and r.get("kernel") == kernel and r.get("dtype") == dtype
-            and r.get("gpu_name") in gpus]  # fmt: skip
+            and r.get("ours", "triton-compiled") == "triton-compiled"
+            and r.get("pass", "fwd") == "fwd" and r.get("kernel") == kernel
+            and r.get("dtype") == dtype and r.get("gpu_name") in gpus]  # fmt: skip
     if mine:
         medians = pd.Series([r["median_ratio"] for r in mine])
         worst = min(mine, key=lambda r: r["median_ratio"])
@@ -500,6 +501,8 @@ def render(frame: pd.DataFrame, kernels: list[str],
                 continue
             if kernel == "softmax":
                 report = softmax_report(frame, paired)
+            elif kernel in BLOCKS:
+                report = block_report(frame, kernel, paired)
             else:
                 report = reports[kernel](frame)
             peers = peer_report(frame, kernel)

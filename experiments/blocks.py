@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from experiments.registry import OpSpec, register
+from experiments.registry import OpSpec, block_latency_pairing, register
 from experiments.workloads import Workload
 
 
@@ -85,6 +85,7 @@ register(OpSpec(
     triton_compiled=None, bound="compute", passes=("fwd", "fwd_bwd"), composed=("linear",),
     bench=("kernel=mlp mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "pass=fwd,fwd_bwd dtype=bf16",),
+    paired=block_latency_pairing("mlp"),
     markers={"marker": "P"},
 ))  # fmt: skip
 
@@ -143,6 +144,7 @@ register(OpSpec(
     composed=("matmul", "softmax"),
     bench=("kernel=attention mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "pass=fwd,fwd_bwd dtype=bf16",),
+    paired=block_latency_pairing("attention"),
     markers={"marker": "X"},
 ))  # fmt: skip
 
@@ -209,5 +211,6 @@ register(OpSpec(
     triton_compiled=None, bound="compute", composed=("conv",), passes=("fwd", "fwd_bwd"),
     bench=("kernel=bottleneck mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "pass=fwd,fwd_bwd dtype=bf16",),
+    paired=block_latency_pairing("bottleneck"),
     markers={"marker": "h"},
 ))  # fmt: skip

@@ -17,10 +17,13 @@ clock). --jsonl appends one record a shape, which `python -m analysis.targets RE
 FILE` reads as the paired form of the "vs best compile mode" target.
 
 --metric latency pairs call latency instead (experiments.timing.call_latency_us: back-to-back
-calls, one sync): `triton-compiled` (our kernels as custom ops, with the mode's Inductor options)
-against compile `default`, the ratio per round being default's / ours. A compiled call's latency
-moves by up to 2x from one process (or compiled artifact) to the next while eager's holds
-(docs/kernels/host_path.md), so the issue's "no worse than default's" is read here, in one process.
+calls, one sync): `--ours triton-compiled` (our kernels as custom ops, with the mode's Inductor
+options; the default) or `triton` (called directly) against `--compile-modes` (default: compile
+`default`), the ratio per round being the best compile mode's / ours, for `--pass fwd` or a
+training step (`fwd_bwd`). A compiled call's latency moves by up to 2x from one process (or
+compiled artifact) to the next while eager's holds (docs/kernels/host_path.md), so the latency
+targets against the compiler ("triton-compiled no worse than default", a block's "call latency
+at most the best compile mode's") are read here, in one process.
 """
 
 import argparse
@@ -35,43 +38,53 @@ import triton
 from omegaconf import OmegaConf
 
 from experiments import modes, registry, timing
-from experiments.correctness import TOLERANCES, relative_error
+from experiments.correctness import TOLERANCES, allowed_error, relative_error, tolerance
 from experiments.errors import ConfigError
+from experiments.measure import make_step, outputs_of, reference_outputs, refill
 from experiments.workloads import custom_ops, make_workload, resolve_shapes, triton_ops, with_ops
 
 MODES = ("default", "max-autotune-no-cudagraphs")
-# --metric latency: ours compiled against compile default (the ratio's numerator)
-LATENCY_MODES = ("triton-compiled", "default")
+# --metric latency: ours (the first is the default), against any of the compile modes
+LATENCY_OURS = ("triton-compiled", "triton")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 LATENCY_SAMPLE_MS = 20.0  # each latency sample's back-to-back calls last about this long
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CONF = Path(__file__).resolve().parent.parent / "conf" / "kernel"
 LEAD_US = 400.0
 
 
-def implementations(eager_module, metric: str = "gpu") -> dict:
+def implementations(eager_module) -> dict:
     """Ours and a fresh torch.compile of the eager module per mode (dynamic=False, as the
     benchmark's compile config). Dynamo's caches are reset first: its recompile limit would
-    otherwise run later shapes eagerly. metric "latency": triton-compiled, built as the mode
-    builds it (fullgraph, its kind's Inductor options), and compile default."""
+    otherwise run later shapes eagerly."""
     torch._dynamo.reset()
-    if metric == "latency":
-        options = modes.resolved_options("default", {}, modes.USER_KERNEL_OPTIONS)
-        ours = torch.compile(with_ops(eager_module, custom_ops()), fullgraph=True,
-                             dynamic=False, options=options)  # fmt: skip
-        return {"triton-compiled": ours,
-                "default": torch.compile(eager_module, mode="default", dynamic=False)}
     impls = {"triton": with_ops(eager_module, triton_ops())}
     for mode in MODES:
         impls[mode] = torch.compile(eager_module, mode=mode, dynamic=False)
     return impls
 
 
+def latency_implementations(eager_module, ours: str, compile_modes) -> dict:
+    """--metric latency: ours first, `triton` (the kernels called directly) or `triton-compiled`
+    (as the mode builds it: fullgraph, its kind's Inductor options), then a fresh torch.compile
+    of the eager module per compile mode."""
+    torch._dynamo.reset()
+    if ours == "triton":
+        impls = {"triton": with_ops(eager_module, triton_ops())}
+    else:
+        options = modes.resolved_options("default", {}, modes.USER_KERNEL_OPTIONS)
+        impls = {"triton-compiled": torch.compile(with_ops(eager_module, custom_ops()),
+                                                  fullgraph=True, dynamic=False, options=options)}
+    for mode in compile_modes:
+        impls[mode] = torch.compile(eager_module, mode=mode, dynamic=False)
+    return impls
+
+
 def ratios(times: dict[str, list[float]]) -> list[float]:
-    """Per round: the best compile mode's time over ours (above 1: ours is faster)."""
-    ours_name = "triton" if "triton" in times else "triton-compiled"
-    ours = times[ours_name]
-    others = [m for m in times if m != ours_name]
-    return [min(times[m][r] for m in others) / ours[r] for r in range(len(ours))]
+    """Per round: the best compile mode's time over ours, the first entry (above 1: ours is
+    faster)."""
+    ours, *others = times
+    return [min(times[m][r] for m in others) / times[ours][r] for r in range(len(times[ours]))]
 
 
 def latency_calls(call, device) -> int:
@@ -80,16 +93,13 @@ def latency_calls(call, device) -> int:
     return int(min(200, max(10, LATENCY_SAMPLE_MS * 1e3 / max(estimate_us, 1.0))))
 
 
-def run_shape(workload, shape, dtype_name: str, rounds: int, timer, metric: str = "gpu",
-              device: torch.device | None = None) -> tuple[str, dict | None]:  # fmt: skip
-    """One shape's printed line and its record (None where a check failed). The GPU by
-    default; the latency metric also runs on the CPU (tests: the interpreter, Inductor's CPU
-    backend), where its figures are no speed reading."""
-    dtype, device = DTYPES[dtype_name], device or torch.device("cuda")
+def run_shape(workload, shape, dtype_name: str, rounds: int, timer) -> tuple[str, dict | None]:
+    """One shape's printed line and its record (None where a check failed): GPU time."""
+    dtype, device = DTYPES[dtype_name], torch.device("cuda")
     generator = torch.Generator(device=device).manual_seed(0)
     eager = workload.make_module(shape, registry.namespace("eager")).to(device=device, dtype=dtype)
     workload.init_parameters(eager, generator)
-    impls = implementations(eager, metric)
+    impls = implementations(eager)
     label = workload.label(shape)
     inputs = workload.make_inputs(shape, dtype, device, generator)
     reference = copy.deepcopy(eager).to(torch.float64)(*(t.to(torch.float64) for t in inputs))
@@ -100,33 +110,84 @@ def run_shape(workload, shape, dtype_name: str, rounds: int, timer, metric: str 
     del reference
     names = list(impls)
     times: dict[str, list[float]] = {name: [] for name in names}
-    calls = {}
     for r in range(rounds):
         inputs = workload.make_inputs(shape, dtype, device, generator)  # a new allocation
         for name in names[r % len(names):] + names[: r % len(names)]:
             call = lambda impl=impls[name], inputs=inputs: impl(*inputs)  # noqa: E731
-            if metric == "latency":
-                calls.setdefault(name, latency_calls(call, device))
-                for _ in range(3):  # warm: the allocator's blocks for this round's inputs
-                    call()
-                times[name].append(timing.call_latency_us(call, device, calls[name])["p50"])
-            else:
-                times[name].append(
-                    timer.measure(call, warmup_ms=10, rep_ms=50, lead_us=LEAD_US)["p50"])
+            times[name].append(timer.measure(call, warmup_ms=10, rep_ms=50, lead_us=LEAD_US)["p50"])
     ratio = ratios(times)
     record = {
         "kernel": workload.name, "pass": "fwd", "dtype": dtype_name, **shape,
         "shape_label": label, "rounds": rounds, "ratios": ratio,
-        "median_ratio": statistics.median(ratio),
-        "metric": "call_latency" if metric == "latency" else "gpu_time",
+        "median_ratio": statistics.median(ratio), "metric": "gpu_time",
+        "time_ms_p50": {name: statistics.median(times[name]) for name in names},
     }  # fmt: skip
-    if metric == "latency":
-        record["latency_us_p50"] = {name: statistics.median(times[name]) for name in names}
-        record["calls_per_sample"] = calls
-    else:
-        record["time_ms_p50"] = {name: statistics.median(times[name]) for name in names}
-    scale = 1.0 if metric == "latency" else 1e3  # printed in us either way
-    medians = " ".join(f"{statistics.median(times[n]) * scale:9.2f}" for n in names)
+    medians = " ".join(f"{statistics.median(times[n]) * 1e3:9.2f}" for n in names)
+    spread = f"{statistics.median(ratio):7.4f} {min(ratio):7.4f} {max(ratio):7.4f}"
+    per_round = " ".join(f"{v:.4f}" for v in ratio)
+    return f"{dtype_name:5} {label:>16} {medians} {spread}  {per_round}", record
+
+
+def run_latency_shape(workload, shape, dtype_name: str, rounds: int, ours: str = "triton-compiled",
+                      compile_modes=("default",), pass_name: str = "fwd",
+                      device: torch.device | None = None) -> tuple[str, dict | None]:  # fmt: skip
+    """--metric latency for one shape: its printed line and its record (None where a check
+    failed). Every implementation is checked first as the benchmark checks a row (the output,
+    and for fwd_bwd every gradient, against float64, within the dtype's budget or twice eager's
+    own error); then per round the inputs get new values and each implementation's call latency
+    (a training step for fwd_bwd) is taken in a rotated order. The GPU by default; on the CPU
+    (tests: the interpreter, Inductor's CPU backend) the figures are no speed reading."""
+    dtype, device = DTYPES[dtype_name], device or torch.device("cuda")
+    fwd_bwd = pass_name == "fwd_bwd"
+    generator = torch.Generator(device=device).manual_seed(0)
+    eager = workload.make_module(shape, registry.namespace("eager")).to(device=device, dtype=dtype)
+    workload.init_parameters(eager, generator)
+    params = list(eager.parameters())
+    inputs = workload.make_inputs(shape, dtype, device, generator)
+    for t in (*params, *inputs):
+        t.requires_grad_(fwd_bwd)
+    grad_out = None
+    if fwd_bwd:
+        with torch.no_grad():
+            example = eager(*inputs)
+        grad_out = torch.empty_like(example).copy_(
+            torch.randn(example.shape, generator=generator, device=device))
+    label = workload.label(shape)
+    impls = latency_implementations(eager, ours, compile_modes)
+    steps = {name: make_step(module, inputs, grad_out, [*inputs, *params], False)
+             for name, module in impls.items()}  # fmt: skip
+    want = reference_outputs(eager, inputs, grad_out, fwd_bwd)
+    baseline = outputs_of(make_step(eager, inputs, grad_out, [*inputs, *params], False), inputs,
+                          params, fwd_bwd)  # fmt: skip
+    eager_error = max(relative_error(b, w) for b, w in zip(baseline, want, strict=True))
+    limit = allowed_error(tolerance(dtype_name, tf32=False), eager_error)
+    for name, step in steps.items():  # correct before timed (this also compiles)
+        got = outputs_of(step, inputs, params, fwd_bwd)
+        err = max(relative_error(g, w) for g, w in zip(got, want, strict=True))
+        if not err <= limit:
+            return f"{dtype_name:5} {label:>16}  {name} FAILED: relative error {err:.1e}", None
+    del want, baseline
+    names = list(steps)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    calls = {}
+    for r in range(rounds):
+        refill([*inputs, *params] + ([grad_out] if fwd_bwd else []), generator)
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            step = steps[name]
+            calls.setdefault(name, latency_calls(step, device))
+            for _ in range(3):
+                step()
+            times[name].append(timing.call_latency_us(step, device, calls[name])["p50"])
+    ratio = ratios(times)
+    record = {
+        "kernel": workload.name, "pass": pass_name, "dtype": dtype_name, **shape,
+        "shape_label": label, "rounds": rounds, "ratios": ratio,
+        "median_ratio": statistics.median(ratio), "metric": "call_latency", "ours": ours,
+        "compile_modes": list(compile_modes),
+        "latency_us_p50": {name: statistics.median(times[name]) for name in names},
+        "calls_per_sample": calls,
+    }  # fmt: skip
+    medians = " ".join(f"{statistics.median(times[n]):9.2f}" for n in names)
     spread = f"{statistics.median(ratio):7.4f} {min(ratio):7.4f} {max(ratio):7.4f}"
     per_round = " ".join(f"{v:.4f}" for v in ratio)
     return f"{dtype_name:5} {label:>16} {medians} {spread}  {per_round}", record
@@ -142,10 +203,26 @@ def main(argv=None) -> int:
     parser.add_argument("--jsonl", type=Path, default=None, help="append each shape's record here")
     parser.add_argument("--metric", choices=("gpu", "latency"), default="gpu",
                         help="gpu: our kernel's GPU time against both compile modes'; latency: "
-                        "triton-compiled's call latency against compile default's")
+                        "call latency of --ours against the --compile-modes'")
+    parser.add_argument("--ours", choices=LATENCY_OURS, default=LATENCY_OURS[0],
+                        help="--metric latency: our kernels as custom ops compiled "
+                        "(triton-compiled) or called directly (triton)")
+    parser.add_argument("--compile-modes", default="default",
+                        help="--metric latency: the torch.compile modes (a,b), the best per round")
+    parser.add_argument("--pass", dest="pass_name", choices=("fwd", "fwd_bwd"), default="fwd",
+                        help="--metric latency: the forward, or a training step")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    compile_modes = args.compile_modes.split(",")
+    if args.metric == "gpu" and (args.ours != LATENCY_OURS[0] or args.pass_name != "fwd"
+                                 or compile_modes != ["default"]):  # fmt: skip
+        parser.error("--ours, --pass and --compile-modes go with --metric latency")
+    if bad := [m for m in compile_modes if m not in COMPILE_MODES]:
+        parser.error(f"--compile-modes: unknown {', '.join(bad)}; choose from "
+                     f"{', '.join(COMPILE_MODES)}")  # fmt: skip
+    if args.pass_name not in registry.OPS[args.kernel].passes:
+        parser.error(f"--pass {args.pass_name}: {args.kernel} has no such pass")
     dtypes = args.dtypes.split(",")
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown:
@@ -165,19 +242,26 @@ def main(argv=None) -> int:
         return 1
     from experiments.timing import GpuTimer
 
+    # fp32 as the benchmark's fp32 runs it, TF32 off (torch lets cuDNN convs use it by default)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+
     timer = GpuTimer(torch.device("cuda"), flush_l2=True)
     gpu_name = torch.cuda.get_device_name()
-    what = "call latency" if args.metric == "latency" else "GPU time"
+    latency = args.metric == "latency"
+    what = f"call latency, {args.pass_name}" if latency else "GPU time"
     print(f"# {gpu_name} torch {torch.__version__}: {what}, {args.rounds} rounds a shape, fresh "
           "inputs each, order rotated; us: medians over rounds; ratio: compile / ours, per round")
-    names = LATENCY_MODES if args.metric == "latency" else ("triton", "default", "mac-nocg")
+    names = (args.ours, *compile_modes) if latency else ("triton", "default", "mac-nocg")
     print(f"{'dtype':5} {'shape':>16} " + " ".join(f"{n[:9]:>9}" for n in names)
           + f" {'ratio':>7} {'min':>7} {'max':>7}  per round")  # fmt: skip
     failed = False
     for dtype_name in dtypes:
         for shape in shapes:
-            line, record = run_shape(workload, shape, dtype_name, args.rounds, timer,
-                                     args.metric)  # fmt: skip
+            if latency:
+                line, record = run_latency_shape(workload, shape, dtype_name, args.rounds,
+                                                 args.ours, compile_modes, args.pass_name)
+            else:
+                line, record = run_shape(workload, shape, dtype_name, args.rounds, timer)
             print(line, flush=True)
             failed |= record is None
             if record is not None and args.jsonl is not None:

@@ -78,6 +78,14 @@ OPS: dict[str, OpSpec] = {}
 LATENCY_PAIRING = "--kernel {op} --shapes auto --metric latency --rounds 5"
 
 
+def block_latency_pairing(op: str) -> tuple[str, ...]:
+    """A block's call latency in mode=triton against the best of the compile modes its bench
+    grids run, timed in one process, forward and training step: its latency target's reading."""
+    return tuple(f"--kernel {op} --shapes auto --metric latency --ours triton --compile-modes "
+                 f"default,max-autotune-no-cudagraphs --pass {p} --rounds 5"
+                 for p in ("fwd", "fwd_bwd"))  # fmt: skip
+
+
 def register(spec: OpSpec) -> OpSpec:
     """Add an op (a second op of the same name replaces the first, as a test's op may)."""
     OPS[spec.name] = spec

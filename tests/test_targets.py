@@ -328,32 +328,68 @@ def test_batched_matmul_target_reads_the_attention_set():
     assert "worst 0.910 at 8x(8192x128x8192)" in check.detail
 
 
-def test_paired_latency_times_triton_compiled_and_default_in_one_process():
-    """experiments.paired --metric latency: both modes compiled in one process and checked
-    against float64, then their call latencies taken round by round; the record's ratio is
-    default's / ours. (On the CPU: the interpreter's opaque custom ops and Inductor's CPU
-    backend, so the figures are no speed reading.)"""
+def test_paired_latency_times_ours_and_the_compile_modes_in_one_process():
+    """experiments.paired --metric latency: ours and the compile modes built in one process and
+    checked as a row is (output and gradients against float64), then their call latencies taken
+    round by round; the record's ratio is the best compile mode's / ours. (On the CPU: the
+    interpreter's opaque custom ops and Inductor's CPU backend, so the figures are no speed
+    reading.)"""
     import statistics
 
     import torch
 
-    from experiments.paired import main, run_shape
+    from experiments.paired import main, run_latency_shape
     from experiments.workloads import make_workload, resolve_shapes
 
     kernel_cfg = OmegaConf.load(CONF_DIR / "kernel" / "softmax.yaml")
     workload = make_workload(kernel_cfg)
     _, shapes = resolve_shapes(workload, kernel_cfg, "cpu", on_gpu=False)
-    line, record = run_shape(workload, shapes[0], "fp32", 2, None, "latency",
-                             torch.device("cpu"))  # fmt: skip
+    cpu = torch.device("cpu")
+    line, record = run_latency_shape(workload, shapes[0], "fp32", 2, device=cpu)
     assert record is not None, line
     assert record["metric"] == "call_latency" and record["rounds"] == 2
+    assert record["ours"] == "triton-compiled" and record["pass"] == "fwd"
     latency = record["latency_us_p50"]
-    assert set(latency) == {"triton-compiled", "default"} and min(latency.values()) > 0
+    assert list(latency) == ["triton-compiled", "default"] and min(latency.values()) > 0
     assert len(record["ratios"]) == 2 and min(record["ratios"]) > 0
     assert record["median_ratio"] == statistics.median(record["ratios"])
     assert 10 <= min(record["calls_per_sample"].values()) <= 200
+    # a training step of the kernels called directly (a block's latency target)
+    line, record = run_latency_shape(workload, shapes[0], "fp32", 1, "triton", ("default",),
+                                     "fwd_bwd", device=cpu)  # fmt: skip
+    assert record is not None, line
+    assert record["pass"] == "fwd_bwd" and list(record["latency_us_p50"]) == ["triton", "default"]
     for bad in (["--metric", "cycles"], ["--dtypes", "bf16,fp8"], ["--shapes", "nosuchset"],
-                ["--only-n", "x"], ["--only-n", "7"], ["--rounds", "0"]):
+                ["--only-n", "x"], ["--only-n", "7"], ["--rounds", "0"], ["--ours", "triton"],
+                ["--metric", "latency", "--compile-modes", "default,fastest"]):
         with pytest.raises(SystemExit) as exc:  # one clear line, before any work
             main(["--kernel", "softmax", *bad])
         assert exc.value.code == 2, bad
+
+
+def test_block_latency_reads_the_paired_records_where_a_run_has_them():
+    from analysis.composed_targets import block_report
+
+    def lat(mode, label, us, **fields):
+        return row("mlp", mode, label, call_latency_us_p50=us, speedup_vs_eager=1.0, **fields)
+
+    frame = records_frame([lat("triton", "a", 100.0), lat("default", "a", 50.0),
+                           lat("triton", "b", 100.0), lat("default", "b", 200.0)])
+    name = "mlp bf16 fwd: call latency, best compile mode's / triton's"
+    separate = {c.target: c for c in block_report(frame, "mlp").checks}[f"{name} (geomean)"]
+    assert separate.value == pytest.approx(1.0)
+
+    def pairing(label, ratios, **fields):
+        return {"kernel": "mlp", "dtype": "bf16", "pass": "fwd", "shape_label": label,
+                "ratios": ratios, "median_ratio": sorted(ratios)[len(ratios) // 2],
+                "gpu_name": "TestGPU", "metric": "call_latency", "ours": "triton",
+                "compile_modes": ["default", "max-autotune-no-cudagraphs"], **fields}  # fmt: skip
+
+    paired = [pairing("a", [1.2, 1.1, 1.3]), pairing("b", [1.0, 0.9, 1.05]),
+              pairing("b", [0.1], ours="triton-compiled"), pairing("b", [0.1], dtype="fp16"),
+              pairing("b", [0.1], **{"pass": "fwd_bwd"}), pairing("b", [0.1], gpu_name="Other")]
+    checks = {c.target: c for c in block_report(frame, "mlp", paired).checks}
+    assert f"{name} (geomean)" not in checks
+    check = checks[f"{name}, paired (geomean)"]
+    assert check.value == pytest.approx((1.2 * 1.0) ** 0.5) and check.passed
+    assert "worst 1.000 at b (default, max-autotune-no-cudagraphs; 2 shapes)" in check.detail
