@@ -579,12 +579,15 @@ def test_conv_training_checks_run_once_per_call_key(plans, monkeypatch):
     from kernels import conv2d
     from kernels.conv import dispatch as conv_dispatch
 
-    checks = []
-    real_check = conv_dispatch._check
+    checks, keys = [], []
+    real_check, real_key = conv_dispatch._check, conv_dispatch._plan_key
     monkeypatch.setattr(conv_dispatch, "_check",
                         lambda *a, **k: checks.append(1) or real_check(*a, **k))  # fmt: skip
+    monkeypatch.setattr(conv_dispatch, "_plan_key",
+                        lambda *a, **k: keys.append(1) or real_key(*a, **k))  # fmt: skip
     g = torch.Generator().manual_seed(9)
     for step in range(2):
+        keys.clear()
         x = torch.randn(2, 8, 7, 9, generator=g).to(memory_format=torch.channels_last)
         w = torch.randn(6, 8, 3, 3, generator=g).to(memory_format=torch.channels_last)
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -597,6 +600,7 @@ def test_conv_training_checks_run_once_per_call_key(plans, monkeypatch):
             first = len(checks)
             assert first == 2
     assert len(checks) == first  # the second step: no check at all
+    assert len(keys) == 1  # and one key, which the forward's plan is kept under too
     conv2d(xg.detach().contiguous().requires_grad_(), wg, None, 2, 1)  # NCHW: another key
     conv2d(xg, wg, None, 2, 0)  # another padding
     assert len(checks) == first + 4

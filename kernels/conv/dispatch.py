@@ -320,16 +320,18 @@ def conv2d_forward(
     groups: int = 1,
     *,
     launch: Launcher = direct,
+    key: tuple | None = None,
 ) -> torch.Tensor:
     """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d. A direct call
-    with a planned key launches its plan at once: a planned key passed every check."""
-    key = None
-    if launch is direct and not torch.compiler.is_compiling():
+    with a planned key launches its plan at once: a planned key passed every check. key: this
+    call's _plan_key where the caller built it already (the training entry)."""
+    if launch is direct and not torch.compiler.is_compiling() and key is None:
         try:
             key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups)
         except (AttributeError, TypeError):
             key = None  # the checks below say what is wrong, or the call goes unplanned
-        p = None if key is None else _PLANS.get(key)
+    if key is not None:
+        p = _PLANS.get(key)
         if p is not None:
             return _launch_planned(p, x, weight, bias)
     stride_hw, padding_hw, dilation_hw, pq, act = _check(
@@ -438,8 +440,11 @@ def _trainable(x, weight, bias, stride, padding, dilation, activation, groups):
             _TRAIN_ARGS.put(key, checked)
     stride_hw, padding_hw, dilation_hw = checked
 
-    def forward(x4, weight, bias, act):
-        return conv2d_forward(x4, weight, bias, stride_hw, padding, dilation_hw, act, groups)
+    def forward(x4, weight_, bias_, act):
+        # the call's own arguments, so the forward's plan lives under the key built above: where
+        # it runs the call's own activation on the call's own tensors it builds no key again
+        own = key if act == activation and x4 is x else None
+        return conv2d_forward(x4, weight_, bias_, stride, padding, dilation, act, groups, key=own)
 
     if x.dim() == 3:
         y = Conv2dFunction.apply(x.unsqueeze(0), weight, bias, stride_hw, padding_hw,
