@@ -157,7 +157,7 @@ class LauncherConfig:
     """conf/launcher/*.yaml: our own key; hydra.launcher is checked per launcher below."""
 
     __pydantic_config__ = FORBID
-    name: Annotated[str, one_of("local", "gpus", "slurm")] = "local"
+    name: Annotated[str, one_of("local", "gpus", "gpus_pool", "slurm")] = "local"
 
 
 @dataclass
@@ -215,6 +215,14 @@ class GpusLauncherConfig:
 
 
 @dataclass
+class GpusPoolLauncherConfig(GpusLauncherConfig):
+    """launcher=gpus_pool: launcher=gpus's keys, its own launcher class and the pool's size."""
+
+    _target_: Name = "hydra_plugins.kbench_launchers.pool.PooledLocalLauncher"
+    pool_size: Count(1, 64) | None = None  # tasks; None: one per visible GPU
+
+
+@dataclass
 class SlurmLauncherRanges:
     """launcher=slurm: the plugin's SlurmQueueConf types every key at composition; these are the
     ranges of the keys conf/launcher/slurm.yaml documents (other plugin keys pass untouched)."""
@@ -230,7 +238,8 @@ class SlurmLauncherRanges:
     setup: list[str] | None = None
 
 
-LAUNCHER_SCHEMAS = {"gpus": GpusLauncherConfig, "slurm": SlurmLauncherRanges}
+LAUNCHER_SCHEMAS = {"gpus": GpusLauncherConfig, "gpus_pool": GpusPoolLauncherConfig,
+                    "slurm": SlurmLauncherRanges}  # fmt: skip
 GROUP_SCHEMAS = {"pass": PassConfig}  # validated beside Config
 
 
@@ -483,6 +492,7 @@ def markdown_tables() -> str:
                 ("mode.", ModeConfig), ("dtype.", DtypeConfig), ("bench.", BenchConfig),
                 ("wandb.", WandbConfig), ("compile.", CompileConfig), ("launcher.", LauncherConfig),
                 ("hydra.launcher. (launcher=gpus)", GpusLauncherConfig),
+                ("hydra.launcher. (launcher=gpus_pool)", GpusPoolLauncherConfig),
                 ("hydra.launcher. (launcher=slurm)", SlurmLauncherRanges)]
     out = []
     for prefix, node in sections:

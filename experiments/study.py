@@ -203,8 +203,12 @@ def estimate(grid: dict, shapes: str, replay: bool) -> tuple[float, float]:
     return warm, cold
 
 
+GPU_LAUNCHERS = ("gpus", "gpus_pool")  # a job (or a pool task) a GPU, the GPUs run at once
+
+
 def visible_gpus() -> int:
-    """The GPUs launcher=gpus takes: CUDA_VISIBLE_DEVICES, else every one nvidia-smi lists."""
+    """The GPUs launcher=gpus and gpus_pool take: CUDA_VISIBLE_DEVICES, else every one
+    nvidia-smi lists."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed:
         return len([g for g in listed.split(",") if g.strip()])
@@ -316,12 +320,12 @@ def main(argv=None) -> int:
         state = {"created": stamp, "overrides": overrides, "parts": plan(overrides)}
         extra = []
     launcher = compose(state["overrides"]).launcher.name
-    gpus = visible_gpus() if launcher == "gpus" else 1
+    gpus = visible_gpus() if launcher in GPU_LAUNCHERS else 1
     print(describe(state["parts"], args.gpus or gpus or 4), flush=True)
     if args.dry_run:
         return 0
-    if launcher == "gpus" and gpus == 0:
-        print("error: launcher=gpus finds no GPU (CUDA_VISIBLE_DEVICES, nvidia-smi); "
+    if launcher in GPU_LAUNCHERS and gpus == 0:
+        print(f"error: launcher={launcher} finds no GPU (CUDA_VISIBLE_DEVICES, nvidia-smi); "
               "`make study ARGS=--smoke` runs a small study on the CPU",
               file=sys.stderr)  # fmt: skip
         return 2

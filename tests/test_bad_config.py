@@ -59,7 +59,7 @@ BAD = [
     (["compile.fresh_cache=x"], "compile.fresh_cache=x: expected true or false"),
     (["compile.save_code=x"], "compile.save_code=x: expected true or false"),
     # launcher: our key, and the hydra.launcher keys our launcher files set
-    (["launcher.name=k8s"], "launcher.name=k8s: expected one of local, gpus, slurm"),
+    (["launcher.name=k8s"], "launcher.name=k8s: expected one of local, gpus, gpus_pool, slurm"),
     ([*GPUS, "hydra.launcher.timeout_min=0"], "hydra.launcher.timeout_min=0: expected an integer >= 1"),
     ([*GPUS, "hydra.launcher.timeout_min=abc"], "hydra.launcher.timeout_min=abc: expected an integer"),
     ([*GPUS, "hydra.launcher.gpus_per_node=-1"], "hydra.launcher.gpus_per_node=-1: expected an integer >= 0"),

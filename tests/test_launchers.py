@@ -22,6 +22,7 @@ SUBMITIT = "hydra_plugins.hydra_submitit_launcher.submitit_launcher"
 EXPECTED_LAUNCHER = {
     "local": "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
     "gpus": f"{SUBMITIT}.LocalLauncher",
+    "gpus_pool": "hydra_plugins.kbench_launchers.pool.PooledLocalLauncher",
     "slurm": "hydra_plugins.kbench_launchers.slurm.SlurmLauncher",
 }
 
@@ -151,3 +152,53 @@ def test_gpus_sweep_runs_one_job_per_gpu(tmp_path, fake_gpus):
         assert picked == ["0", "0"], result.stdout
         first, second = sorted(job_window(d) for d in job_dirs)
         assert second[0] >= first[1], "two jobs ran on the one GPU at the same time"
+
+
+def _claims(counter, count):
+    from hydra_plugins.kbench_launchers.pool import claim
+
+    return [claim(counter) for _ in range(count)]
+
+
+def test_pool_tasks_claim_each_job_once(tmp_path):
+    """gpus_pool's counter: processes claiming at once get every index exactly once."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    counter = tmp_path / "next-0"
+    counter.write_text("0")
+    with ProcessPoolExecutor(4) as pool:
+        claimed = [i for part in pool.map(_claims, [counter] * 4, [25] * 4) for i in part]
+    assert sorted(claimed) == list(range(100))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_gpus_pool_runs_each_gpus_jobs_one_after_another_in_one_task(tmp_path):
+    """launcher=gpus_pool on two (fake) GPUs: two tasks, each picking its GPU once, run the four
+    jobs between them, no two at once on one GPU, every job's records as launcher=gpus leaves
+    them."""
+    sweep_dir, lock_dir = tmp_path / "sweep", tmp_path / "tmp"
+    lock_dir.mkdir()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1", "TMPDIR": str(lock_dir),
+           "TRITON_INTERPRET": "1"}  # fmt: skip
+    command = [sys.executable, "-m", "experiments.run", "--multirun", "launcher=gpus_pool",
+               "kernel=softmax,matmul", "mode=eager", "dtype=fp32,bf16", "bench=quick",
+               "device=cpu", "wandb.mode=disabled", f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "launcher=gpus_pool: 4 jobs on 2 pool tasks" in result.stdout + result.stderr
+    picked = re.findall(r"launcher=gpus: job \d+ on GPU (\S+)", result.stdout)
+    assert sorted(picked) == ["0", "1"], result.stdout  # one pick a task, not one a job
+    job_dirs = sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert len(job_dirs) == 4
+    by_gpu = {}
+    for job_dir in job_dirs:
+        rows = [json.loads(line) for line in (job_dir / "results.jsonl").read_text().splitlines()]
+        assert rows and all(r["status"] == "ok" for r in rows), rows
+        gpu = json.loads((job_dir / "env.json").read_text())["env_vars"]["CUDA_VISIBLE_DEVICES"]
+        by_gpu.setdefault(gpu, []).append(job_window(job_dir))
+    assert sorted(by_gpu) == ["0", "1"]
+    for windows in by_gpu.values():
+        windows.sort()
+        assert all(b[0] >= a[1] for a, b in zip(windows, windows[1:], strict=False))
