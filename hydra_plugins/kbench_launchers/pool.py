@@ -13,11 +13,12 @@ are on disk, and every job it did not return is listed when the sweep fails.
 import fcntl
 import logging
 from pathlib import Path
-from unittest import mock
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+
+from hydra_plugins.kbench_launchers.submitted import submitted_jobs
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +61,10 @@ class PooledLocalLauncher(submitit_launcher.LocalLauncher):
         log.info(f"launcher=gpus_pool: {len(jobs)} jobs on {tasks} pool tasks")
         self.pool = {"jobs": jobs, "first": initial_job_idx, "counter": str(counter),
                      "state": Singleton.get_state()}  # fmt: skip
-        import submitit
-
-        returned, executor_jobs = {}, []
-        map_array = submitit.AutoExecutor.map_array
-
-        def keep(executor, *args, **kwargs):
-            executor_jobs.extend(map_array(executor, *args, **kwargs))
-            return executor_jobs
-
+        returned = {}
         # the plugin's launch, with the pool's tasks in place of the jobs: each task is a call
         # of __call__ below with no overrides of its own
-        with mock.patch.object(submitit.AutoExecutor, "map_array", keep):
+        with submitted_jobs() as executor_jobs:
             try:
                 super().launch([[] for _ in range(tasks)], initial_job_idx)
             except Exception:  # noqa: BLE001 (a task died: the others' jobs still count, below)

@@ -9,9 +9,10 @@ then fails the sweep with those lines.
 """
 
 import logging
-from unittest import mock
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+
+from hydra_plugins.kbench_launchers.submitted import submitted_jobs
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +28,7 @@ def _first_line(exc: BaseException) -> str:
 
 class SlurmLauncher(submitit_launcher.SlurmLauncher):
     def launch(self, job_overrides, initial_job_idx):
-        import submitit
-
-        jobs = []
-        map_array = submitit.AutoExecutor.map_array
-
-        def keep_jobs(executor, *args, **kwargs):
-            jobs.extend(map_array(executor, *args, **kwargs))
-            return jobs
-
-        with mock.patch.object(submitit.AutoExecutor, "map_array", keep_jobs):
+        with submitted_jobs() as jobs:
             try:
                 return super().launch(job_overrides, initial_job_idx)
             except Exception as first:  # a task failed: wait for the rest, then summarize
