@@ -22,6 +22,7 @@ from analysis.targets import (
     _ok,
     _worst,
     _worst_note,
+    paired_records,
     vs_best_compile,
 )
 
@@ -89,10 +90,8 @@ def block_report(frame: pd.DataFrame, kernel: str, paired: list[dict] | None = N
                     tables.append((f"{name}: {value:.3f}{detail}", best))
                 else:
                     checks.append(Check(name, value, threshold, detail))
-            mine = [r for r in paired or () if r.get("metric") == "call_latency"
-                    and r.get("ours") == "triton" and r.get("kernel") == kernel
-                    and r.get("dtype") == dtype and r.get("pass") == pass_name
-                    and r.get("gpu_name") in set(part["gpu_name"].dropna())]  # fmt: skip
+            mine = paired_records(paired, set(part["gpu_name"].dropna()), metric="call_latency",
+                                  ours="triton", pass_name=pass_name, kernel=kernel, dtype=dtype)
             if mine:
                 worst = min(mine, key=lambda r: r["median_ratio"])
                 checks.append(Check(

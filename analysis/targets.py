@@ -202,11 +202,23 @@ def load_paired(paths: list[Path]) -> list[dict]:
     return records
 
 
+# What an experiments.paired record holds where it predates the field
+PAIRED_DEFAULTS = {"metric": "gpu_time", "ours": "triton-compiled", "pass": "fwd"}
+
+
+def paired_records(paired, gpus, **fields) -> list[dict]:
+    """The records (load_paired) of the sweep's GPUs whose fields have these values (`pass_name`
+    for "pass"), a missing metric, ours or pass reading as PAIRED_DEFAULTS."""
+    if "pass_name" in fields:
+        fields["pass"] = fields.pop("pass_name")
+    return [r for r in paired or () if r.get("gpu_name") in gpus
+            and all(r.get(k, PAIRED_DEFAULTS.get(k)) == v for k, v in fields.items())]
+
+
 def paired_check(paired: list[dict], dtype: str, gpus: list[str]) -> Check:
     """softmax's "vs best compile mode" from paired records (load_paired) of this dtype on the
     sweep's GPU: the worst N's median ratio over its rounds (n/a where there are none)."""
-    mine = [r for r in paired if r.get("kernel") == "softmax" and r.get("dtype") == dtype
-            and r.get("gpu_name") in gpus and r.get("metric", "gpu_time") == "gpu_time"]
+    mine = paired_records(paired, gpus, metric="gpu_time", kernel="softmax", dtype=dtype)
     target = f"softmax {dtype} fwd: triton vs best compile mode, paired, every N"
     if not mine:
         return Check(target, None, 1.0, f" (no paired records of {', '.join(gpus) or '?'})")
@@ -451,11 +463,8 @@ def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str,
     if not failed.empty:
         note += f"; first not ok: {failed.iloc[0]['shape_label']}: {failed.iloc[0].get('reason')}"
     checks = [Check(f"{tag}: rows ok", len(ok) / len(ours), 1.0, note)]
-    gpus = set(ours["gpu_name"].dropna())
-    mine = [r for r in paired or () if r.get("metric") == "call_latency"
-            and r.get("ours", "triton-compiled") == "triton-compiled"
-            and r.get("pass", "fwd") == "fwd" and r.get("kernel") == kernel
-            and r.get("dtype") == dtype and r.get("gpu_name") in gpus]  # fmt: skip
+    mine = paired_records(paired, set(ours["gpu_name"].dropna()), metric="call_latency",
+                          ours="triton-compiled", pass_name="fwd", kernel=kernel, dtype=dtype)
     if mine:
         medians = pd.Series([r["median_ratio"] for r in mine])
         worst = min(mine, key=lambda r: r["median_ratio"])

@@ -44,13 +44,14 @@ def main(argv=None) -> int:
         command = [sys.executable, "-m", "experiments.run", "--multirun", *shlex.split(grid),
                    f"hydra.sweep.dir={out}/{i}", *overrides]  # fmt: skip
         rc |= subprocess.run(command).returncode != 0
-    paired = []
     jsonl = out / "paired_ab.jsonl"
-    if spec.paired and not torch.cuda.is_available():
+    paired = ["--paired", str(jsonl)] if spec.paired else []
+    runs = spec.paired
+    if runs and not torch.cuda.is_available():
         # the paired runs time on a GPU; their target lines read n/a (a miss) without records
         print(f"bench {name} [paired]: skipped, no CUDA device", file=sys.stderr)
-        paired = ["--paired", str(jsonl)]
-    for arguments in spec.paired if torch.cuda.is_available() else ():
+        runs = ()
+    for arguments in runs:
         print(f"bench {name} [paired]: {arguments}", flush=True)  # each appends to the one file
         out.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "experiments.paired", *shlex.split(arguments),
@@ -60,7 +61,6 @@ def main(argv=None) -> int:
             log.write(result.stdout)
         print(result.stdout, end="")
         rc |= result.returncode != 0
-        paired = ["--paired", str(jsonl)]
     targets = subprocess.run(
         [sys.executable, "-m", "analysis.targets", str(out), "--kernel", name, *paired],
         stdout=subprocess.PIPE, text=True,

@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from experiments.registry import OpSpec, block_latency_pairing, register
+from experiments.registry import OpSpec, latency_pairing, register
 from experiments.workloads import Workload
 
 
@@ -85,7 +85,8 @@ register(OpSpec(
     triton_compiled=None, bound="compute", passes=("fwd", "fwd_bwd"), composed=("linear",),
     bench=("kernel=mlp mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "pass=fwd,fwd_bwd dtype=bf16",),
-    paired=block_latency_pairing("mlp"),
+    paired=latency_pairing("mlp", "triton", "default,max-autotune-no-cudagraphs",
+                           ("fwd", "fwd_bwd")),
     markers={"marker": "P"},
 ))  # fmt: skip
 
@@ -144,7 +145,8 @@ register(OpSpec(
     composed=("matmul", "softmax"),
     bench=("kernel=attention mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "pass=fwd,fwd_bwd dtype=bf16",),
-    paired=block_latency_pairing("attention"),
+    paired=latency_pairing("attention", "triton", "default,max-autotune-no-cudagraphs",
+                           ("fwd", "fwd_bwd")),
     markers={"marker": "X"},
 ))  # fmt: skip
 
@@ -211,6 +213,7 @@ register(OpSpec(
     triton_compiled=None, bound="compute", composed=("conv",), passes=("fwd", "fwd_bwd"),
     bench=("kernel=bottleneck mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "pass=fwd,fwd_bwd dtype=bf16",),
-    paired=block_latency_pairing("bottleneck"),
+    paired=latency_pairing("bottleneck", "triton", "default,max-autotune-no-cudagraphs",
+                           ("fwd", "fwd_bwd")),
     markers={"marker": "h"},
 ))  # fmt: skip

@@ -78,6 +78,15 @@ def skipped_record(job: Job, shape: dict, reason: str) -> Record:
     return record
 
 
+def grad_output(eager, inputs, generator) -> torch.Tensor:
+    """A random dY for a training step, in the output's layout (a channels_last conv's dY is
+    channels_last in a real network)."""
+    with torch.no_grad():
+        example = eager(*inputs)
+    values = torch.randn(example.shape, generator=generator, device=example.device)
+    return torch.empty_like(example).copy_(values)
+
+
 def make_step(module, inputs, grad_out, grad_tensors, cudagraphs) -> Callable:
     """The zero-argument closure that every timer calls: one forward (and backward)."""
 
@@ -206,13 +215,7 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
     if bench.static_inputs and device.type == "cuda":
         for t in inputs:
             torch._dynamo.mark_static_address(t)
-    grad_out = None
-    if fwd_bwd:
-        with torch.no_grad():
-            example = eager(*inputs)
-        values = torch.randn(example.shape, generator=generator, device=device)
-        # in the output's layout (a channels_last conv's dY is channels_last in a real network)
-        grad_out = torch.empty_like(example).copy_(values)
+    grad_out = grad_output(eager, inputs, generator) if fwd_bwd else None
     grad_tensors = [*inputs, *params]
     random_tensors = [*params, *inputs] + ([grad_out] if fwd_bwd else [])  # refilled per seed
 

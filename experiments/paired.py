@@ -40,8 +40,8 @@ from omegaconf import OmegaConf
 from experiments import modes, registry, timing
 from experiments.correctness import TOLERANCES, allowed_error, relative_error, tolerance
 from experiments.errors import ConfigError
-from experiments.measure import make_step, outputs_of, reference_outputs, refill
-from experiments.workloads import custom_ops, make_workload, resolve_shapes, triton_ops, with_ops
+from experiments.measure import grad_output, make_step, outputs_of, reference_outputs, refill
+from experiments.workloads import make_workload, resolve_shapes
 
 MODES = ("default", "max-autotune-no-cudagraphs")
 # --metric latency: ours (the first is the default), against any of the compile modes
@@ -53,31 +53,16 @@ CONF = Path(__file__).resolve().parent.parent / "conf" / "kernel"
 LEAD_US = 400.0
 
 
-def implementations(eager_module) -> dict:
-    """Ours and a fresh torch.compile of the eager module per mode (dynamic=False, as the
-    benchmark's compile config). Dynamo's caches are reset first: its recompile limit would
-    otherwise run later shapes eagerly."""
+def implementations(eager_module, names) -> dict:
+    """Each named mode (`triton`, `triton-compiled` or a compile mode) built from its conf/mode
+    file by modes.build, as a job of that mode builds it, with the benchmark's compile config
+    (dynamic=False, the mode's own Inductor options). Dynamo's caches are reset first: its
+    recompile limit would otherwise run later shapes eagerly."""
     torch._dynamo.reset()
-    impls = {"triton": with_ops(eager_module, triton_ops())}
-    for mode in MODES:
-        impls[mode] = torch.compile(eager_module, mode=mode, dynamic=False)
-    return impls
-
-
-def latency_implementations(eager_module, ours: str, compile_modes) -> dict:
-    """--metric latency: ours first, `triton` (the kernels called directly) or `triton-compiled`
-    (as the mode builds it: fullgraph, its kind's Inductor options), then a fresh torch.compile
-    of the eager module per compile mode."""
-    torch._dynamo.reset()
-    if ours == "triton":
-        impls = {"triton": with_ops(eager_module, triton_ops())}
-    else:
-        options = modes.resolved_options("default", {}, modes.USER_KERNEL_OPTIONS)
-        impls = {"triton-compiled": torch.compile(with_ops(eager_module, custom_ops()),
-                                                  fullgraph=True, dynamic=False, options=options)}
-    for mode in compile_modes:
-        impls[mode] = torch.compile(eager_module, mode=mode, dynamic=False)
-    return impls
+    compile_cfg = OmegaConf.load(CONF.parent / "compile" / "default.yaml")
+    return {name: modes.build(OmegaConf.load(CONF.parent / "mode" / f"{name}.yaml"), compile_cfg,
+                              eager_module, ()).module
+            for name in names}  # fmt: skip
 
 
 def ratios(times: dict[str, list[float]]) -> list[float]:
@@ -99,7 +84,7 @@ def run_shape(workload, shape, dtype_name: str, rounds: int, timer) -> tuple[str
     generator = torch.Generator(device=device).manual_seed(0)
     eager = workload.make_module(shape, registry.namespace("eager")).to(device=device, dtype=dtype)
     workload.init_parameters(eager, generator)
-    impls = implementations(eager)
+    impls = implementations(eager, ("triton", *MODES))
     label = workload.label(shape)
     inputs = workload.make_inputs(shape, dtype, device, generator)
     reference = copy.deepcopy(eager).to(torch.float64)(*(t.to(torch.float64) for t in inputs))
@@ -146,14 +131,9 @@ def run_latency_shape(workload, shape, dtype_name: str, rounds: int, ours: str =
     inputs = workload.make_inputs(shape, dtype, device, generator)
     for t in (*params, *inputs):
         t.requires_grad_(fwd_bwd)
-    grad_out = None
-    if fwd_bwd:
-        with torch.no_grad():
-            example = eager(*inputs)
-        grad_out = torch.empty_like(example).copy_(
-            torch.randn(example.shape, generator=generator, device=device))
+    grad_out = grad_output(eager, inputs, generator) if fwd_bwd else None
     label = workload.label(shape)
-    impls = latency_implementations(eager, ours, compile_modes)
+    impls = implementations(eager, (ours, *compile_modes))
     steps = {name: make_step(module, inputs, grad_out, [*inputs, *params], False)
              for name, module in impls.items()}  # fmt: skip
     want = reference_outputs(eager, inputs, grad_out, fwd_bwd)

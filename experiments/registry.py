@@ -73,17 +73,13 @@ class OpSpec:
 
 
 OPS: dict[str, OpSpec] = {}
-# An op's triton-compiled call latency against compile default's, timed in one process
-# (experiments.paired --metric latency) on its default shape set: the host-path target's reading
-LATENCY_PAIRING = "--kernel {op} --shapes auto --metric latency --rounds 5"
-
-
-def block_latency_pairing(op: str) -> tuple[str, ...]:
-    """A block's call latency in mode=triton against the best of the compile modes its bench
-    grids run, timed in one process, forward and training step: its latency target's reading."""
-    return tuple(f"--kernel {op} --shapes auto --metric latency --ours triton --compile-modes "
-                 f"default,max-autotune-no-cudagraphs --pass {p} --rounds 5"
-                 for p in ("fwd", "fwd_bwd"))  # fmt: skip
+def latency_pairing(op: str, ours: str = "triton-compiled", compile_modes: str = "default",
+                    passes=("fwd",)) -> tuple[str, ...]:  # fmt: skip
+    """`experiments.paired --metric latency` runs, one a pass: ours against the compile modes in
+    one process on the op's default shapes, the reading of a latency target against the compiler
+    (an op's triton-compiled against default; a block's triton against the modes its grids run)."""
+    return tuple(f"--kernel {op} --shapes auto --metric latency --ours {ours} --compile-modes "
+                 f"{compile_modes} --pass {p} --rounds 5" for p in passes)  # fmt: skip
 
 
 def register(spec: OpSpec) -> OpSpec:
@@ -189,7 +185,7 @@ register(OpSpec(
            "kernel=matmul mode=triton,triton-compiled,default dtype=bf16 shapes=default",
            "kernel=matmul mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
            "dtype=bf16 shapes=attention"),
-    paired=(LATENCY_PAIRING.format(op="matmul"),),
+    paired=latency_pairing("matmul"),
     markers={"marker": "o"},
 ))  # fmt: skip
 
@@ -249,7 +245,7 @@ register(OpSpec(
     bench=("kernel=linear mode=triton,triton-compiled,default,max-autotune-no-cudagraphs pass=fwd "
            "dtype=bf16,fp16",
            "kernel=linear mode=triton pass=fwd_bwd dtype=bf16,fp16"),
-    paired=(LATENCY_PAIRING.format(op="linear"),),
+    paired=latency_pairing("linear"),
     markers={"marker": "s"},
 ))  # fmt: skip
 
@@ -299,7 +295,7 @@ register(OpSpec(
     # run at the copy's rate, separate jobs differ by more than the kernels do
     paired=("--kernel softmax --shapes rows --only-n 128,512,1024,4096,16384 --rounds 7 "
             "--dtypes bf16,fp32",
-            LATENCY_PAIRING.format(op="softmax")),
+            *latency_pairing("softmax")),
     markers={"marker": "^"},
 ))  # fmt: skip
 
@@ -432,7 +428,7 @@ register(OpSpec(
            "kernel=conv kernel.bias=false pass=fwd_bwd mode=triton shapes=resnet50",
            "kernel=conv kernel.bias=false pass=fwd_bwd "
            "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core"),
-    paired=(LATENCY_PAIRING.format(op="conv"),),
+    paired=latency_pairing("conv"),
     markers={"marker": "D"},
 ))  # fmt: skip
 
