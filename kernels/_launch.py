@@ -233,12 +233,17 @@ class Step:
                                             list(d.block))  # fmt: skip
         return lead
 
-    def _launch(self, tensors) -> None:
+    def once(self, *tensors) -> None:
+        """One launch through kernel[grid], not armed: for a step built for a single call, where
+        generating the armed function (hundreds of microseconds) would cost more than it saves."""
+        self._launch(tensors, arm_after=False)
+
+    def _launch(self, tensors, arm_after: bool = True) -> None:
         if self.descs and _FAST:
             bind_context()
         lead = self.lead(tensors)
         result = self.kernel[self.grid](*lead, *self.args, **self.meta)
-        if _FAST and self.fast is None and isinstance(result, CompiledKernel):
+        if arm_after and _FAST and self.fast is None and isinstance(result, CompiledKernel):
             self.fast = arm(self, result, tensors, lead)
 
 

@@ -244,9 +244,9 @@ DEPTHWISE = {
 }
 
 
-def _depthwise(name, channels_last, dtype, activation, fn=None):
+def _depthwise(name, channels_last, dtype, activation, fn=None, seed=9):
     n, c, h, w, m, r, stride, padding, dilation = DEPTHWISE[name]
-    generator = torch.Generator().manual_seed(9)
+    generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c, h, w, generator=generator).to(DEVICE, dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -281,6 +281,21 @@ def test_depthwise_half_dtypes_and_the_compiled_op(dtype):
 
     torch.compiler.reset()
     _depthwise("3x3-d2-m2", True, DTYPES[dtype], "silu", fn=compiled)
+
+
+def test_depthwise_dgrad_plan_is_kept_and_reused():
+    """A direct depthwise backward keeps its per-phase steps (one a channel of the multiplier)
+    under its geometry, and the next call, on new values, runs those same steps and is right."""
+    backward._DEPTHWISE_DGRAD.clear()
+    for seed in (11, 12):
+        _depthwise("5x5-s3-m3", True, torch.float32, None, seed=seed)
+        ((gaps, phases),) = backward._DEPTHWISE_DGRAD.values()
+        steps = [step for _, per_j in phases for step in per_j]
+        assert len(phases) == 9 and len(steps) == 27 and None not in steps
+        if seed == 11:
+            first = steps
+    assert all(a is b for a, b in zip(steps, first, strict=True))
+    backward._DEPTHWISE_DGRAD.clear()
 
 
 def test_depthwise_wgrad_splits_agree():

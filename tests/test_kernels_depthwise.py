@@ -94,6 +94,7 @@ GEOMETRIES = {
     "3x3-dilation2-pad2": ((2, 5, 9, 11), 1, 3, 1, 2, 2),
     "2x2-pad0": ((2, 5, 9, 11), 1, 2, 1, 0, 1),
     "5x3-mixed-pairs": ((1, 5, 9, 11), 2, (5, 3), (2, 1), (2, 1), (1, 2)),
+    "3x3-wide-rows": ((2, 5, 6, 37), 1, 3, 1, 1, 1),  # pixel blocks span output rows
 }
 
 

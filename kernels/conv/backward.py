@@ -190,26 +190,50 @@ def _flipped_taps(weight: torch.Tensor, taps: tuple[int, ...], dim: int) -> torc
         (slice(None),) * dim + (slice(None, None, step),)].flip(dim)
 
 
+# depthwise dgrad launches of direct calls, per geometry: (gaps, [(TapConv, [Step per j])])
+_DEPTHWISE_DGRAD = PlanCache()
+
+
 def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
     """Fill dx with the dgrad of a depthwise conv: per stride phase, depthwise convs of dZ with
     the phase's taps flipped (depthwise.py's stencil, writing the phase's view of dx); with a
-    channel multiplier m, output channel j of each group's m is its own conv, summed."""
+    channel multiplier m, output channel j of each group's m is its own conv, summed. Direct
+    calls keep their steps per geometry, as _dgrad does."""
     N, C, H, W = dx.shape
     K, _, R, S = weight.shape
     m = K // C
-    convs, gaps = dgrad_convs((H, W), (R, S), stride, padding, dilation)
+    planned = launch is direct and not torch.compiler.is_compiling()
+    key = plan = None
+    if planned:
+        key = (dz.shape, dz.stride(), dx.shape, dx.stride(), weight.shape, weight.stride(),
+               dz.dtype, dz.device, dz.data_ptr() % 16, dx.data_ptr() % 16, stride, padding,
+               dilation)  # fmt: skip
+        plan = _DEPTHWISE_DGRAD.get(key)
+    if plan is None:
+        convs, gaps = dgrad_convs((H, W), (R, S), stride, padding, dilation)
+        plan = (gaps, [(tc, [None] * m) for tc in convs])
+    gaps, phases = plan
     if gaps:
         dx.zero_()
-    for tc in convs:
+    for tc, steps in phases:
         y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         taps = _flipped_taps(_flipped_taps(weight, tc.rows, 2), tc.cols, 3)
         for j in range(m):
             z_j, w_j = dz[:, j::m], taps[j::m].contiguous()
             out = y if j == 0 else torch.empty_like(y)
-            depthwise_step(z_j, w_j, None, out, (1, 1), tc.padding, tc.dilation, NONE,
-                           launch=launch)(z_j, w_j, None, out)  # fmt: skip
+            step = steps[j]
+            if step is None:
+                step = depthwise_step(z_j, w_j, None, out, (1, 1), tc.padding, tc.dilation, NONE,
+                                      launch=launch)  # fmt: skip
+            if planned:
+                steps[j] = step
+                step(z_j, w_j, None, out)
+            else:  # built for this call alone: not worth arming
+                step.once(z_j, w_j, None, out)
             if j:
                 y.add_(out)
+    if planned:
+        _DEPTHWISE_DGRAD.put(key, plan)
 
 
 def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, need_dx, need_dw,

@@ -17,12 +17,11 @@ coordinates too. Every tensor is read by its strides, so NCHW works as well (the
 tile then gathers element by element with a stride of H·W: correct, not the layout this is built
 for).
 
-The taps are a plain loop, not unrolled: unrolled, the compiler hoists every tap's load ahead of
-the FMAs, which for 7x7 needs ~49 tiles of registers (ptxas for sm_90: 255 registers and spills);
-looped, a 16-element-per-thread tile takes 72 registers (28 resident warps an SM) for any filter
-(3x3 and 7x7 share one compile), and the other resident warps hide each load's latency. Every
-input element still passes through L1 R·S times (49 for 7x7), which may bound the 7x7 layers
-before DRAM does.
+The filter rows are a loop and each row's S taps unroll (R, S are compile-time), so a row's S
+loads are in flight together rather than one tap's load latency at a time; unrolling all R·S taps
+would hoist every load ahead of the FMAs, which for 7x7 needs ~49 tiles of registers (ptxas for
+sm_90: 255 registers and spills). The measurements against the plain tap loop and cuDNN are in
+docs/kernels/conv.md. Every input element still passes through L1 R·S times (49 for 7x7).
 
 Functions:
     depthwise_reference      F.conv2d(groups=C), the float64 reference of the tests
@@ -97,20 +96,22 @@ DEPTHWISE_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "conv_stride_h", "
 def conv_depthwise_kernel(
     # x: (N, C, H, W), w: (K, 1, R, S), bias: (K,) or None, y: (N, K, P, Q); all by strides
     x, w, bias_ptr, y,
-    # sizes
-    N, C, H, W, K, P, Q, R, S,
+    # sizes (the filter's R, S are compile-time: its column taps unroll)
+    N, C, H, W, K, P, Q,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
     # strides, in elements
     stride_xn, stride_xc, stride_xh, stride_xw,
     stride_wk, stride_wr, stride_ws,
     stride_yn, stride_yk, stride_yp, stride_yq,
-    # K // C, epilogue, tile
-    MULTIPLIER: tl.constexpr,
+    # filter, K // C, epilogue, tile
+    R: tl.constexpr, S: tl.constexpr, MULTIPLIER: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     # -- program-id mapping: axis 0 is (image, pixel block), pixel blocks fastest, so programs
-    # that run together are spatial neighbours and share their halo rows in L2; axis 1 channels
+    # that run together are spatial neighbours and share their halo rows in L2; axis 1 channels.
+    # (2-D pixel patches, whose halo rows overlap inside a program, measured slower on an H100
+    # for the 7x7 and the stride-2 layers: docs/kernels/conv.md.)
     pixel_blocks = tl.cdiv(P * Q, BLOCK_P)
     pid = tl.program_id(0)
     n = pid // pixel_blocks
@@ -128,18 +129,20 @@ def conv_depthwise_kernel(
     x_chan = (offs_k // MULTIPLIER) * stride_xc
     w_chan = w + offs_k * stride_wk
 
-    # -- main loop: one shifted (BLOCK_P, BLOCK_C) input tile per tap (r, s), decoded as scalars
+    # -- main loop: one shifted (BLOCK_P, BLOCK_C) input tile per tap; filter rows loop, the S
+    # taps of a row unroll, so a row's S loads are in flight together
     acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
-    for rs in range(R * S):
-        r = rs // S
-        s = rs - r * S
+    for r in range(R):
         ih = ih0 + r * dil_h
-        iw = iw0 + s * dil_w
-        pix_ok = p_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)  # zero padding reads 0
-        x_ptrs = x_img + (ih * stride_xh + iw * stride_xw)[:, None] + x_chan[None, :]
-        xv = tl.load(x_ptrs, mask=pix_ok[:, None] & k_ok[None, :], other=0.0)
-        wv = tl.load(w_chan + r * stride_wr + s * stride_ws, mask=k_ok, other=0.0)
-        acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
+        row_ok = p_ok & (ih >= 0) & (ih < H)
+        x_row = x_img + (ih * stride_xh)[:, None] + x_chan[None, :]
+        for s in tl.static_range(S):
+            iw = iw0 + s * dil_w
+            pix_ok = row_ok & (iw >= 0) & (iw < W)  # zero padding reads 0
+            xv = tl.load(x_row + (iw * stride_xw)[:, None], mask=pix_ok[:, None] & k_ok[None, :],
+                         other=0.0)  # fmt: skip
+            wv = tl.load(w_chan + r * stride_wr + s * stride_ws, mask=k_ok, other=0.0)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :]
 
     # -- write-back: bias + activation in fp32, one rounding, masked store --
     y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
@@ -176,7 +179,7 @@ def depthwise_conv2d(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, 
     if y.numel() == 0:
         return y
     depthwise_step(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, act_id,
-                   launch=launch)(x, weight, bias, y)  # fmt: skip
+                   launch=launch).once(x, weight, bias, y)  # fmt: skip
     return y
 
 
@@ -194,12 +197,12 @@ def depthwise_step(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, ac
 
     return Step(
         launch(kernel), grid,
-        (N, C, H, W, K, P, Q, R, S,
+        (N, C, H, W, K, P, Q,
          *stride_hw, *padding_lo_hw, *dilation_hw,
          *x.stride(),
          weight.stride(0), weight.stride(2), weight.stride(3),
          *y.stride()),
-        dict(MULTIPLIER=K // C, HAS_BIAS=bias is not None, ACTIVATION=act_id),
+        dict(R=R, S=S, MULTIPLIER=K // C, HAS_BIAS=bias is not None, ACTIVATION=act_id),
     )  # fmt: skip
 
 

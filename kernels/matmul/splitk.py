@@ -14,8 +14,6 @@ Functions:
         C = act(sum of the SPLIT_K partials + bias), and Z when STORE_PREACT; in slice order.
     splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch) -> Step
         Its launch (kernels._launch.Step) for a (split_k, M, N) fp32 partial buffer.
-    launch_splitk_reduce(partial, c, bias, preact, act_id, launch)
-        The same, launched once.
 """
 
 import triton
@@ -71,7 +69,3 @@ def splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch):
              SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n),
     )  # fmt: skip
 
-
-def launch_splitk_reduce(partial, c, bias, preact, act_id, launch):
-    split_k, M, N = partial.shape
-    splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch)(partial, c, bias, preact)
