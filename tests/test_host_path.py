@@ -7,7 +7,10 @@ stand-in compiled kernel that records what it would have launched. The GPU tests
 capture a cached call in a CUDA graph and compile the traced softmax over 65536-column rows."""
 
 import gc
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -387,6 +390,39 @@ def test_unarmed_step_uses_the_jit_and_arms_only_on_a_compiled_kernel():
     step = Step(kernel, (3,), (5,), {"X": 1})
     step(torch.zeros(2))
     assert step.fast is None and len(kernel.jit) == 1  # the stand-in returned no CompiledKernel
+
+
+def test_once_launches_through_the_jit_without_arming(monkeypatch):
+    """Step.once (a step built for a single call) launches through kernel[grid] and leaves the
+    step unarmed, where a call would arm it on a compiled kernel."""
+    compiled, armed = _Compiled(), []
+
+    class Kernel(_Kernel):
+        def __getitem__(self, grid):
+            launch = super().__getitem__(grid)
+            return lambda *args, **kwargs: launch(*args, **kwargs) or compiled
+
+    monkeypatch.setattr(_launch, "_FAST", True)
+    monkeypatch.setattr(_launch, "CompiledKernel", _Compiled)
+    monkeypatch.setattr(_launch, "arm", lambda step, *rest: armed.append(step) or "armed")
+    kernel = Kernel()
+    step = Step(kernel, (3,), (5,), {"X": 1})
+    step.once(torch.zeros(2))
+    assert step.fast is None and armed == [] and len(kernel.jit) == 1
+    step(torch.zeros(2))
+    assert armed == [step] and step.fast == "armed" and len(kernel.jit) == 2
+
+
+def test_compiled_host_cost_refuses_bad_arguments_before_any_work():
+    """scripts/compiled_host_cost.py: an unknown shape, or no GPU, is one line and exit 2."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "compiled_host_cost.py"
+    bad = subprocess.run([sys.executable, str(script), "--shape", "1x1"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "--shape 1x1: not in softmax's default set" in bad.stderr
+    if not torch.cuda.is_available():
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+        assert run.returncode == 2 and run.stderr.strip() == "compiled_host_cost: needs a CUDA GPU"
 
 
 def test_descriptor_cache_is_keyed_by_pointer():
