@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 from experiments import registry  # noqa: E402
+from experiments.host_path import wall_us  # noqa: E402
 from experiments.paired import CONF, implementations  # noqa: E402
 from experiments.workloads import make_workload, resolve_shapes  # noqa: E402
 
@@ -40,15 +41,6 @@ def gpu_us(call) -> float:
         torch.cuda.synchronize()
     events = prof.key_averages()
     return sum(e.device_time_total for e in events if e.device_type.name == "CUDA") / CALLS
-
-
-def b2b_us(call) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(CALLS):
-        call()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / CALLS * 1e6
 
 
 def host_us(call) -> float:
@@ -101,7 +93,7 @@ def main(argv=None) -> int:
     print(f"{'mode':16} {'gpu us':>8} {'b2b us':>8} {'host us':>8}  host per round")
     for name, call in calls.items():
         rounds = " ".join(f"{v:.1f}" for v in host[name])
-        print(f"{name:16} {gpu_us(call):8.1f} {b2b_us(call):8.1f} "
+        print(f"{name:16} {gpu_us(call):8.1f} {wall_us(call, CALLS):8.1f} "
               f"{statistics.median(host[name]):8.1f}  {rounds}")  # fmt: skip
     return 0
 
