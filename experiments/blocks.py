@@ -167,10 +167,10 @@ class Bottleneck(nn.Module):
             setattr(self, f"{layer}_bias", nn.Parameter(torch.empty(k)))
 
     def forward(self, x):
-        # conv2d(x, weight, bias, stride, padding, dilation, activation)
-        h = self.ops.conv2d(x, self.reduce_weight, self.reduce_bias, 1, 0, 1, "relu")
-        h = self.ops.conv2d(h, self.conv_weight, self.conv_bias, 1, 1, 1, "relu")
-        h = self.ops.conv2d(h, self.expand_weight, self.expand_bias, 1, 0, 1, None)
+        # conv2d(x, weight, bias, stride, padding, dilation, groups, activation=...)
+        h = self.ops.conv2d(x, self.reduce_weight, self.reduce_bias, 1, 0, 1, activation="relu")
+        h = self.ops.conv2d(h, self.conv_weight, self.conv_bias, 1, 1, 1, activation="relu")
+        h = self.ops.conv2d(h, self.expand_weight, self.expand_bias, 1, 0, 1)
         return torch.relu(h + x)  # the residual: torch in every mode
 
 

@@ -175,7 +175,8 @@ def _flaggems_ops() -> dict[str, Callable]:
     def softmax(x, dim):
         return Softmax.apply(x, dim) if _needs_grad(x) else fg.softmax(x, dim, False)
 
-    def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None, groups=1):
+    def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
+               activation=None):  # fmt: skip
         y = fg.conv2d(x, weight, bias, stride, padding, dilation, groups)
         return activations[activation or "none"][0](y)
 

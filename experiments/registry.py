@@ -303,8 +303,8 @@ register(OpSpec(
 # ---------------------------------------------------------------------------------------------
 # conv: conv2d (+ bias, + activation) over an NCHW or channels-last input
 # ---------------------------------------------------------------------------------------------
-def torch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None,
-                 groups=1):  # fmt: skip
+def torch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
+                 activation=None):  # fmt: skip
     y = F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
                  groups=groups)  # fmt: skip
     return _activation(activation)(y)
@@ -328,11 +328,9 @@ class Conv2d(nn.Module):
         self.bias = nn.Parameter(torch.empty(shape["k"])) if bias else None
 
     def forward(self, x):
-        args = (x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                self.activation)  # fmt: skip
-        if self.groups == 1:  # the keyword only where used: every mode's signature takes it
-            return self.ops.conv2d(*args)
-        return self.ops.conv2d(*args, groups=self.groups)
+        # F.conv2d's positional order in every mode's namespace; the activation by keyword
+        return self.ops.conv2d(x, self.weight, self.bias, self.stride, self.padding,
+                               self.dilation, self.groups, activation=self.activation)
 
 
 class ConvWorkload(Workload):

@@ -34,7 +34,7 @@ from kernels._common import TORCH_ACTIVATIONS, activation_id, direct, is_interpr
 from kernels._launch import python_function
 from kernels.conv import conv2d_forward
 from kernels.conv.backward import conv2d_backward_upcast, save_mode
-from kernels.conv.dispatch import check_trainable, resolve_padding
+from kernels.conv.dispatch import check_groups_type, check_trainable, resolve_padding
 from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import matmul_impl
 from kernels.matmul.dispatch import matmul_batched, matmul_grads, matmul_nd
@@ -311,7 +311,8 @@ def _pair(value) -> list[int]:
     return list(value) if isinstance(value, tuple | list) else [value, value]
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None, groups=1):
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None):
+    check_groups_type(groups)  # before the op's schema, whose own message names no argument
     if isinstance(padding, str) and isinstance(weight, Tensor):
         # the op's schema takes ints: 'same' / 'valid' as (top, left, bottom, right)
         lo, hi = resolve_padding(padding, tuple(weight.shape[2:]), tuple(_pair(stride)),

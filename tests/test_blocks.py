@@ -162,7 +162,8 @@ class Recorder:
 
     def _logged(self, function, eager):
         def call(*args, **kwargs):
-            plain = tuple(a for a in args if not isinstance(a, torch.Tensor) and a is not None)
+            given = (*args, *(kwargs[k] for k in sorted(kwargs)))  # keywords: the activation
+            plain = tuple(a for a in given if not isinstance(a, torch.Tensor) and a is not None)
             self.calls.append((function, plain))
             return eager(*args, **kwargs)
 

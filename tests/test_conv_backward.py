@@ -60,7 +60,7 @@ def _check(fn, geometry, channels_last, activation, dtype, seed=0, dy_of=None):
     x, weight, bias, stride, padding, dilation = _make(geometry, channels_last, dtype, generator)
     for t in (x, weight, bias):
         t.requires_grad_()
-    y = fn(x, weight, bias, stride, padding, dilation, activation)
+    y = fn(x, weight, bias, stride, padding, dilation, activation=activation)
     dy = torch.randn(y.shape, generator=generator).to(DEVICE, dtype)
     if dy_of is not None:
         dy = dy_of(dy)
@@ -120,7 +120,7 @@ def test_only_the_requested_gradients():
     generator = torch.Generator().manual_seed(4)
     x, weight, bias, *geometry = _make(GEOMETRIES["3x3-s2-odd"], True, torch.float32, generator)
     weight.requires_grad_()
-    y = kernels.conv2d(x, weight, bias, *geometry, "relu")
+    y = kernels.conv2d(x, weight, bias, *geometry, activation="relu")
     y.sum().backward()  # an expanded (stride-0) dY
     assert x.grad is None and bias.grad is None and weight.grad is not None
     ref = _reference(x, weight, bias, *geometry, "relu", torch.ones(y.shape))
@@ -145,7 +145,7 @@ def test_triton_compiled_trains_in_one_graph():
     def fn(x, weight, bias, stride, padding, dilation, activation):
         # a graph break is an error; static ints, as a module's attributes are
         compiled = torch.compile(ops.conv2d, fullgraph=True, dynamic=False)
-        return compiled(x, weight, bias, stride, padding, dilation, activation)
+        return compiled(x, weight, bias, stride, padding, dilation, activation=activation)
 
     torch.compiler.reset()
     _check(fn, GEOMETRIES["3x3-s2-odd"], True, "relu", torch.float32)
@@ -231,7 +231,7 @@ def test_grouped_training_is_refused_before_any_work():
     weight = torch.randn(4, 2, 3, 3, device=DEVICE)
     for fn in (kernels.conv2d, ops.conv2d):
         with pytest.raises(NotImplementedError, match="groups=2 has no backward"):
-            fn(x, weight, None, 1, 1, 1, None, 2)
+            fn(x, weight, None, 1, 1, 1, 2)
 
 
 # (N, C, H, W, multiplier, R, stride, padding, dilation)
@@ -254,7 +254,7 @@ def _depthwise(name, channels_last, dtype, activation, fn=None, seed=9):
     bias = torch.randn(c * m, generator=generator).to(DEVICE, dtype)
     for t in (x, weight, bias):
         t.requires_grad_()
-    y = (fn or kernels.conv2d)(x, weight, bias, stride, padding, dilation, activation, c)
+    y = (fn or kernels.conv2d)(x, weight, bias, stride, padding, dilation, c, activation=activation)
     dy = torch.randn(y.shape, generator=generator).to(DEVICE, dtype)
     y.backward(dy)
     leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
@@ -276,8 +276,8 @@ def test_depthwise_gradients_match_float64(name, channels_last):
 def test_depthwise_half_dtypes_and_the_compiled_op(dtype):
     _depthwise("3x3-s2", True, DTYPES[dtype], None)
 
-    def compiled(*args):
-        return torch.compile(ops.conv2d, fullgraph=True, dynamic=False)(*args)
+    def compiled(*args, **kwargs):
+        return torch.compile(ops.conv2d, fullgraph=True, dynamic=False)(*args, **kwargs)
 
     torch.compiler.reset()
     _depthwise("3x3-d2-m2", True, DTYPES[dtype], "silu", fn=compiled)

@@ -56,7 +56,7 @@ def assert_close(y, x, weight, bias, stride, padding, dilation, activation=None)
 
 
 def check(x, weight, bias=None, stride=1, padding=0, dilation=1, activation=None):
-    y = conv2d(x, weight, bias, stride, padding, dilation, activation)
+    y = conv2d(x, weight, bias, stride, padding, dilation, activation=activation)
     assert_close(y, x, weight, bias, stride, padding, dilation, activation)
     return y
 

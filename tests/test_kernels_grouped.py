@@ -48,7 +48,7 @@ def reference(x, weight, bias, stride, padding, dilation, groups, activation="no
 
 
 def check(x, weight, bias, stride, padding, dilation, groups, activation=None, fn=kernels.conv2d):
-    y = fn(x, weight, bias, stride, padding, dilation, activation, groups)
+    y = fn(x, weight, bias, stride, padding, dilation, groups, activation=activation)
     ref = reference(x, weight, bias, stride, padding, dilation, groups, activation or "none")
     assert y.dtype == x.dtype and y.shape == ref.shape
     err = relative_error(y, ref)
@@ -132,7 +132,7 @@ def test_channel_slice_and_strided_weight(channels_last, device):
 
 def test_unbatched_input(device):
     x, weight, bias = make_inputs(GEOMETRIES["g4-c3-k5-5x3-stride2"], device=device)
-    y = kernels.conv2d(x[0], weight, bias, 2, (2, 1), 1, None, 4)
+    y = kernels.conv2d(x[0], weight, bias, 2, (2, 1), 1, 4)
     ref = reference(x, weight, bias, 2, (2, 1), 1, 4)[0]
     assert y.shape == ref.shape and relative_error(y, ref) < budget(x.dtype)
 
@@ -240,7 +240,23 @@ def test_refused_cases_are_one_clear_error(device):
     trains = x.clone().requires_grad_()
     for fn in (kernels.conv2d, kernels.ops.conv2d):
         with pytest.raises(NotImplementedError, match="groups=3 has no backward"):
-            fn(trains, torch.randn(9, 2, 3, 3, device=device), None, 1, 1, 1, None, 3)
+            fn(trains, torch.randn(9, 2, 3, 3, device=device), None, 1, 1, 1, 3)
+
+
+def test_positional_arguments_are_f_conv2d_s(device):
+    """groups is the seventh positional argument, as in F.conv2d, through kernels.conv2d and
+    the custom op's wrapper; activation is keyword-only, and the order that had activation
+    seventh gets one error that says so."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 6, 7, 9, generator=g).to(device)
+    weight = torch.randn(8, 3, 3, 3, generator=g).to(device)
+    want = F.conv2d(x.double(), weight.double(), None, 1, 1, 1, 2)
+    for fn in (kernels.conv2d, kernels.ops.conv2d):
+        assert relative_error(fn(x, weight, None, 1, 1, 1, 2), want) < 1e-4
+        with pytest.raises(TypeError, match=r"got 'relu' \(activation is keyword-only"):
+            fn(x, weight, None, 1, 1, 1, "relu")
+        with pytest.raises(TypeError, match="positional argument"):
+            fn(x, weight, None, 1, 1, 1, 2, "relu")
 
 
 # ---------------------------------------------------------------------------------------------

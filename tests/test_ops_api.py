@@ -161,7 +161,7 @@ def test_depthwise_conv_through_both_entries():
         x = torch.randn(2, 6, 7, 9, generator=g).to(memory_format=torch.channels_last)
         ref = F.conv2d(x.double(), w.double(), b.double(), 1, "same", 1, 6)
         for fn in (kernels.conv2d, kernels.ops.conv2d):
-            y = fn(x, w, b, 1, "same", 1, None, groups=6)
+            y = fn(x, w, b, 1, "same", 1, 6)
             assert relative_error(y, ref) <= tolerance("fp32", False)
             assert y.is_contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match=r"groups=4 must divide C = 6 and K = 12"):

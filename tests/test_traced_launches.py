@@ -77,16 +77,17 @@ def _cases():
         "linear": lambda: ops.linear(rand(5, 24), rand(40, 24), rand(40), "gelu"),
         "softmax": lambda: ops.softmax(rand(6, 100), -1),
         "softmax-long-rows": lambda: ops.softmax(rand(2, 70000), -1),
-        "conv-1x1": lambda: ops.conv2d(x4, w1, None, [1, 1], [0, 0], [1, 1], "none", 1),
-        "conv-3x3-s2": lambda: ops.conv2d(x4, w3, None, [2, 2], [1, 1], [1, 1], "relu", 1),
+        "conv-1x1": lambda: ops.conv2d(x4, w1, None, [1, 1], [0, 0], [1, 1], 1),
+        "conv-3x3-s2": lambda: ops.conv2d(x4, w3, None, [2, 2], [1, 1], [1, 1], 1,
+                                          activation="relu"),
         "conv-stem-c3": lambda: ops.conv2d(rand(1, 3, 9, 9), rand(8, 3, 3, 3), rand(8), [2, 2],
-                                           [1, 1], [1, 1], "none", 1),
+                                           [1, 1], [1, 1], 1),
         "conv-nchw-3x3": lambda: ops.conv2d(rand(1, 16, 7, 7), rand(8, 16, 3, 3), None, [1, 1],
-                                            [1, 1], [1, 1], "silu", 1),
+                                            [1, 1], [1, 1], 1, activation="silu"),
         "conv-depthwise": lambda: ops.conv2d(x4, rand(16, 1, 3, 3), None, [1, 1], [1, 1], [1, 1],
-                                             "none", 16),
+                                             16),
         "conv-grouped": lambda: ops.conv2d(x4.detach(), rand(16, 4, 3, 3).detach(), None,
-                                           [1, 1], [1, 1], [1, 1], "none", 4),  # no backward
+                                           [1, 1], [1, 1], [1, 1], 4),  # no backward
     }
 
 

@@ -209,11 +209,19 @@ def resolve_padding(padding, kernel_rs, stride_hw, dilation_hw):
     return pair, pair
 
 
+def check_groups_type(groups) -> None:
+    """TypeError unless groups is an int >= 1; a string there is most likely an activation
+    passed in the order that had it seventh (F.conv2d's order has groups there)."""
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        hint = " (activation is keyword-only: conv2d(..., groups, activation=...))" \
+            if isinstance(groups, str) else ""  # fmt: skip
+        raise TypeError(f"groups must be an int >= 1, got {groups!r}{hint}")
+
+
 def _groups(groups, C: int, K: int, C_w: int, x_shape, w_shape) -> int:
     """groups as F.conv2d takes it: an int >= 1 dividing C and K, with C / groups the weight's
     channels; every such value is supported (1, grouped, depthwise with any multiplier)."""
-    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
-        raise TypeError(f"groups must be an int >= 1, got {groups!r}")
+    check_groups_type(groups)
     if C % groups or K % groups or C // groups != C_w:
         per_group = "" if C % groups else f" = {C // groups}"
         raise ValueError(
@@ -387,10 +395,12 @@ def conv2d(
     stride=1,
     padding=0,
     dilation=1,
-    activation: str | None = None,
     groups: int = 1,
+    *,
+    activation: str | None = None,
 ) -> torch.Tensor:
-    """F.conv2d(x, weight, bias, stride, padding, dilation, groups), then `activation`.
+    """F.conv2d(x, weight, bias, stride, padding, dilation, groups), then `activation`: the
+    positional arguments are F.conv2d's, in its order; `activation` is keyword-only.
 
     groups: any int dividing C and K, with weight (K, C / groups, R, S): 1; grouped (grouped.py:
     an implicit GEMM with the groups on the grid); depthwise (groups = C, K a multiple of C: a
@@ -412,7 +422,7 @@ def conv2d(
 def check_trainable(groups: int, channels: int | None) -> None:
     """NotImplementedError for a grouping with no backward (both training entries, this module's
     and kernels/ops.py's, call it before any work)."""
-    if groups not in (1, channels):
+    if isinstance(groups, int) and groups not in (1, channels):
         raise NotImplementedError(
             f"conv2d with groups={groups} has no backward: groups=1 and depthwise (groups=C) "
             "train, other grouped convs are forward only; call it under torch.no_grad() or with "
