@@ -180,25 +180,18 @@ def _run_dgrad(planned, dz, weight, dx, stride):
         step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
 
 
-def _flipped_taps(weight: torch.Tensor, taps: tuple[int, ...], dim: int) -> torch.Tensor:
-    """weight's `taps` along `dim`, which _phase_taps gives as a descending progression: a
-    strided slice, flipped on the device. Indexing with the list instead copies it from pageable
-    host memory on every call, which waits for the GPU to catch up (as the dense dgrad's gather
-    once did, halving conv training's speed on an H100)."""
-    step = taps[0] - taps[1] if len(taps) > 1 else 1
-    return weight.narrow(dim, taps[-1], taps[0] - taps[-1] + 1)[
-        (slice(None),) * dim + (slice(None, None, step),)].flip(dim)
-
-
-# depthwise dgrad launches of direct calls, per geometry: (gaps, [(TapConv, [Step per j])])
+# depthwise dgrad launches of direct calls, per geometry: (gaps, tap index, [(TapConv, [Step
+# per j])])
 _DEPTHWISE_DGRAD = PlanCache()
 
 
 def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
     """Fill dx with the dgrad of a depthwise conv: per stride phase, depthwise convs of dZ with
     the phase's taps flipped (depthwise.py's stencil, writing the phase's view of dx); with a
-    channel multiplier m, output channel j of each group's m is its own conv, summed. Direct
-    calls keep their steps per geometry, as _dgrad does."""
+    channel multiplier m, output channel j of each group's m is its own conv, summed. One gather
+    takes every phase's taps at once, each phase's weight a view of it (the stencil reads the
+    weight by its strides); direct calls keep the gather index on the device and their steps
+    per geometry, as _dgrad does."""
     N, C, H, W = dx.shape
     K, _, R, S = weight.shape
     m = K // C
@@ -211,15 +204,21 @@ def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
         plan = _DEPTHWISE_DGRAD.get(key)
     if plan is None:
         convs, gaps = dgrad_convs((H, W), (R, S), stride, padding, dilation)
-        plan = (gaps, [(tc, [None] * m) for tc in convs])
-    gaps, phases = plan
+        taps = [r * S + s for tc in convs for r in tc.rows for s in tc.cols]
+        index = torch.tensor(taps, dtype=torch.int64, device=dz.device)
+        plan = (gaps, index, [(tc, [None] * m) for tc in convs])
+    gaps, index, phases = plan
     if gaps:
         dx.zero_()
+    gathered = weight.reshape(K, R * S).index_select(1, index)
+    start = 0
     for tc, steps in phases:
+        rows, cols = len(tc.rows), len(tc.cols)
+        taps = gathered[:, start : start + rows * cols].unflatten(1, (1, rows, cols))
+        start += rows * cols
         y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
-        taps = _flipped_taps(_flipped_taps(weight, tc.rows, 2), tc.cols, 3)
         for j in range(m):
-            z_j, w_j = dz[:, j::m], taps[j::m].contiguous()
+            z_j, w_j = dz[:, j::m], taps[j::m]
             out = y if j == 0 else torch.empty_like(y)
             step = steps[j]
             if step is None:

@@ -38,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, direct, is_interpreter, next_power_of_2
-from kernels._launch import Step
+from kernels._common import cdiv, direct, gpu_info, is_interpreter, next_power_of_2
+from kernels._launch import PlanCache, Step
 from kernels.conv.common import epilogue, traceable, tune_bench
 
 
@@ -272,37 +272,57 @@ def depthwise_wgrad_kernel(
     tl.store(ptrs, acc, mask=(taps < R * S)[:, None] & k_ok[None, :])
 
 
+# depthwise wgrad launches of direct calls, per geometry: (splits, partial-sum step, sum step)
+_WGRAD_PLANS = PlanCache()
+
+
 def depthwise_wgrad(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, *, launch=direct,
                     splits=None):  # fmt: skip
     """dW (K, 1, R, S) of a depthwise conv, contiguous, in x's dtype: per output channel k and
     tap (r, s), the sum over every output pixel of dZ[k] times the input channel k // (K / C)
     shifted by the tap. Pixel splits (grid axis 1) write fp32 partial slabs that
     wgrad.wgrad_split_sum_kernel adds in order (deterministic). `splits` forces the split count
-    (tests); by default enough programs to fill the GPU."""
-    from kernels._common import gpu_info
+    (tests); by default enough programs to fill the GPU. Direct calls keep both launches per
+    geometry (armed steps)."""
     from kernels.conv.wgrad import SUM_BLOCK, wgrad_split_sum_kernel
 
     N, K, P, Q = dz.shape
     _, C, H, W = x.shape
     R, S = kernel_rs
-    block_c = 32 if K >= 32 else 16
-    pixels = N * P * Q
-    if splits is None:
-        info = gpu_info(x.device)
-        programs = WGRAD_PROGRAMS * (info.sms if info is not None else 2)
-        splits = max(1, min(cdiv(pixels, WGRAD_BLOCK_P), programs // cdiv(K, block_c)))
-    per_split = cdiv(max(pixels, 1), splits)
-    splits = cdiv(max(pixels, 1), per_split)
+    planned = launch is direct and not torch.compiler.is_compiling()
+    key = plan = None
+    if planned:
+        key = (dz.shape, dz.stride(), x.shape, x.stride(), dz.dtype, dz.device, tuple(kernel_rs),
+               tuple(stride_hw), tuple(padding_lo_hw), tuple(dilation_hw), splits)  # fmt: skip
+        plan = _WGRAD_PLANS.get(key)
+    if plan is None:
+        block_c = 32 if K >= 32 else 16
+        pixels = N * P * Q
+        if splits is None:
+            info = gpu_info(x.device)
+            programs = WGRAD_PROGRAMS * (info.sms if info is not None else 2)
+            splits = max(1, min(cdiv(pixels, WGRAD_BLOCK_P), programs // cdiv(K, block_c)))
+        per_split = cdiv(max(pixels, 1), splits)
+        splits = cdiv(max(pixels, 1), per_split)
+        numel = K * R * S
+        main = Step(
+            launch(depthwise_wgrad_kernel), (cdiv(K, block_c), splits),
+            (N, C, H, W, K, P, Q, R, S, *stride_hw, *padding_lo_hw, *dilation_hw,
+             *dz.stride(), *x.stride(), per_split),
+            dict(MULTIPLIER=K // C, TAPS=next_power_of_2(R * S), BLOCK_P=WGRAD_BLOCK_P,
+                 BLOCK_C=block_c, num_warps=4),
+        )  # fmt: skip
+        reduce = Step(launch(wgrad_split_sum_kernel), (cdiv(numel, SUM_BLOCK),), (numel, splits),
+                      dict(BLOCK=SUM_BLOCK))  # fmt: skip
+        plan = (splits, main, reduce)
+    splits, main, reduce = plan
     ws = torch.empty((splits * K * R * S,), device=x.device, dtype=torch.float32)
     dw = torch.empty((K, 1, R, S), device=x.device, dtype=x.dtype)
-    launch(depthwise_wgrad_kernel)[(cdiv(K, block_c), splits)](
-        dz, x, ws, N, C, H, W, K, P, Q, R, S,
-        *stride_hw, *padding_lo_hw, *dilation_hw,
-        *dz.stride(), *x.stride(), per_split,
-        MULTIPLIER=K // C, TAPS=next_power_of_2(R * S), BLOCK_P=WGRAD_BLOCK_P, BLOCK_C=block_c,
-        num_warps=4,
-    )  # fmt: skip
-    numel = K * R * S
-    launch(wgrad_split_sum_kernel)[(cdiv(numel, SUM_BLOCK),)](ws, dw, numel, splits,
-                                                              BLOCK=SUM_BLOCK)  # fmt: skip
+    if planned:
+        main(dz, x, ws)
+        reduce(ws, dw)
+        _WGRAD_PLANS.put(key, plan)
+    else:  # built for this call alone: not worth arming
+        main.once(dz, x, ws)
+        reduce.once(ws, dw)
     return dw
