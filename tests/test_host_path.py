@@ -413,6 +413,32 @@ def test_once_launches_through_the_jit_without_arming(monkeypatch):
     assert armed == [step] and step.fast == "armed" and len(kernel.jit) == 2
 
 
+def test_softmax_launch_without_a_plan_key_is_not_armed(monkeypatch):
+    """A softmax launch that no plan keeps (a permuted view copied to rows, a capture) goes
+    through Step.once; one under a key is armed and kept."""
+    from kernels.softmax import dispatch as softmax_dispatch
+
+    compiled, armed = _Compiled(), []
+
+    class Kernel(_Kernel):
+        def __getitem__(self, grid):
+            launch = super().__getitem__(grid)
+            return lambda *args, **kwargs: launch(*args, **kwargs) or compiled
+
+    monkeypatch.setattr(_launch, "_FAST", True)
+    monkeypatch.setattr(_launch, "CompiledKernel", _Compiled)
+    monkeypatch.setattr(_launch, "arm", lambda step, *rest: armed.append(step) or "armed")
+    kernel, moved = Kernel(), [torch.zeros(4, 8), torch.empty(4, 8)]
+    got = softmax_dispatch._launch_planned(lambda k: k, kernel, 4, moved, (4, 8), {}, None)
+    assert got is None and armed == [] and len(kernel.jit) == 1
+    key = ("test-key",)
+    try:
+        got = softmax_dispatch._launch_planned(lambda k: k, kernel, 4, moved, (4, 8), {}, key)
+        assert armed == [got] and softmax_dispatch._PLANS[key] is got and len(kernel.jit) == 2
+    finally:
+        softmax_dispatch._PLANS.pop(key, None)
+
+
 def test_compiled_host_cost_refuses_bad_arguments_before_any_work():
     """scripts/compiled_host_cost.py: an unknown shape, or no GPU, is one line and exit 2."""
     script = Path(__file__).resolve().parent.parent / "scripts" / "compiled_host_cost.py"

@@ -395,9 +395,12 @@ def _launch_planned(launch: Launcher, kernel, grid: int, moved: list[torch.Tenso
     as a kernels._launch.Step for the next call with the same key (_PLANS): that call launches
     the compiled kernel through its own launcher. Returns the step remembered, if any."""
     step = Step(launch(kernel), (grid,), args, meta)
+    if plan_key is None:  # nothing keeps the step: arming it would cost more than it saves
+        step.once(*moved)
+        return None
     step(*moved)
-    if plan_key is None or step.fast is None:
-        return None  # no key, or no compiled kernel (the interpreter, an offline compile)
+    if step.fast is None:
+        return None  # no compiled kernel (the interpreter, an offline compile)
     if len(_PLANS) >= PLANS_MAX:
         _PLANS.clear()
     _PLANS[plan_key] = step
