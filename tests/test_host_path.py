@@ -392,9 +392,9 @@ def test_unarmed_step_uses_the_jit_and_arms_only_on_a_compiled_kernel():
     assert step.fast is None and len(kernel.jit) == 1  # the stand-in returned no CompiledKernel
 
 
-def test_once_launches_through_the_jit_without_arming(monkeypatch):
-    """Step.once (a step built for a single call) launches through kernel[grid] and leaves the
-    step unarmed, where a call would arm it on a compiled kernel."""
+def _compiling_kernel(monkeypatch):
+    """A stand-in kernel whose JIT launch returns a compiled kernel (as on a GPU), with arming
+    recorded instead of done: (kernel, the steps armed)."""
     compiled, armed = _Compiled(), []
 
     class Kernel(_Kernel):
@@ -405,7 +405,13 @@ def test_once_launches_through_the_jit_without_arming(monkeypatch):
     monkeypatch.setattr(_launch, "_FAST", True)
     monkeypatch.setattr(_launch, "CompiledKernel", _Compiled)
     monkeypatch.setattr(_launch, "arm", lambda step, *rest: armed.append(step) or "armed")
-    kernel = Kernel()
+    return Kernel(), armed
+
+
+def test_once_launches_through_the_jit_without_arming(monkeypatch):
+    """Step.once (a step built for a single call) launches through kernel[grid] and leaves the
+    step unarmed, where a call would arm it on a compiled kernel."""
+    kernel, armed = _compiling_kernel(monkeypatch)
     step = Step(kernel, (3,), (5,), {"X": 1})
     step.once(torch.zeros(2))
     assert step.fast is None and armed == [] and len(kernel.jit) == 1
@@ -418,17 +424,8 @@ def test_softmax_launch_without_a_plan_key_is_not_armed(monkeypatch):
     through Step.once; one under a key is armed and kept."""
     from kernels.softmax import dispatch as softmax_dispatch
 
-    compiled, armed = _Compiled(), []
-
-    class Kernel(_Kernel):
-        def __getitem__(self, grid):
-            launch = super().__getitem__(grid)
-            return lambda *args, **kwargs: launch(*args, **kwargs) or compiled
-
-    monkeypatch.setattr(_launch, "_FAST", True)
-    monkeypatch.setattr(_launch, "CompiledKernel", _Compiled)
-    monkeypatch.setattr(_launch, "arm", lambda step, *rest: armed.append(step) or "armed")
-    kernel, moved = Kernel(), [torch.zeros(4, 8), torch.empty(4, 8)]
+    kernel, armed = _compiling_kernel(monkeypatch)
+    moved = [torch.zeros(4, 8), torch.empty(4, 8)]
     got = softmax_dispatch._launch_planned(lambda k: k, kernel, 4, moved, (4, 8), {}, None)
     assert got is None and armed == [] and len(kernel.jit) == 1
     key = ("test-key",)
