@@ -253,8 +253,9 @@ def test_positional_arguments_are_f_conv2d_s(device):
     want = F.conv2d(x.double(), weight.double(), None, 1, 1, 1, 2)
     for fn in (kernels.conv2d, kernels.ops.conv2d):
         assert relative_error(fn(x, weight, None, 1, 1, 1, 2), want) < 1e-4
-        with pytest.raises(TypeError, match=r"got 'relu' \(activation is keyword-only"):
-            fn(x, weight, None, 1, 1, 1, "relu")
+        for x_ in (x, x.clone().requires_grad_()):  # the training entry checks it first too
+            with pytest.raises(TypeError, match=r"got 'relu' \(activation is keyword-only"):
+                fn(x_, weight, None, 1, 1, 1, "relu")
         with pytest.raises(TypeError, match="positional argument"):
             fn(x, weight, None, 1, 1, 1, 2, "relu")
 

@@ -224,8 +224,8 @@ def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
             if step is None:
                 step = depthwise_step(z_j, w_j, None, out, (1, 1), tc.padding, tc.dilation, NONE,
                                       launch=launch)  # fmt: skip
+                steps[j] = step  # cached with the plan on planned calls
             if planned:
-                steps[j] = step
                 step(z_j, w_j, None, out)
             else:  # built for this call alone: not worth arming
                 step.once(z_j, w_j, None, out)

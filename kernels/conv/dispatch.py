@@ -421,8 +421,8 @@ def conv2d(
 
 def check_trainable(groups: int, channels: int | None) -> None:
     """NotImplementedError for a grouping with no backward (both training entries, this module's
-    and kernels/ops.py's, call it before any work)."""
-    if isinstance(groups, int) and groups not in (1, channels):
+    and kernels/ops.py's, call it before any work, after checking groups' type)."""
+    if groups not in (1, channels):
         raise NotImplementedError(
             f"conv2d with groups={groups} has no backward: groups=1 and depthwise (groups=C) "
             "train, other grouped convs are forward only; call it under torch.no_grad() or with "
