@@ -188,23 +188,30 @@ def test_a_plan_serves_only_its_own_geometry():
 
 
 def test_tap_matrices_gather_every_phase_at_once():
-    """One gather serves every phase: each block is weight[:, :, rows, cols] as a (C, R'·S'·K)
-    matrix, for NCHW and channels_last weights; a planned backward keeps its gather index on
-    the device in its plan (no host-to-device copy per call, which would stall the caller)."""
+    """One transposing launch serves every phase: each block is weight[:, :, rows, cols] as a
+    (C, R'·S'·K) matrix, for NCHW, channels_last and sliced weights, channel counts past one
+    tile; a planned backward keeps its gather index on the device in its plan (no host-to-device
+    copy per call, which would stall the caller)."""
     generator = torch.Generator().manual_seed(3)
     convs, _ = dgrad_convs((9, 8), (3, 3), (2, 2), (1, 1), (1, 1))
-    for layout in (torch.contiguous_format, torch.channels_last):
-        weight = torch.randn(6, 5, 3, 3, generator=generator).contiguous(memory_format=layout)
-        blocks = backward._tap_matrices(weight, *backward._tap_gather(convs, 3, 6, "cpu"))
-        for tc, block in zip(convs, blocks, strict=True):
-            taps = weight[:, :, list(tc.rows)][:, :, :, list(tc.cols)]
-            want = taps.permute(1, 2, 3, 0).reshape(5, -1)
-            assert block.shape == want.shape and block.stride(1) == 1
-            torch.testing.assert_close(block, want, rtol=0, atol=0)
+    for k, c in ((6, 5), (20, 37)):
+        full = torch.randn(k, c + 2, 3, 3, generator=generator).to(DEVICE)
+        for weight in (full[:, 1 : c + 1].contiguous(),
+                       full[:, 1 : c + 1].contiguous(memory_format=torch.channels_last),
+                       full[:, 1 : c + 1]):  # fmt: skip
+            gather = backward._tap_gather(convs, 3, k, DEVICE)
+            blocks, step = backward._tap_matrices(weight, *gather)
+            again, _ = backward._tap_matrices(weight, *gather, step)  # the kept step
+            for tc, block, block2 in zip(convs, blocks, again, strict=True):
+                taps = weight[:, :, list(tc.rows)][:, :, :, list(tc.cols)]
+                want = taps.permute(1, 2, 3, 0).reshape(c, -1)
+                assert block.shape == want.shape and block.stride(1) == 1
+                torch.testing.assert_close(block, want, rtol=0, atol=0)
+                torch.testing.assert_close(block2, want, rtol=0, atol=0)
     backward._DGRAD.clear()
     for seed in (8, 9):  # the second call runs the plan the first one made
         _check(kernels.conv2d, GEOMETRIES["3x3-s3-d2"], True, "relu", torch.float32, seed=seed)
-        ((_, (index, widths), steps),) = backward._DGRAD.values()
+        ((_, (index, widths), _, steps),) = backward._DGRAD.values()
         assert index.device.type == torch.device(DEVICE).type and len(widths) == len(steps)
         if seed == 8:
             first = index

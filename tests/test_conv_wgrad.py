@@ -232,10 +232,38 @@ def test_plan_reused(monkeypatch, device):
     check(dz, x, *args, split_k=2)
 
 
+def with_taps(monkeypatch, taps: int) -> None:
+    """The autotuner keeps one config, its first with `taps` taps a program."""
+    configs = [c for c in conv_wgrad_kernel.configs if c.kwargs["TAPS"] == taps] or [
+        type(c)({**c.kwargs, "TAPS": taps}, num_warps=c.num_warps, num_stages=c.num_stages)
+        for c in conv_wgrad_kernel.configs
+    ]
+    monkeypatch.setattr(conv_wgrad_kernel, "configs", configs[:1])
+    monkeypatch.setattr(conv_wgrad_kernel, "cache", {}, raising=False)
+
+
+@pytest.mark.parametrize("taps", [1, 2, 3])
+@pytest.mark.parametrize(
+    "name, geometry",
+    [
+        ("3x3-dilation2-pad2", GEOMETRIES["3x3-dilation2-pad2"]),
+        ("2x5-mixed-pairs", ((2, 17, 8, 9), (9, 2, 5), (2, 1), (1, 2), (1, 2))),
+        ("1x1", GEOMETRIES["1x1"]),
+        ("3x4-stride2-pad(0,3)", ((1, 20, 8, 9), (20, 3, 4), 2, (0, 3), 1)),
+    ],
+)
+def test_taps_per_program(name, geometry, taps, monkeypatch, device):
+    """A program's tap group: whole rows, a ragged last group (taps past the row's end are
+    computed and dropped) and groups longer than the row, each tap's own bounds at the edges."""
+    with_taps(monkeypatch, taps)
+    dz, x, args = make_inputs(geometry, torch.float32, device, channels_last=True)
+    check(dz, x, *args, split_k=2)
+
+
 @pytest.mark.parametrize(
     "layer, split",
     [  # ResNet-50 at batch 32 on 132 SMs: (K, C, R, output H=W) -> pixel splits
-        ((64, 64, 3, 56), 14),  # 9 tiles of 64x64
+        ((64, 64, 3, 56), 44),  # 3 tiles of 64x64, 3 taps each
         ((128, 128, 3, 28), 14),  # also the stride-2 3x3 from 56x56
         ((256, 64, 1, 56), 66),  # 2 tiles
         ((64, 256, 1, 56), 66),
@@ -272,8 +300,10 @@ def one_config(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("taps", [1, 3])
 @pytest.mark.parametrize("name", RESNET50_LAYERS)
-def test_resnet50_layers_on_gpu(name, one_config):
+def test_resnet50_layers_on_gpu(name, taps, monkeypatch):
+    with_taps(monkeypatch, taps)
     dz, x, args = make_inputs(RESNET50_LAYERS[name], torch.bfloat16, "cuda", channels_last=True)
     first = check(dz, x, *args)
     assert torch.equal(first, conv2d_wgrad(dz, x, *args))  # deterministic, split or not

@@ -30,9 +30,18 @@ import math
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 
-from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, direct, dot_precision, is_interpreter
-from kernels._launch import PlanCache
+from kernels._common import (
+    ACTIVATIONS,
+    TORCH_ACTIVATIONS,
+    cdiv,
+    direct,
+    dot_precision,
+    is_interpreter,
+)
+from kernels._launch import PlanCache, Step
 from kernels.conv.common import Conv, as_matrix
 from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
 from kernels.conv.dispatch import _channels_last_output, _new_output, design_step
@@ -95,20 +104,61 @@ def _tap_gather(convs, S: int, K: int, device) -> tuple[torch.Tensor, tuple[int,
     return index, tuple(len(tc.rows) * len(tc.cols) * K for tc in convs)
 
 
-def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, widths) -> list[torch.Tensor]:
-    """Each sub-conv's (C, R'·S'·K) weight matrix, whose tap (i, j) is weight[:, :, rows[i],
-    cols[j]] transposed (the dgrad's outputs are the forward's inputs). One gather makes them
-    all: they are column blocks of one (C, T·K) matrix, T being every sub-conv's taps, so each
-    has a row stride of T·K (the kernels take the weight matrix's row stride)."""
+# tap_transpose_kernel's tile: 64 x 64 16-bit elements, 128-byte rows both ways (the
+# interpreter's 16 x 16 gives the tests' channel counts ragged blocks)
+TAP_BLOCK = 16 if is_interpreter() else 64
+
+
+@triton.jit
+def tap_transpose_kernel(
+    # w: the weight (K, C, R, S) by strides; index: T tap numbers r·S + s; out: (C, T·K)
+    w, index, out,
+    K, C, T, S,
+    stride_wk, stride_wc, stride_wr, stride_ws,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """out[c, t·K + k] = w[k, c, r, s] for tap index[t] = r·S + s: a tile of one tap transposed
+    from its (k, c) to its (c, k) order."""
+    t = tl.program_id(2)
+    tap = tl.load(index + t)
+    offs_k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    offs_c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    base = w + (tap // S) * stride_wr + (tap % S) * stride_ws
+    mask = (offs_k[:, None] < K) & (offs_c[None, :] < C)
+    tile = tl.load(base + offs_k[:, None] * stride_wk + offs_c[None, :] * stride_wc, mask=mask)
+    dst = out + offs_c[None, :].to(tl.int64) * (T * K) + t * K + offs_k[:, None]
+    tl.store(dst, tile, mask=mask)
+
+
+def _tap_step(weight: torch.Tensor, index: torch.Tensor, launch) -> Step:
+    """The launch of tap_transpose_kernel over (weight, index, out) for this weight's layout."""
     K, C, R, S = weight.shape
-    # (C, R·S, K): a view of an NCHW or a channels_last weight alike
-    by_tap = weight.permute(1, 2, 3, 0).reshape(C, R * S, K)
-    matrix = by_tap.index_select(1, index).view(C, index.numel() * K)
+    T = index.numel()
+    grid = (cdiv(C, TAP_BLOCK), cdiv(K, TAP_BLOCK), T)
+    return Step(launch(tap_transpose_kernel), grid, (K, C, T, S, *weight.stride()),
+                dict(BLOCK=TAP_BLOCK))  # fmt: skip
+
+
+def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, widths, step: Step | None = None,
+                  launch=direct) -> tuple[list[torch.Tensor], Step]:  # fmt: skip
+    """Each sub-conv's (C, R'·S'·K) weight matrix, whose tap (i, j) is weight[:, :, rows[i],
+    cols[j]] transposed (the dgrad's outputs are the forward's inputs), and the step that made
+    them. One launch makes them all: they are column blocks of one (C, T·K) matrix, T being
+    every sub-conv's taps, so each has a row stride of T·K (the kernels take the weight
+    matrix's row stride). A tiled transpose: torch's index_select of the permuted weight took
+    20.7 us for a 512x512x3x3 weight on an H100 (docs/kernels/conv.md, "Backward")."""
+    K, C = weight.shape[:2]
+    matrix = weight.new_empty((C, index.numel() * K))
+    if step is None:
+        step = _tap_step(weight, index, launch)
+        step.once(weight, index, matrix)
+    else:
+        step(weight, index, matrix)
     blocks, start = [], 0
     for width in widths:
         blocks.append(matrix[:, start : start + width])
         start += width
-    return blocks
+    return blocks, step
 
 
 def _nhwc(t: torch.Tensor) -> torch.Tensor:
@@ -132,9 +182,9 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
     planned = launch is direct and not torch.compiler.is_compiling()
     key = None
     if planned:
-        key = (dz.shape, dz.stride(), dx.shape, dx.stride(), weight.shape, dz.dtype, dz.device,
-               dz.data_ptr() % 16, dx.data_ptr() % 16, stride, padding, dilation,
-               torch._C._get_cudnn_allow_tf32())  # fmt: skip
+        key = (dz.shape, dz.stride(), dx.shape, dx.stride(), weight.shape, weight.stride(),
+               dz.dtype, dz.device, dz.data_ptr() % 16, dx.data_ptr() % 16, stride, padding,
+               dilation, torch._C._get_cudnn_allow_tf32())  # fmt: skip
         steps = _DGRAD.get(key)
         if steps is not None:
             _run_dgrad(steps, dz, weight, dx, stride)
@@ -147,7 +197,8 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
     phased = stride != (1, 1)
     steps = []
     gather = _tap_gather(convs, S, K, dz.device)
-    for tc, w2d in zip(convs, _tap_matrices(weight, *gather), strict=True):
+    matrices, tap_step = _tap_matrices(weight, *gather, launch=launch)
+    for tc, w2d in zip(convs, matrices, strict=True):
         view = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         # A traced launch writes a phase into a tensor of its own, copied into place after:
         # Inductor stages a user kernel's output that is a strided view with a storage offset
@@ -168,14 +219,15 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
         if y is not view:
             view.copy_(y)
     if key is not None and len(steps) == len(convs):
-        _DGRAD.put(key, (gaps, gather, steps))
+        _DGRAD.put(key, (gaps, gather, tap_step, steps))
 
 
 def _run_dgrad(planned, dz, weight, dx, stride):
-    gaps, gather, steps = planned
+    gaps, gather, tap_step, steps = planned
     if gaps:
         dx.zero_()
-    for (tc, step, scratch), w2d in zip(steps, _tap_matrices(weight, *gather), strict=True):
+    matrices, _ = _tap_matrices(weight, *gather, tap_step)
+    for (tc, step, scratch), w2d in zip(steps, matrices, strict=True):
         y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
 

@@ -4,12 +4,15 @@ ResNet-50 layers (bf16, channels_last, batch 32).
 
 For tap (r, s), dW[:, :, r, s] is a GEMM with M = K output channels, N = C input channels and the
 reduction over the N·P·Q output pixels: row k of dZ^T against the input pixels that tap (r, s) of
-each output pixel reads. A program owns one (tap, BLOCK_M output channels, BLOCK_N input channels)
-tile and walks its share of the pixels BLOCK_K at a time: per pixel one run of BLOCK_M channels of
-dZ and one of BLOCK_N channels of x (contiguous in channels_last; an NCHW tensor is read in place
-by strided loads, as the forward does), so both tiles arrive pixel-major and dZ's is transposed
-into the dot. Each lane's pixel (n, p, q) is decoded once and then advanced by carries, not
-divided out every step; the tap's shift is a scalar. With few input channels (C < 16, the C = 3
+each output pixel reads. A program owns one (BLOCK_M output channels, BLOCK_N input channels)
+tile of TAPS adjacent taps of one filter row, (r, s0) .. (r, s0 + TAPS - 1), and walks its share
+of the pixels BLOCK_K at a time: per pixel one run of BLOCK_M channels of dZ, loaded once for all
+TAPS taps, and per tap one run of BLOCK_N channels of x (contiguous in channels_last; an NCHW
+tensor is read in place by strided loads, as the forward does), so both tiles arrive pixel-major
+and dZ's is transposed into the dots. Loading dZ once for three taps is what lets the 64-channel
+layers go past L2's bandwidth: their 64x64 tiles do 32 FLOPs per byte loaded, at one tap each, and
+48 at three. Each lane's pixel (n, p, q) is decoded once and then advanced by carries, not
+divided out every step; the taps' shifts are scalars. With few input channels (C < 16, the C = 3
 stem) the tile's columns are instead the flat (r, s, c) index, as the forward's flat_reduction.py
 does: R·S·C = 147 columns in 3 tiles of 64, not 49 taps each padding 3 channels to a 64-wide tile
 and reading all of dZ again.
@@ -25,10 +28,8 @@ kernel rounds the accumulator once into dW.
 dW comes back channels_last: its memory is the (K, R·S·C) row-major matrix the forward kernels
 read, and each tap's tile is a (BLOCK_M, BLOCK_N) block of it.
 
-Not yet timed on a GPU. Compiled offline for sm_90 (experiments.resources) on ResNet-50 layers:
-wgmma with both operands from shared memory, 16-byte cp.async loads of channels_last tensors in a
-4-stage pipeline, no spills. The 64-channel layers' 64x64 tiles do 32 FLOPs per byte loaded,
-which may leave them bound by L2 bandwidth rather than by the tensor cores.
+Compiled for sm_90 it is wgmma with both operands from shared memory and 16-byte cp.async loads
+of channels_last tensors. Measurements: docs/kernels/conv.md, "Backward".
 
 Functions:
     conv2d_wgrad_reference  torch's wgrad on x padded as the forward pads it (the tests' reference)
@@ -57,20 +58,25 @@ from kernels._common import (
 from kernels._launch import PlanCache, Step
 from kernels.conv.common import traceable, tune_bench
 
-# (BLOCK_M output channels, BLOCK_N input channels, BLOCK_K pixels, num_stages, num_warps).
-# 64 pixels a step: 128-byte rows of 16-bit channels, the widest wgmma swizzle. Not yet measured on
-# a GPU: the forward's winning shapes, plus 64-wide tiles for the K = 64 / C = 64 layers.
+# (BLOCK_M output channels, BLOCK_N input channels, BLOCK_K pixels, num_stages, num_warps, TAPS).
+# 64 pixels a step: 128-byte rows of 16-bit channels, the widest wgmma swizzle. TAPS = 3 keeps
+# three accumulators: 64x64 of them fit four warps, 64x128 or 128x64 eight (96 fp32 registers a
+# thread either way); pruned where the filter rows are shorter.
 WGRAD_TILES = [
-    (128, 128, 64, 3, 8),
-    (128, 128, 64, 4, 4),
-    (128, 64, 64, 4, 4),
-    (64, 128, 64, 4, 4),
-    (64, 64, 64, 4, 4),
-    (128, 128, 32, 4, 4),
+    (128, 128, 64, 3, 8, 1),
+    (128, 128, 64, 4, 4, 1),
+    (128, 64, 64, 4, 4, 1),
+    (64, 128, 64, 4, 4, 1),
+    (64, 64, 64, 4, 4, 1),
+    (128, 128, 32, 4, 4, 1),
+    (64, 64, 64, 4, 4, 3),
+    (64, 128, 64, 3, 8, 3),
+    (128, 64, 64, 3, 8, 3),
 ]
-# The interpreter's one tile: tl.dot needs dims >= 16; 16 output channels give the tests' K = 20
-# two channel blocks, one of them ragged
-INTERPRETER_TILE = (16, 32, 16, 1, 4)
+# The interpreter's tiles: tl.dot needs dims >= 16; 16 output channels give the tests' K = 20
+# two channel blocks, one of them ragged; two taps a program, so a 3-wide filter row's second
+# program has a tap past the row's end (tests/test_conv_wgrad.py also runs TAPS = 1 and 3)
+INTERPRETER_TILE = (16, 32, 16, 1, 4, 2)
 # Below this many input channels the tile's columns are the flat (r, s, c) index (the forward
 # takes its flat design below the same count)
 FLAT_BELOW = 16
@@ -106,19 +112,24 @@ def conv2d_wgrad_reference(dz, x, kernel_rs, stride, padding, dilation):
 def _configs(tiles):
     if is_interpreter():
         tiles = [INTERPRETER_TILE]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_stages=stages,
-                          num_warps=warps) for bm, bn, bk, stages, warps in tiles]  # fmt: skip
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "TAPS": taps},
+                          num_stages=stages, num_warps=warps)
+            for bm, bn, bk, stages, warps, taps in tiles]  # fmt: skip
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop tiles far wider than the problem: K output channels, and C (or R·S·C flat) columns."""
-    K, C = named_args["K"], named_args["C"]
-    cols = named_args["R"] * named_args["S"] * C if kwargs.get("FLAT_TAPS") else C
+    """Drop tiles far wider than the problem (K output channels, and C or R·S·C flat columns)
+    and tap groups longer than a filter row (flat columns take one program per tile)."""
+    K, C, S = named_args["K"], named_args["C"], named_args["S"]
+    flat = kwargs.get("FLAT_TAPS")
+    cols = named_args["R"] * S * C if flat else C
     # flat columns carry a 2-D address and bounds mask per element: 128 of them spill (sm_90)
-    widest_n = 64 if kwargs.get("FLAT_TAPS") else max(64, next_power_of_2(cols))
+    widest_n = 64 if flat else max(64, next_power_of_2(cols))
+    taps = 1 if flat else S
     kept = [cfg for cfg in configs
             if cfg.kwargs["BLOCK_M"] <= max(64, next_power_of_2(K))
-            and cfg.kwargs["BLOCK_N"] <= widest_n]  # fmt: skip
+            and cfg.kwargs["BLOCK_N"] <= widest_n
+            and cfg.kwargs["TAPS"] <= taps]  # fmt: skip
     return kept or configs[-1:]
 
 
@@ -141,23 +152,28 @@ def conv_wgrad_kernel(
     stride_xn, stride_xc, stride_xh, stride_xw,
     # the pixel splits (grid axis 1) and their slabs' spacing in `out` (0 unsplit)
     splits, stride_split,
-    # meta-parameters: FLAT_TAPS: columns are the flat (r, s, c) index instead of one tap's c
+    # meta-parameters: FLAT_TAPS: columns are the flat (r, s, c) index instead of one tap's c;
+    # TAPS: adjacent taps of a filter row a program owns (1 with FLAT_TAPS), each its accumulator
     DOT_PRECISION: tl.constexpr, FLAT_TAPS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAPS: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_C: tl.constexpr,
 ):  # fmt: skip
-    # -- program-id mapping: columns fastest, then output channels, then the tap; so programs
-    # that run together share dZ's tile, and every tap of one split reads the same pixels
+    # -- program-id mapping: columns fastest, then output channels, then the tap group; so
+    # programs that run together share dZ's tile, and every tap of one split reads the same pixels
     pid = tl.program_id(0)
     if FLAT_TAPS:
         cols = R * S * C
+        s_groups = 1
     else:
         cols = C
+        s_groups = tl.cdiv(S, TAPS)
     col_blocks = tl.cdiv(cols, BLOCK_N)
     k_blocks = tl.cdiv(K, BLOCK_M)
     pid_col = pid % col_blocks
     pid_k = (pid // col_blocks) % k_blocks
-    rs = pid // (col_blocks * k_blocks)  # 0 with FLAT_TAPS: the grid has no tap axis
+    group = pid // (col_blocks * k_blocks)  # 0 with FLAT_TAPS: the grid has no tap axis
+    r = group // s_groups
+    s0 = (group % s_groups) * TAPS  # taps s0 + j with s0 + j >= S lie past the row: masked
 
     # -- pointer setup: each column's tap shift (rows, cols) and offset within an input pixel --
     offs_k = pid_k * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -170,10 +186,10 @@ def conv_wgrad_kernel(
         x_col = tap_h * stride_xh + tap_w * stride_xw + (offs_col % C) * stride_xc
         w_col = offs_col  # the flat index is dW's own column order
     else:
-        tap_h = (rs // S) * dil_h
-        tap_w = (rs % S) * dil_w
+        tap_h = r * dil_h
+        tap_w = s0 * dil_w  # tap s0 + j reads dil_w·j columns further right
         x_col = tap_h * stride_xh + tap_w * stride_xw + offs_col * stride_xc
-        w_col = rs * C + offs_col
+        w_col = (r * S + s0) * C + offs_col
     PQ = P * Q
     # this split's pixels: whole BLOCK_K steps, the last split ragged (or empty)
     per_split = tl.cdiv(tl.cdiv(NPQ, BLOCK_K), splits) * BLOCK_K
@@ -190,8 +206,10 @@ def conv_wgrad_kernel(
     step_p = (BLOCK_K - step_n * PQ) // Q
     step_q = BLOCK_K - step_n * PQ - step_p * Q
 
-    # -- main loop: BLOCK_K pixels a step, each one dZ channel run and one x channel run --
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # -- main loop: BLOCK_K pixels a step, one dZ channel run and TAPS x channel runs each --
+    acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(lo, hi, BLOCK_K):
         m_ok = m < hi
         n64 = n.to(tl.int64)  # batch × image stride can pass 2^31
@@ -200,7 +218,8 @@ def conv_wgrad_kernel(
             a_mask = m_ok[:, None]
         else:
             a_mask = m_ok[:, None] & k_ok[None, :]
-        a = tl.load(dz + dz_pix[:, None] + offs_k[None, :] * stride_dzk, mask=a_mask, other=0.0)
+        a = tl.trans(tl.load(dz + dz_pix[:, None] + offs_k[None, :] * stride_dzk, mask=a_mask,
+                             other=0.0))  # fmt: skip
         ih0 = p * conv_stride_h - pad_h
         iw0 = q * conv_stride_w - pad_w
         x_pix = n64 * stride_xn + ih0 * stride_xh + iw0 * stride_xw
@@ -209,16 +228,36 @@ def conv_wgrad_kernel(
             iw = iw0[:, None] + tap_w[None, :]
             b_mask = (m_ok[:, None] & col_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0)
                       & (iw < W))  # fmt: skip
-        else:  # one tap: the mask is per pixel (zero padding reads 0)
+            b = tl.load(x + x_pix[:, None] + x_col[None, :], mask=b_mask, other=0.0)
+            acc0 = tl.dot(a, b, acc0, input_precision=DOT_PRECISION)
+        else:  # one tap a load: the mask is per pixel (zero padding reads 0)
             ih = ih0 + tap_h
             iw = iw0 + tap_w
-            pix_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            row_ok = m_ok & (ih >= 0) & (ih < H)
+            x_ptrs = x + x_pix[:, None] + x_col[None, :]
+            pix_ok = row_ok & (iw >= 0) & (iw < W)
             if EVEN_C:
                 b_mask = pix_ok[:, None]
             else:
                 b_mask = pix_ok[:, None] & col_ok[None, :]
-        b = tl.load(x + x_pix[:, None] + x_col[None, :], mask=b_mask, other=0.0)
-        acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+            b = tl.load(x_ptrs, mask=b_mask, other=0.0)
+            acc0 = tl.dot(a, b, acc0, input_precision=DOT_PRECISION)
+            if TAPS >= 2:
+                pix_ok = row_ok & (iw >= -dil_w) & (iw < W - dil_w)
+                if EVEN_C:
+                    b_mask = pix_ok[:, None]
+                else:
+                    b_mask = pix_ok[:, None] & col_ok[None, :]
+                b = tl.load(x_ptrs + dil_w * stride_xw, mask=b_mask, other=0.0)
+                acc1 = tl.dot(a, b, acc1, input_precision=DOT_PRECISION)
+            if TAPS >= 3:
+                pix_ok = row_ok & (iw >= -2 * dil_w) & (iw < W - 2 * dil_w)
+                if EVEN_C:
+                    b_mask = pix_ok[:, None]
+                else:
+                    b_mask = pix_ok[:, None] & col_ok[None, :]
+                b = tl.load(x_ptrs + 2 * dil_w * stride_xw, mask=b_mask, other=0.0)
+                acc2 = tl.dot(a, b, acc2, input_precision=DOT_PRECISION)
         m += BLOCK_K
         q += step_q
         p += step_p + (q >= Q).to(tl.int32)
@@ -227,10 +266,18 @@ def conv_wgrad_kernel(
         p = tl.where(p >= P, p - P, p)
 
     # -- write-back: dW rounded once, or this split's fp32 slab (every program writes its tile,
-    # an empty split zeros, so the workspace needs no clearing) --
+    # an empty split zeros, so the workspace needs no clearing); a tap past the row's end read
+    # in-bounds pixels into a sum that is dropped here --
     split_base = tl.program_id(1).to(tl.int64) * stride_split
     out_ptrs = out + split_base + offs_k[:, None] * (R * S * C) + w_col[None, :]
-    tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=k_ok[:, None] & col_ok[None, :])
+    out_mask = k_ok[:, None] & col_ok[None, :]
+    tl.store(out_ptrs, acc0.to(out.dtype.element_ty), mask=out_mask)
+    if not FLAT_TAPS:
+        if TAPS >= 2:
+            tl.store(out_ptrs + C, acc1.to(out.dtype.element_ty), mask=out_mask & (s0 + 1 < S))
+        if TAPS >= 3:
+            tl.store(out_ptrs + 2 * C, acc2.to(out.dtype.element_ty),
+                     mask=out_mask & (s0 + 2 < S))  # fmt: skip
 
 
 _TRACEABLE = traceable(conv_wgrad_kernel.configs, WGRAD_KEY, conv_wgrad_kernel.fn)
@@ -257,17 +304,25 @@ def _nominal_tile(size: int) -> int:
     return 64 if size <= 64 else 128
 
 
+def tap_group(K: int, C: int, S: int) -> int:
+    """Taps a program of the grouped configs owns along a filter row: 3 where the nominal tile is
+    at most 64x128 (three accumulators fit), else 1; split_rule counts tiles with it."""
+    return 3 if S >= 3 and _nominal_tile(K) * _nominal_tile(C) <= 64 * 128 else 1
+
+
 def split_rule(K: int, C: int, R: int, S: int, NPQ: int, sms: int) -> int:
     """Pixel splits of a wgrad on `sms` SMs: as many as keep its output tiles (128 wide, or 64
-    for sizes up to 64; flat (r, s, c) columns below FLAT_BELOW channels) times the splits within
-    one program per SM, each split keeping SPLIT_PIXELS_MIN pixels, at most SPLIT_MAX. Rounding
-    down keeps the last wave full: a 133rd program on 132 SMs would double the kernel's time.
-    ResNet-50 at batch 32 on 132 SMs: 14 for the 3x3s at 56x56 and 28x28 (9 tiles), 66 for the
-    1x1s at 56x56 (2 tiles), 3 at 14x14 (36 tiles), 1 for the 512-channel 7x7 3x3 (144 tiles)."""
+    for sizes up to 64; flat (r, s, c) columns below FLAT_BELOW channels; tap_group taps of a
+    filter row each) times the splits within one program per SM, each split keeping
+    SPLIT_PIXELS_MIN pixels, at most SPLIT_MAX. Rounding down keeps the last wave full: a 133rd
+    program on 132 SMs would double the kernel's time. ResNet-50 at batch 32 on 132 SMs: 44 for
+    the 64-channel 3x3 at 56x56 (3 tiles of 3 taps), 14 for the 128-channel 3x3s (9 tiles), 66
+    for the 1x1s at 56x56 (2 tiles), 3 at 14x14 (36 tiles), 1 for the 512-channel 7x7 3x3 (144
+    tiles)."""
     flat = C < FLAT_BELOW
     cols = R * S * C if flat else C
-    taps = 1 if flat else R * S
-    tiles = taps * cdiv(K, _nominal_tile(K)) * cdiv(cols, _nominal_tile(cols))
+    groups = 1 if flat else R * cdiv(S, tap_group(K, C, S))
+    tiles = groups * cdiv(K, _nominal_tile(K)) * cdiv(cols, _nominal_tile(cols))
     return max(1, min(sms // tiles, NPQ // SPLIT_PIXELS_MIN, SPLIT_MAX))
 
 
@@ -318,12 +373,13 @@ def _plan(dz, x, dw, kernel_rs, stride, padding, dilation, splits, launch) -> _P
     _, C, H, W = x.shape
     R, S = kernel_rs
     flat = C < FLAT_BELOW
-    cols, taps = (R * S * C, 1) if flat else (C, R * S)
+    cols = R * S * C if flat else C
     numel = dw.numel()
     kernel = conv_wgrad_kernel if launch is direct else _TRACEABLE
 
     def grid(meta):
-        return (taps * cdiv(K, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"]), splits)
+        groups = 1 if flat else R * cdiv(S, meta["TAPS"])
+        return (groups * cdiv(K, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"]), splits)
 
     precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
     main = Step(
