@@ -26,6 +26,7 @@ Functions:
     Conv2dFunction   the autograd Function behind kernels.conv2d when an input needs a gradient
 """
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -161,6 +162,9 @@ def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, widths, step: Step 
     return blocks, step
 
 
+_NO_STREAM = contextlib.nullcontext()
+
+
 def _nhwc(t: torch.Tensor) -> torch.Tensor:
     return t if as_matrix(t) else t.contiguous(memory_format=torch.channels_last)
 
@@ -171,8 +175,24 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((N * P * Q, K), (t.stride(3), 1))
 
 
-# dgrad launches of direct calls, per geometry: [(TapConv, Step, scratch)]
+# dgrad launches of direct calls, per geometry: (gaps, gather, tap step, [(TapConv, Step, scratch)])
 _DGRAD = PlanCache()
+
+# A planned backward on a GPU runs its independent launches on side streams: dW beside dX, and
+# a strided dgrad's phases beside each other. On the small-spatial layers each fills only part
+# of an H100 (a 7x7 phase of a 512-channel dX is 52 tiles of 128x128 for 132 SMs); together
+# they share it. Traced calls (one stream in a graph) run in order, and so do a dgrad's phases
+# on its first call, which tunes them.
+CONCURRENT = True
+SIDE_STREAMS = 4  # the dgrad's phases take the first three, dW the last
+_SIDE: dict = {}
+
+
+def _side_streams(device: torch.device) -> list:
+    streams = _SIDE.get(device)
+    if streams is None:
+        streams = _SIDE[device] = [torch.cuda.Stream(device) for _ in range(SIDE_STREAMS)]
+    return streams
 
 
 def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
@@ -227,9 +247,18 @@ def _run_dgrad(planned, dz, weight, dx, stride):
     if gaps:
         dx.zero_()
     matrices, _ = _tap_matrices(weight, *gather, tap_step)
-    for (tc, step, scratch), w2d in zip(steps, matrices, strict=True):
+    side = ()
+    if CONCURRENT and len(steps) > 1 and dz.is_cuda:
+        main = torch.cuda.current_stream(dz.device)
+        side = _side_streams(dz.device)[: len(steps) - 1]
+        for stream in side:
+            stream.wait_stream(main)
+    for i, ((tc, step, scratch), w2d) in enumerate(zip(steps, matrices, strict=True)):
         y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
-        step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
+        with torch.cuda.stream(side[(i - 1) % len(side)]) if side and i else _NO_STREAM:
+            step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
+    for stream in side:  # what the phases read and wrote is the main stream's again
+        main.wait_stream(stream)
 
 
 # depthwise dgrad launches of direct calls, per geometry: (gaps, tap index, [(TapConv, [Step
@@ -315,6 +344,14 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
     K, C, R, S = weight.shape
     unit = (R, S) == (1, 1) and stride == (1, 1) and padding == (0, 0)
     dx = dw = None
+    overlap = (CONCURRENT and need_dx and need_dw and dz.is_cuda and launch is direct
+               and not torch.compiler.is_compiling())  # fmt: skip
+    if overlap:  # dW on a side stream beside dX (see CONCURRENT)
+        main, side = torch.cuda.current_stream(x.device), _side_streams(x.device)[-1]
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            dw = conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch)
+        dw.record_stream(main)  # made on the side stream, read and freed on the main one
     if need_dx:
         if unit and _channels_last_output(x):  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
             dx2d = fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch)[0]
@@ -323,7 +360,9 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
         else:
             dx = _new_output(x, *x.shape[1:])  # in x's layout
             _dgrad(dz, weight, dx, stride, padding, dilation, launch)
-    if need_dw:
+    if overlap:
+        main.wait_stream(side)
+    elif need_dw:
         # the 1x1 too: as one GEMM its reduction over N·H·W would run on a few output tiles,
         # while the wgrad kernel splits the pixels over the SMs
         dw = conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch)
