@@ -26,7 +26,6 @@ Functions:
     Conv2dFunction   the autograd Function behind kernels.conv2d when an input needs a gradient
 """
 
-import contextlib
 import math
 from typing import NamedTuple
 
@@ -162,9 +161,6 @@ def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, widths, step: Step 
     return blocks, step
 
 
-_NO_STREAM = contextlib.nullcontext()
-
-
 def _nhwc(t: torch.Tensor) -> torch.Tensor:
     return t if as_matrix(t) else t.contiguous(memory_format=torch.channels_last)
 
@@ -188,11 +184,43 @@ SIDE_STREAMS = 4  # the dgrad's phases take the first three, dW the last
 _SIDE: dict = {}
 
 
-def _side_streams(device: torch.device) -> list:
-    streams = _SIDE.get(device)
-    if streams is None:
-        streams = _SIDE[device] = [torch.cuda.Stream(device) for _ in range(SIDE_STREAMS)]
-    return streams
+class _Side:
+    """A device's side streams, an event each to join on, and one to fork from. Events are
+    reused (a wait takes the event's latest record) and streams switched by id: the host path
+    of a training step already costs more than eager's, so a fork adds a few C calls."""
+
+    def __init__(self, device: torch.device):
+        self.streams = [torch.cuda.Stream(device) for _ in range(SIDE_STREAMS)]
+        self.done = [torch.cuda.Event() for _ in self.streams]
+        self.forked = torch.cuda.Event()
+        self.device, self.main = device, None
+
+    def fork(self, first: int, count: int) -> None:
+        """Streams first .. first + count - 1 wait for what the current stream has queued."""
+        self.main = torch.cuda.current_stream(self.device)
+        self.forked.record(self.main)
+        for stream in self.streams[first : first + count]:
+            stream.wait_event(self.forked)
+
+    def use(self, i: int | None) -> None:
+        """Make side stream i (None: the main one) the current stream."""
+        stream = self.main if i is None else self.streams[i]
+        torch._C._cuda_setStream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                 device_type=stream.device_type)  # fmt: skip
+
+    def join(self, first: int, count: int) -> None:
+        """The main stream (current again) waits for what those streams queued."""
+        self.use(None)
+        for i in range(first, first + count):
+            self.done[i].record(self.streams[i])
+            self.main.wait_event(self.done[i])
+
+
+def _side(device: torch.device) -> _Side:
+    side = _SIDE.get(device)
+    if side is None:
+        side = _SIDE[device] = _Side(device)
+    return side
 
 
 def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
@@ -247,18 +275,19 @@ def _run_dgrad(planned, dz, weight, dx, stride):
     if gaps:
         dx.zero_()
     matrices, _ = _tap_matrices(weight, *gather, tap_step)
-    side = ()
-    if CONCURRENT and len(steps) > 1 and dz.is_cuda:
-        main = torch.cuda.current_stream(dz.device)
-        side = _side_streams(dz.device)[: len(steps) - 1]
-        for stream in side:
-            stream.wait_stream(main)
-    for i, ((tc, step, scratch), w2d) in enumerate(zip(steps, matrices, strict=True)):
-        y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
-        with torch.cuda.stream(side[(i - 1) % len(side)]) if side and i else _NO_STREAM:
+    side, count = None, min(len(steps) - 1, SIDE_STREAMS - 1)
+    if CONCURRENT and count > 0 and dz.is_cuda:
+        side = _side(dz.device)
+        side.fork(0, count)
+    try:
+        for i, ((tc, step, scratch), w2d) in enumerate(zip(steps, matrices, strict=True)):
+            y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
+            if side is not None:
+                side.use(None if i == 0 else (i - 1) % count)
             step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
-    for stream in side:  # what the phases read and wrote is the main stream's again
-        main.wait_stream(stream)
+    finally:
+        if side is not None:  # what the phases read and wrote is the main stream's again
+            side.join(0, count)
 
 
 # depthwise dgrad launches of direct calls, per geometry: (gaps, tap index, [(TapConv, [Step
@@ -347,11 +376,16 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
     overlap = (CONCURRENT and need_dx and need_dw and dz.is_cuda and launch is direct
                and not torch.compiler.is_compiling())  # fmt: skip
     if overlap:  # dW on a side stream beside dX (see CONCURRENT)
-        main, side = torch.cuda.current_stream(x.device), _side_streams(x.device)[-1]
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            dw = conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch)
-        dw.record_stream(main)  # made on the side stream, read and freed on the main one
+        # allocated here, on the main stream, which reads and frees it after the join
+        dw = torch.empty((K, C, R, S), device=x.device, dtype=x.dtype,
+                         memory_format=torch.channels_last)  # fmt: skip
+        side = _side(x.device)
+        side.fork(SIDE_STREAMS - 1, 1)
+        side.use(SIDE_STREAMS - 1)
+        try:
+            conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch, out=dw)
+        finally:
+            side.use(None)
     if need_dx:
         if unit and _channels_last_output(x):  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
             dx2d = fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch)[0]
@@ -361,7 +395,7 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
             dx = _new_output(x, *x.shape[1:])  # in x's layout
             _dgrad(dz, weight, dx, stride, padding, dilation, launch)
     if overlap:
-        main.wait_stream(side)
+        side.join(SIDE_STREAMS - 1, 1)
     elif need_dw:
         # the 1x1 too: as one GEMM its reduction over N·H·W would run on a few output tiles,
         # while the wgrad kernel splits the pixels over the SMs

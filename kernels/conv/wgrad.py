@@ -352,8 +352,8 @@ def _plan_key(dz, x, kernel_rs, stride, padding, dilation, split_k) -> tuple:
     return key
 
 
-def _launch_planned(plan: _Plan, dz, x) -> torch.Tensor:
-    return _run(plan, dz, x, x.new_empty_strided(plan.shape, plan.strides))
+def _launch_planned(plan: _Plan, dz, x, out=None) -> torch.Tensor:
+    return _run(plan, dz, x, x.new_empty_strided(plan.shape, plan.strides) if out is None else out)
 
 
 def _run(plan: _Plan, dz, x, dw) -> torch.Tensor:
@@ -406,6 +406,7 @@ def conv2d_wgrad(
     *,
     launch: Launcher = direct,
     split_k: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dW (K, C, R, S) of y = conv2d(x, W) for dz = dL/dy (before any activation), channels_last,
     in x's dtype:
@@ -418,7 +419,9 @@ def conv2d_wgrad(
     offset; the bottom/right one is implied by P, Q) and dilation are pairs, already validated by
     the forward. Accumulates in fp32 (TF32 for fp32 exactly when torch.backends.cudnn.allow_tf32).
     split_k: the pixel splits (None: split_rule on the tensors' GPU, 1 without one). launch:
-    kernels/ops.py passes torch.library.wrap_triton for traced calls."""
+    kernels/ops.py passes torch.library.wrap_triton for traced calls. out: dW's memory, (K, C,
+    R, S) channels_last in x's dtype (a caller running this on a side stream allocates it on
+    its own), or None."""
     key = None
     if launch is direct and not torch.compiler.is_compiling():
         try:
@@ -427,7 +430,7 @@ def conv2d_wgrad(
             key = None
         plan = None if key is None else _PLANS.get(key)
         if plan is not None:
-            return _launch_planned(plan, dz, x)
+            return _launch_planned(plan, dz, x, out)
     assert dz.dim() == 4 and x.dim() == 4, (tuple(dz.shape), tuple(x.shape))
     N, K, P, Q = dz.shape
     _, C, H, W = x.shape
@@ -435,7 +438,10 @@ def conv2d_wgrad(
     assert x.shape[0] == N, f"dz has batch {N}, x {x.shape[0]}"
     assert dz.dtype == x.dtype and dz.device == x.device, (dz.dtype, x.dtype, dz.device, x.device)
     dtype = x.dtype
-    dw = torch.empty((K, C, R, S), device=x.device, dtype=dtype, memory_format=torch.channels_last)
+    dw = out
+    if dw is None:
+        dw = torch.empty((K, C, R, S), device=x.device, dtype=dtype,
+                         memory_format=torch.channels_last)  # fmt: skip
     if N * P * Q == 0 or dw.numel() == 0:
         return dw.zero_()
     upcast = is_interpreter() and dtype == torch.bfloat16
