@@ -227,9 +227,39 @@ def test_plan_reused(monkeypatch, device):
     def no_new_plan(*args, **kwargs):
         raise AssertionError("a planned call built its launches again")
 
-    monkeypatch.setattr(wgrad, "_plan", no_new_plan)
+    monkeypatch.setattr(wgrad, "_first_run", no_new_plan)
     dz, x, args = make_inputs(geometry, torch.float32, device, True)
     check(dz, x, *args, split_k=2)
+
+
+def test_each_config_takes_its_own_split(monkeypatch):
+    """On a GPU a direct call splits each config by its own tiles (config_splits), and the plan
+    keeps the tuned config's split: its workspace and its sum. A pretended 48-SM GPU, the
+    interpreter's tile (12 tiles of two taps here) and 16 pixels a split at least: 4 splits."""
+    from kernels._common import pretend_gpu
+
+    monkeypatch.setattr(wgrad, "SPLIT_PIXELS_MIN", 16)
+    geometry = ((2, 18, 6, 7), (20, 3, 3), 1, 1, 1)
+    with pretend_gpu((9, 0), 48):
+        for seed in (0, 1):  # the second call runs the plan
+            torch.manual_seed(seed)
+            dz, x, args = make_inputs(geometry, torch.float32, "cpu", channels_last=True)
+            check(dz, x, *args)
+            (plan,) = wgrad._PLANS.values()
+            meta = conv_wgrad_kernel.best_config.kwargs
+            splits = wgrad.config_splits(meta, 20, 18, 3, 3, 2 * 6 * 7, 48)
+            assert splits == 4 and plan.workspace == splits * 20 * 18 * 9
+            assert plan.reduce is not None and plan.reduce.args == (20 * 18 * 9, splits)
+
+
+def test_config_splits():
+    """A config's split counts its own tiles: the 128-channel 3x3 at 56x56 on 132 SMs."""
+    one_tap = {"BLOCK_M": 128, "BLOCK_N": 128, "TAPS": 1}
+    three = {"BLOCK_M": 128, "BLOCK_N": 64, "TAPS": 3}
+    assert wgrad.config_splits(one_tap, 128, 128, 3, 3, 32 * 28 * 28, 132) == 14
+    assert wgrad.config_splits(three, 128, 128, 3, 3, 32 * 28 * 28, 132) == 22
+    flat = {"BLOCK_M": 64, "BLOCK_N": 64, "TAPS": 3}  # the stem: flat columns, no tap groups
+    assert wgrad.config_splits(flat, 64, 3, 7, 7, 32 * 112 * 112, 132) == 44
 
 
 def with_taps(monkeypatch, taps: int) -> None:

@@ -446,9 +446,13 @@ def test_split_tiles():
 
     split = prune(configs, args, B_TMA=True, SPLIT_K=2)
     assert tiles(split) == [(64, 128, 64, 4), (128, 128, 64, 8)]
-    assert len(prune(configs, args, B_TMA=True, SPLIT_K=1)) == len(IMPLICIT_TILES)
+    wide = [t for t in IMPLICIT_TILES if t[1] >= 64]  # the 16-channel tiles: K <= 16 only
+    assert len(prune(configs, args, B_TMA=True, SPLIT_K=1)) == len(wide)
     narrow = prune(configs, dict(args, C=96), B_TMA=True, SPLIT_K=1)
     assert tiles(narrow) == [(128, 128, 32, 4)]
+    # a 3-channel dgrad (the stem's): the 64-wide tiles and the 16-wide ones
+    few = tiles(prune(configs, dict(M=32 * 112 * 112, K=3, C=64, R=4), B_TMA=True, SPLIT_K=1))
+    assert (128, 16, 64, 4) in few and (256, 16, 64, 8) in few and (128, 64, 64, 4) in few
 
 
 @pytest.mark.parametrize(

@@ -210,8 +210,9 @@ def configs_of(tiles):
 
 
 def prune(configs, named_args, **kwargs):
-    """Drop tiles far wider than the problem (K output channels, M rows) and, under TMA, tiles
-    whose channel step does not divide C (the weight tile would run into the next tap)."""
+    """Drop tiles far wider than the problem (K output channels, M rows), tiles narrower than 64
+    channels where K is wider than them and, under TMA, tiles whose channel step does not divide
+    C (the weight tile would run into the next tap)."""
     K, M = named_args["K"], named_args["M"]
     c_gemm = named_args.get("C")
     # the implicit kernel's weight tile spans C only within one tap; past C it would read the
@@ -228,6 +229,8 @@ def prune(configs, named_args, **kwargs):
         if split and (meta["BLOCK_N"] != 128 or meta["BLOCK_M"] > 128 or meta["BLOCK_K"] != 64):
             continue
         if meta["BLOCK_N"] > max(64, next_power_of_2(K)):
+            continue
+        if meta["BLOCK_N"] < 64 and K > meta["BLOCK_N"]:  # the narrow tiles: few channels only
             continue
         if meta["BLOCK_M"] > max(64, next_power_of_2(M)):
             continue

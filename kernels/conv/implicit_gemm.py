@@ -53,6 +53,10 @@ IMPLICIT_TILES = [
     (128, 128, 32, 4, 4),
     (128, 128, 64, 4, 8),
     (64, 64, 64, 4, 4),
+    # at most 16 output channels (the dgrad of a 3-channel stem: a 64-wide tile computes 61
+    # padding channels, a 16-wide one 13); pruned wherever K is wider
+    (128, 16, 64, 4, 4),
+    (256, 16, 64, 3, 8),
 ]
 
 

@@ -18,7 +18,10 @@ does: R·S·C = 147 columns in 3 tiles of 64, not 49 taps each padding 3 channel
 and reading all of dZ again.
 
 The output tiles are few (K·C·R·S is at most a few million) and the reduction long (100352 pixels
-at 56x56, batch 32), so grid axis 1 splits the pixels (split_rule). Each split writes its fp32
+at 56x56, batch 32), so grid axis 1 splits the pixels: on a direct call each config as many ways
+as its own tiles leave SMs (config_splits, so that the autotuner weighs a three-tap tile at its
+split against a one-tap tile at its own), on a traced one by split_rule's nominal tiles. A
+program reads the split count off the grid. Each split writes its fp32
 partial dW into its own slab of a workspace and a second kernel sums the slabs in split order:
 deterministic, with the sum spread over the whole GPU. The forward's last-arriving-program gather
 (common.split_k_gather) would leave one program per tile to read all of its up to 66 partial
@@ -35,7 +38,8 @@ Functions:
     conv2d_wgrad_reference  torch's wgrad on x padded as the forward pads it (the tests' reference)
     conv_wgrad_kernel       @triton.jit, autotuned (and a hook-free copy for traced launches)
     wgrad_split_sum_kernel  @triton.jit: dW = the sum of the splits' fp32 partials, in order
-    split_rule              pixel splits of a wgrad with few output tiles
+    config_splits           pixel splits of one config's launch
+    split_rule              pixel splits of a wgrad with few output tiles, by nominal tiles
     conv2d_wgrad            the public function: dW (K, C, R, S), channels_last
 """
 
@@ -89,11 +93,11 @@ SUM_BLOCK = 1024
 
 # Sizes that only bound loops and masks (not specialised on, so spatial sizes share compiles);
 # channel counts, strides and R, S stay specialised: they decide vectorisation
-WGRAD_SIZES_ONLY = ["NPQ", "H", "W", "P", "Q", "pad_h", "pad_w", "dil_h", "dil_w", "splits",
-                    "stride_split"]  # fmt: skip
-# What changes the best tile: the GEMM's sizes, the split, and which side is channels-contiguous
+WGRAD_SIZES_ONLY = ["NPQ", "H", "W", "P", "Q", "pad_h", "pad_w", "dil_h", "dil_w"]
+# What changes the best tile: the GEMM's sizes and which side is channels-contiguous (each
+# config's split follows from the sizes)
 WGRAD_KEY = ["NPQ", "K", "C", "R", "S", "conv_stride_h", "conv_stride_w", "stride_dzk",
-             "stride_xc", "splits"]  # fmt: skip
+             "stride_xc"]  # fmt: skip
 
 
 def conv2d_wgrad_reference(dz, x, kernel_rs, stride, padding, dilation):
@@ -141,17 +145,15 @@ def _prune(configs, named_args, **kwargs):
 })  # fmt: skip
 @triton.jit(do_not_specialize=WGRAD_SIZES_ONLY)
 def conv_wgrad_kernel(
-    # dz: (N, K, P, Q) and x: (N, C, H, W), both by strides; out: dW's (K, R·S·C) matrix, or the
-    # fp32 partial sums, one (K, R·S·C) slab per split, stride_split elements apart
-    dz, x, out,
+    # dz: (N, K, P, Q) and x: (N, C, H, W), both by strides; dw: dW's (K, R·S·C) matrix, written
+    # unsplit; ws: the fp32 partial sums, one (K, R·S·C) slab per split (grid axis 1)
+    dz, x, dw, ws,
     # sizes: NPQ output pixels (the reduction), K output and C input channels, the conv geometry
     NPQ, K, C, H, W, P, Q, R, S,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
     # strides in elements
     stride_dzn, stride_dzk, stride_dzp, stride_dzq,
     stride_xn, stride_xc, stride_xh, stride_xw,
-    # the pixel splits (grid axis 1) and their slabs' spacing in `out` (0 unsplit)
-    splits, stride_split,
     # meta-parameters: FLAT_TAPS: columns are the flat (r, s, c) index instead of one tap's c;
     # TAPS: adjacent taps of a filter row a program owns (1 with FLAT_TAPS), each its accumulator
     DOT_PRECISION: tl.constexpr, FLAT_TAPS: tl.constexpr,
@@ -192,6 +194,7 @@ def conv_wgrad_kernel(
         w_col = (r * S + s0) * C + offs_col
     PQ = P * Q
     # this split's pixels: whole BLOCK_K steps, the last split ragged (or empty)
+    splits = tl.num_programs(1)
     per_split = tl.cdiv(tl.cdiv(NPQ, BLOCK_K), splits) * BLOCK_K
     lo = tl.program_id(1) * per_split
     hi = tl.minimum(lo + per_split, NPQ)
@@ -268,16 +271,26 @@ def conv_wgrad_kernel(
     # -- write-back: dW rounded once, or this split's fp32 slab (every program writes its tile,
     # an empty split zeros, so the workspace needs no clearing); a tap past the row's end read
     # in-bounds pixels into a sum that is dropped here --
-    split_base = tl.program_id(1).to(tl.int64) * stride_split
-    out_ptrs = out + split_base + offs_k[:, None] * (R * S * C) + w_col[None, :]
+    tile = offs_k[:, None] * (R * S * C) + w_col[None, :]
     out_mask = k_ok[:, None] & col_ok[None, :]
-    tl.store(out_ptrs, acc0.to(out.dtype.element_ty), mask=out_mask)
+    if splits == 1:
+        _store_taps(dw + tile, acc0, acc1, acc2, out_mask, s0, S, C, FLAT_TAPS, TAPS)
+    else:
+        slab = tl.program_id(1).to(tl.int64) * (K * R * S * C)
+        _store_taps(ws + slab + tile, acc0, acc1, acc2, out_mask, s0, S, C, FLAT_TAPS, TAPS)
+
+
+@triton.jit
+def _store_taps(ptrs, acc0, acc1, acc2, mask, s0, S, C, FLAT_TAPS: tl.constexpr,
+                TAPS: tl.constexpr):  # fmt: skip
+    """Store a program's accumulators at ptrs (tap s0's tile), the grouped taps C columns apart,
+    each only where it lies within the filter row."""
+    tl.store(ptrs, acc0.to(ptrs.dtype.element_ty), mask=mask)
     if not FLAT_TAPS:
         if TAPS >= 2:
-            tl.store(out_ptrs + C, acc1.to(out.dtype.element_ty), mask=out_mask & (s0 + 1 < S))
+            tl.store(ptrs + C, acc1.to(ptrs.dtype.element_ty), mask=mask & (s0 + 1 < S))
         if TAPS >= 3:
-            tl.store(out_ptrs + 2 * C, acc2.to(out.dtype.element_ty),
-                     mask=out_mask & (s0 + 2 < S))  # fmt: skip
+            tl.store(ptrs + 2 * C, acc2.to(ptrs.dtype.element_ty), mask=mask & (s0 + 2 < S))
 
 
 _TRACEABLE = traceable(conv_wgrad_kernel.configs, WGRAD_KEY, conv_wgrad_kernel.fn)
@@ -311,25 +324,45 @@ def tap_group(K: int, C: int, S: int) -> int:
 
 
 def split_rule(K: int, C: int, R: int, S: int, NPQ: int, sms: int) -> int:
-    """Pixel splits of a wgrad on `sms` SMs: as many as keep its output tiles (128 wide, or 64
-    for sizes up to 64; flat (r, s, c) columns below FLAT_BELOW channels; tap_group taps of a
-    filter row each) times the splits within one program per SM, each split keeping
-    SPLIT_PIXELS_MIN pixels, at most SPLIT_MAX. Rounding down keeps the last wave full: a 133rd
-    program on 132 SMs would double the kernel's time. ResNet-50 at batch 32 on 132 SMs: 44 for
-    the 64-channel 3x3 at 56x56 (3 tiles of 3 taps), 14 for the 128-channel 3x3s (9 tiles), 66
-    for the 1x1s at 56x56 (2 tiles), 3 at 14x14 (36 tiles), 1 for the 512-channel 7x7 3x3 (144
-    tiles)."""
+    """Pixel splits of a wgrad on `sms` SMs by nominal tiles (128 wide, or 64 for sizes up to
+    64; flat (r, s, c) columns below FLAT_BELOW channels; tap_group taps of a filter row each):
+    what a traced launch, which cannot learn the tuned config's split, takes for every config.
+    ResNet-50 at batch 32 on 132 SMs: 44 for the 64-channel 3x3 at 56x56 (3 tiles of 3 taps),
+    14 for the 128-channel 3x3s (9 tiles), 66 for the 1x1s at 56x56 (2 tiles), 3 at 14x14 (36
+    tiles), 1 for the 512-channel 7x7 3x3 (144 tiles)."""
     flat = C < FLAT_BELOW
     cols = R * S * C if flat else C
     groups = 1 if flat else R * cdiv(S, tap_group(K, C, S))
     tiles = groups * cdiv(K, _nominal_tile(K)) * cdiv(cols, _nominal_tile(cols))
+    return _splits_for(tiles, NPQ, sms)
+
+
+def _splits_for(tiles: int, NPQ: int, sms: int) -> int:
+    """As many splits as keep `tiles` output tiles times the splits within one program per SM,
+    each split keeping SPLIT_PIXELS_MIN pixels, at most SPLIT_MAX. Rounding down keeps the last
+    wave full: a 133rd program on 132 SMs would double the kernel's time."""
     return max(1, min(sms // tiles, NPQ // SPLIT_PIXELS_MIN, SPLIT_MAX))
+
+
+def _tiles(meta: dict, K: int, C: int, R: int, S: int) -> int:
+    """Grid axis 0 of a config: its (tap group, output-channel block, column block) tiles."""
+    flat = C < FLAT_BELOW
+    cols = R * S * C if flat else C
+    groups = 1 if flat else R * cdiv(S, meta["TAPS"])
+    return groups * cdiv(K, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"])
+
+
+def config_splits(meta: dict, K: int, C: int, R: int, S: int, NPQ: int, sms: int) -> int:
+    """Pixel splits of one config's launch: _splits_for its own tile count. The 128-channel 3x3
+    at 56x56 on 132 SMs: 14 for 128x128 tiles of one tap (9 tiles), 22 for 128x64 tiles of
+    three (6)."""
+    return _splits_for(_tiles(meta, K, C, R, S), NPQ, sms)
 
 
 class _Plan(NamedTuple):
     """A direct call's launches (_PLANS) and what a call allocates for them."""
 
-    main: Step  # conv_wgrad_kernel over (dz, x, out)
+    main: Step  # conv_wgrad_kernel over (dz, x, dw, workspace or dw)
     reduce: Step | None  # wgrad_split_sum_kernel over (workspace, dw); None unsplit
     workspace: int  # fp32 elements of the split partials (0 unsplit)
     shape: tuple  # dW's (K, C, R, S)
@@ -352,46 +385,52 @@ def _plan_key(dz, x, kernel_rs, stride, padding, dilation, split_k) -> tuple:
     return key
 
 
-def _launch_planned(plan: _Plan, dz, x, out=None) -> torch.Tensor:
-    return _run(plan, dz, x, x.new_empty_strided(plan.shape, plan.strides) if out is None else out)
-
-
 def _run(plan: _Plan, dz, x, dw) -> torch.Tensor:
-    """dw from the plan's launches: straight into dw, or split partials then their sum."""
+    """dw from a plan's launches: straight into dw, or split partials then their sum."""
     if plan.reduce is None:
-        plan.main(dz, x, dw)
+        plan.main(dz, x, dw, dw)
     else:
         ws = x.new_empty((plan.workspace,), dtype=torch.float32)
-        plan.main(dz, x, ws)
+        plan.main(dz, x, dw, ws)
         plan.reduce(ws, dw)
     return dw
 
 
-def _plan(dz, x, dw, kernel_rs, stride, padding, dilation, splits, launch) -> _Plan:
-    """The launches of one call (dz, x as the kernel reads them; dw in the dtype it writes)."""
+def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, launch) -> _Plan:
+    """Launch one call (dz, x as the kernel reads them; dw in the dtype it writes) and return its
+    plan. split_k: every config's split (None: each its config_splits on `sms` SMs)."""
     N, K, P, Q = dz.shape
     _, C, H, W = x.shape
     R, S = kernel_rs
-    flat = C < FLAT_BELOW
-    cols = R * S * C if flat else C
-    numel = dw.numel()
+    NPQ, numel = N * P * Q, dw.numel()
     kernel = conv_wgrad_kernel if launch is direct else _TRACEABLE
 
+    def splits_of(meta):
+        return split_k if split_k is not None else config_splits(meta, K, C, R, S, NPQ, sms)
+
     def grid(meta):
-        groups = 1 if flat else R * cdiv(S, meta["TAPS"])
-        return (groups * cdiv(K, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"]), splits)
+        return (_tiles(meta, K, C, R, S), splits_of(meta))
 
     precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
     main = Step(
         launch(kernel), grid,
-        (N * P * Q, K, C, H, W, P, Q, R, S, *stride, *padding, *dilation,
-         *dz.stride(), *x.stride(), splits, numel if splits > 1 else 0),
-        dict(DOT_PRECISION=precision, FLAT_TAPS=flat),
+        (NPQ, K, C, H, W, P, Q, R, S, *stride, *padding, *dilation, *dz.stride(), *x.stride()),
+        dict(DOT_PRECISION=precision, FLAT_TAPS=C < FLAT_BELOW),
     )  # fmt: skip
+    # the workspace for the widest split any config may take; the tuned config's split decides
+    # what later calls allocate and whether they sum
+    widest = max(splits_of(cfg.kwargs) for cfg in kernel.configs)
+    ws = x.new_empty((widest * numel,), dtype=torch.float32) if widest > 1 else dw
+    main(dz, x, dw, ws)
+    splits = split_k
+    if splits is None:  # the tuned config's (the widest where nothing launched)
+        best = getattr(kernel, "best_config", None)
+        splits = widest if best is None else splits_of(best.kwargs)
     reduce = None
     if splits > 1:
         reduce = Step(launch(wgrad_split_sum_kernel), (cdiv(numel, SUM_BLOCK),), (numel, splits),
                       dict(BLOCK=SUM_BLOCK))  # fmt: skip
+        reduce(ws, dw)
     return _Plan(main, reduce, numel * splits if splits > 1 else 0, tuple(dw.shape),
                  tuple(dw.stride()))  # fmt: skip
 
@@ -430,7 +469,8 @@ def conv2d_wgrad(
             key = None
         plan = None if key is None else _PLANS.get(key)
         if plan is not None:
-            return _launch_planned(plan, dz, x, out)
+            return _run(plan, dz, x, x.new_empty_strided(plan.shape, plan.strides)
+                        if out is None else out)  # fmt: skip
     assert dz.dim() == 4 and x.dim() == 4, (tuple(dz.shape), tuple(x.shape))
     N, K, P, Q = dz.shape
     _, C, H, W = x.shape
@@ -451,12 +491,16 @@ def conv2d_wgrad(
         # is rounded to bf16 once, as on the GPU.
         dz, x = dz.float(), x.float()
         dw = torch.empty_like(dw, dtype=torch.float32)
-    if split_k is None:
-        info = gpu_info(x.device)
+    info = gpu_info(x.device)
+    if split_k is None and (info is None or launch is not direct):
+        # a traced launch cannot learn the tuned config, so every config takes one split
         split_k = 1 if info is None else split_rule(K, C, R, S, N * P * Q, info.sms)
-    plan = _plan(dz, x, dw, (R, S), tuple(stride), tuple(padding), tuple(dilation), split_k,
-                 launch)  # fmt: skip
-    _run(plan, dz, x, dw)
+    plan = _first_run(dz, x, dw, (R, S), tuple(stride), tuple(padding), tuple(dilation),
+                      split_k, None if info is None else info.sms, launch)  # fmt: skip
     if key is not None and not upcast:
         _PLANS.put(key, plan)
-    return dw.to(dtype) if upcast else dw
+    if not upcast:
+        return dw
+    if out is None:
+        return dw.to(dtype)
+    return out.copy_(dw)
