@@ -9,9 +9,9 @@ tile of TAPS adjacent taps of one filter row, (r, s0) .. (r, s0 + TAPS - 1), and
 of the pixels BLOCK_K at a time: per pixel one run of BLOCK_M channels of dZ, loaded once for all
 TAPS taps, and per tap one run of BLOCK_N channels of x (contiguous in channels_last; an NCHW
 tensor is read in place by strided loads, as the forward does), so both tiles arrive pixel-major
-and dZ's is transposed into the dots. Loading dZ once for three taps is what lets the 64-channel
-layers go past L2's bandwidth: their 64x64 tiles do 32 FLOPs per byte loaded, at one tap each, and
-48 at three. Each lane's pixel (n, p, q) is decoded once and then advanced by carries, not
+and dZ's is transposed into the dots. Loading dZ once for three taps is what takes the 64-channel
+layers out from under L2's bandwidth: their 64x64 tiles do 32 FLOPs per byte loaded at one tap
+each, and 48 at three. Each lane's pixel (n, p, q) is decoded once and then advanced by carries, not
 divided out every step; the taps' shifts are scalars. With few input channels (C < 16, the C = 3
 stem) the tile's columns are instead the flat (r, s, c) index, as the forward's flat_reduction.py
 does: R·S·C = 147 columns in 3 tiles of 64, not 49 taps each padding 3 channels to a 64-wide tile
@@ -38,6 +38,7 @@ Functions:
     conv2d_wgrad_reference  torch's wgrad on x padded as the forward pads it (the tests' reference)
     conv_wgrad_kernel       @triton.jit, autotuned (and a hook-free copy for traced launches)
     wgrad_split_sum_kernel  @triton.jit: dW = the sum of the splits' fp32 partials, in order
+    tap_group               the taps a grouped config owns, as split_rule counts them
     config_splits           pixel splits of one config's launch
     split_rule              pixel splits of a wgrad with few output tiles, by nominal tiles
     conv2d_wgrad            the public function: dW (K, C, R, S), channels_last
