@@ -359,11 +359,13 @@ def test_plan_armed_on_gpu(one_config):
     assert plan.reduce is None or plan.reduce.fast is not None
 
 
-def test_out_is_written_and_returned(device):
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])  # bf16: the interpreter's fp32 copies
+def test_out_is_written_and_returned(dtype_name, device):
     """A caller that runs the wgrad on a side stream passes dW's memory, allocated on its own
     stream: the result lands there, planned call or not."""
     wgrad._PLANS.clear()
-    dz, x, args = make_inputs(GEOMETRIES["3x3-stride3-pad0-N1"], torch.float32, device, True)
+    geometry = GEOMETRIES["3x3-stride3-pad0-N1"]
+    dz, x, args = make_inputs(geometry, DTYPES[dtype_name], device, True)
     want = conv2d_wgrad(dz, x, *args)
     for _ in range(2):  # the second call runs the plan the first one kept
         out = torch.empty_like(want)
