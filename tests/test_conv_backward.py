@@ -346,3 +346,34 @@ def test_side_streams_give_the_serial_bits(name, monkeypatch):
         grads[concurrent] = [g.clone() for g in torch.autograd.grad(y, (x, w), dy)]
     for serial, overlapped in zip(grads[False], grads[True], strict=True):
         assert torch.equal(serial, overlapped)
+
+
+@pytest.mark.gpu
+def test_a_training_step_captures_in_a_cuda_graph():
+    """A planned training step captured in a CUDA graph (the harness's replay reading, a user's
+    whole-step capture) replays to the gradients an uncaptured step gives."""
+    N, C, H, W, K, R, S, stride, pad, dil = RESNET50["3x3-s2-28"]
+    torch.manual_seed(5)
+    x = torch.randn(N, C, H, W, device="cuda", dtype=torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = torch.randn(K, C, R, S, device="cuda", dtype=torch.bfloat16) / (C * R * S) ** 0.5
+    w = w.contiguous(memory_format=torch.channels_last).requires_grad_()
+    dy = torch.randn_like(kernels.conv2d(x, w, None, stride, pad, dil).detach())
+
+    def step():
+        return torch.autograd.grad(kernels.conv2d(x, w, None, stride, pad, dil), (x, w), dy)
+
+    want = [g.clone() for g in step()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch.cuda.graph asks
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for g, ref in zip(got, want, strict=True):
+        assert torch.equal(g, ref)

@@ -177,8 +177,8 @@ _DGRAD = PlanCache()
 # A planned backward on a GPU runs its independent launches on side streams: dW beside dX, and
 # a strided dgrad's phases beside each other. On the small-spatial layers each fills only part
 # of an H100 (a 7x7 phase of a 512-channel dX is 52 tiles of 128x128 for 132 SMs); together
-# they share it. Traced calls (one stream in a graph) run in order, and so do a dgrad's phases
-# on its first call, which tunes them.
+# they share it. Traced calls (one stream in a graph) and captured ones run in order, and so do
+# a dgrad's phases on its first call, which tunes them.
 CONCURRENT = True
 SIDE_STREAMS = 4  # the dgrad's phases take the first three, dW the last
 _SIDE: dict = {}
@@ -214,6 +214,13 @@ class _Side:
         for i in range(first, first + count):
             self.done[i].record(self.streams[i])
             self.main.wait_event(self.done[i])
+
+
+def _concurrent(t: torch.Tensor) -> bool:
+    """Whether launches on t's device may go to side streams: CONCURRENT, a CUDA tensor, and no
+    CUDA-graph capture under way (a capture with side streams joined into it has not been tested
+    on a GPU yet, so a captured backward runs in order)."""
+    return CONCURRENT and t.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
 def _side(device: torch.device) -> _Side:
@@ -276,7 +283,7 @@ def _run_dgrad(planned, dz, weight, dx, stride):
         dx.zero_()
     matrices, _ = _tap_matrices(weight, *gather, tap_step)
     side, count = None, min(len(steps) - 1, SIDE_STREAMS - 1)
-    if CONCURRENT and count > 0 and dz.is_cuda:
+    if count > 0 and _concurrent(dz):
         side = _side(dz.device)
         side.fork(0, count)
     try:
@@ -376,8 +383,8 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
     gemm_dx = unit and _channels_last_output(x)  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
     # not beside the dX GEMM: it fills the GPU, and on an H100 dW beside it cost GPU time
     # (32x2048x7x7 -> 512: 42.3 us a step in order, 47.7 overlapped)
-    overlap = (CONCURRENT and need_dx and need_dw and not gemm_dx and dz.is_cuda
-               and launch is direct and not torch.compiler.is_compiling())  # fmt: skip
+    overlap = (need_dx and need_dw and not gemm_dx and launch is direct
+               and not torch.compiler.is_compiling() and _concurrent(dz))  # fmt: skip
     if overlap:  # dW on a side stream beside dX (see CONCURRENT)
         # allocated here, on the main stream, which reads and frees it after the join
         dw = torch.empty((K, C, R, S), device=x.device, dtype=x.dtype,
