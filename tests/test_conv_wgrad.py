@@ -371,3 +371,23 @@ def test_out_is_written_and_returned(dtype_name, device):
         out = torch.empty_like(want)
         assert conv2d_wgrad(dz, x, *args, out=out) is out
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize(
+    "name, grouped",
+    [("3x3-dilation2-pad2", True), ("1x1", False), ("7x7-stride2-pad3-C3", False),
+     ("2x5-mixed-pairs-C5", False)],
+)  # fmt: skip
+def test_traced_launch_tunes_only_configs_it_can_use(name, grouped, device):
+    """A traced launch's autotuner has no pruning, so a filter row shorter than three taps (or
+    the flat columns) gets the one-tap configs only."""
+    launched = []
+
+    def launcher(kernel):
+        launched.append(kernel)
+        return kernel
+
+    dz, x, args = make_inputs(GEOMETRIES[name], torch.float32, device, True)
+    check(dz, x, *args, launch=launcher, split_k=1)
+    assert launched[0] is (wgrad._TRACEABLE if grouped else wgrad._TRACEABLE_ONE_TAP)
+    assert all(c.kwargs["TAPS"] == 1 for c in wgrad._ONE_TAP)

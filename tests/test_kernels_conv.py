@@ -568,3 +568,18 @@ def test_tile_counters_are_per_stream():
         assert tile_counters(dev, 8) is there
     assert there.data_ptr() != here.data_ptr()
     assert tile_counters(dev, 8) is here
+
+
+@pytest.mark.parametrize("k, few", [(3, True), (16, True), (17, False)])
+def test_traced_implicit_tiles_by_output_channels(k, few):
+    """A traced launch's autotuner has no pruning: the 16-wide tiles go only to convs of at
+    most 16 output channels."""
+    from kernels.conv import implicit_gemm
+    from kernels.conv.common import Conv
+
+    x, w2d, y = torch.randn(1, 4, 5, 5), torch.randn(k, 36), torch.empty(1, k, 5, 5)
+    conv = Conv(x, w2d, None, y, 1, 4, 5, 5, k, 5, 5, 3, 3, (1, 1), (1, 1), (1, 1), {})
+    step, _ = implicit_step(conv, launch=lambda kernel: kernel)
+    assert step.kernel is (implicit_gemm._TRACEABLE_FEW_CHANNELS if few
+                           else implicit_gemm._TRACEABLE)  # fmt: skip
+    assert all(c.kwargs["BLOCK_N"] >= 64 for c in implicit_gemm._WIDE)

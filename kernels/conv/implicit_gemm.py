@@ -141,7 +141,13 @@ def conv_implicit_kernel(
                      ACTIVATION)  # fmt: skip
 
 
-_TRACEABLE = traceable(conv_implicit_kernel.configs, CONV_KEY, conv_implicit_kernel.fn)
+# Traced launches tune without pruning, so each set holds only the tiles its convs can use: the
+# 16-wide tiles for at most 16 output channels (compile time is part of what triton-compiled
+# reports); the interpreter's one small tile serves both
+_WIDE = [c for c in conv_implicit_kernel.configs if c.kwargs["BLOCK_N"] >= 64]
+_TRACEABLE = traceable(_WIDE or conv_implicit_kernel.configs, CONV_KEY, conv_implicit_kernel.fn)
+_TRACEABLE_FEW_CHANNELS = traceable(conv_implicit_kernel.configs, CONV_KEY,
+                                    conv_implicit_kernel.fn)  # fmt: skip
 
 
 def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int = 1):
@@ -153,7 +159,10 @@ def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int 
     w2d, y = conv.w2d, conv.y
     w_desc, b_tma = weight_desc(conv, tma and conv.C % 32 == 0)
     y_desc, y_tma = output_desc(conv, tma)
-    kernel = conv_implicit_kernel if launch is direct else _TRACEABLE
+    if launch is direct:
+        kernel = conv_implicit_kernel
+    else:
+        kernel = _TRACEABLE_FEW_CHANNELS if conv.K <= 16 else _TRACEABLE
     scratch = no_scratch
     if split_k > 1:
         scratch = split_scratch(kernel, split_k, lambda meta: row_tiles(conv, meta))

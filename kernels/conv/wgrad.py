@@ -294,7 +294,13 @@ def _store_taps(ptrs, acc0, acc1, acc2, mask, s0, S, C, FLAT_TAPS: tl.constexpr,
             tl.store(ptrs + 2 * C, acc2.to(ptrs.dtype.element_ty), mask=mask & (s0 + 2 < S))
 
 
+# Traced launches tune without pruning: filters narrower than 3 taps (and the flat columns)
+# take the one-tap configs only (compile time is part of what triton-compiled reports); the
+# interpreter's one tile serves both
+_ONE_TAP = [c for c in conv_wgrad_kernel.configs if c.kwargs["TAPS"] == 1]
 _TRACEABLE = traceable(conv_wgrad_kernel.configs, WGRAD_KEY, conv_wgrad_kernel.fn)
+_TRACEABLE_ONE_TAP = traceable(_ONE_TAP or conv_wgrad_kernel.configs, WGRAD_KEY,
+                               conv_wgrad_kernel.fn)  # fmt: skip
 
 
 @triton.jit
@@ -404,7 +410,10 @@ def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, la
     _, C, H, W = x.shape
     R, S = kernel_rs
     NPQ, numel = N * P * Q, dw.numel()
-    kernel = conv_wgrad_kernel if launch is direct else _TRACEABLE
+    if launch is direct:
+        kernel = conv_wgrad_kernel
+    else:
+        kernel = _TRACEABLE if S >= 3 and C >= FLAT_BELOW else _TRACEABLE_ONE_TAP
 
     def splits_of(meta):
         return split_k if split_k is not None else config_splits(meta, K, C, R, S, NPQ, sms)
