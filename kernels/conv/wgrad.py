@@ -239,28 +239,13 @@ def conv_wgrad_kernel(
             iw = iw0 + tap_w
             row_ok = m_ok & (ih >= 0) & (ih < H)
             x_ptrs = x + x_pix[:, None] + x_col[None, :]
-            pix_ok = row_ok & (iw >= 0) & (iw < W)
-            if EVEN_C:
-                b_mask = pix_ok[:, None]
-            else:
-                b_mask = pix_ok[:, None] & col_ok[None, :]
-            b = tl.load(x_ptrs, mask=b_mask, other=0.0)
+            b = _tap_tile(x_ptrs, row_ok, iw, 0, W, stride_xw, col_ok, EVEN_C)
             acc0 = tl.dot(a, b, acc0, input_precision=DOT_PRECISION)
             if TAPS >= 2:
-                pix_ok = row_ok & (iw >= -dil_w) & (iw < W - dil_w)
-                if EVEN_C:
-                    b_mask = pix_ok[:, None]
-                else:
-                    b_mask = pix_ok[:, None] & col_ok[None, :]
-                b = tl.load(x_ptrs + dil_w * stride_xw, mask=b_mask, other=0.0)
+                b = _tap_tile(x_ptrs, row_ok, iw, dil_w, W, stride_xw, col_ok, EVEN_C)
                 acc1 = tl.dot(a, b, acc1, input_precision=DOT_PRECISION)
             if TAPS >= 3:
-                pix_ok = row_ok & (iw >= -2 * dil_w) & (iw < W - 2 * dil_w)
-                if EVEN_C:
-                    b_mask = pix_ok[:, None]
-                else:
-                    b_mask = pix_ok[:, None] & col_ok[None, :]
-                b = tl.load(x_ptrs + 2 * dil_w * stride_xw, mask=b_mask, other=0.0)
+                b = _tap_tile(x_ptrs, row_ok, iw, 2 * dil_w, W, stride_xw, col_ok, EVEN_C)
                 acc2 = tl.dot(a, b, acc2, input_precision=DOT_PRECISION)
         m += BLOCK_K
         q += step_q
@@ -279,6 +264,18 @@ def conv_wgrad_kernel(
     else:
         slab = tl.program_id(1).to(tl.int64) * (K * R * S * C)
         _store_taps(ws + slab + tile, acc0, acc1, acc2, out_mask, s0, S, C, FLAT_TAPS, TAPS)
+
+
+@triton.jit
+def _tap_tile(x_ptrs, row_ok, iw, shift, W, stride_xw, col_ok, EVEN_C: tl.constexpr):
+    """The x tile of the tap `shift` columns right of the group's first (x_ptrs, iw): a pixel
+    whose column falls outside x reads zero (zero padding)."""
+    pix_ok = row_ok & (iw >= -shift) & (iw < W - shift)
+    if EVEN_C:
+        mask = pix_ok[:, None]
+    else:
+        mask = pix_ok[:, None] & col_ok[None, :]
+    return tl.load(x_ptrs + shift * stride_xw, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -337,18 +334,10 @@ def split_rule(K: int, C: int, R: int, S: int, NPQ: int, sms: int) -> int:
     ResNet-50 at batch 32 on 132 SMs: 44 for the 64-channel 3x3 at 56x56 (3 tiles of 3 taps),
     14 for the 128-channel 3x3s (9 tiles), 66 for the 1x1s at 56x56 (2 tiles), 3 at 14x14 (36
     tiles), 1 for the 512-channel 7x7 3x3 (144 tiles)."""
-    flat = C < FLAT_BELOW
-    cols = R * S * C if flat else C
-    groups = 1 if flat else R * cdiv(S, tap_group(K, C, S))
-    tiles = groups * cdiv(K, _nominal_tile(K)) * cdiv(cols, _nominal_tile(cols))
-    return _splits_for(tiles, NPQ, sms)
-
-
-def _splits_for(tiles: int, NPQ: int, sms: int) -> int:
-    """As many splits as keep `tiles` output tiles times the splits within one program per SM,
-    each split keeping SPLIT_PIXELS_MIN pixels, at most SPLIT_MAX. Rounding down keeps the last
-    wave full: a 133rd program on 132 SMs would double the kernel's time."""
-    return max(1, min(sms // tiles, NPQ // SPLIT_PIXELS_MIN, SPLIT_MAX))
+    cols = R * S * C if C < FLAT_BELOW else C
+    nominal = {"BLOCK_M": _nominal_tile(K), "BLOCK_N": _nominal_tile(cols),
+               "TAPS": tap_group(K, C, S)}  # fmt: skip
+    return config_splits(nominal, K, C, R, S, NPQ, sms)
 
 
 def _tiles(meta: dict, K: int, C: int, R: int, S: int) -> int:
@@ -360,10 +349,12 @@ def _tiles(meta: dict, K: int, C: int, R: int, S: int) -> int:
 
 
 def config_splits(meta: dict, K: int, C: int, R: int, S: int, NPQ: int, sms: int) -> int:
-    """Pixel splits of one config's launch: _splits_for its own tile count. The 128-channel 3x3
-    at 56x56 on 132 SMs: 14 for 128x128 tiles of one tap (9 tiles), 22 for 128x64 tiles of
-    three (6)."""
-    return _splits_for(_tiles(meta, K, C, R, S), NPQ, sms)
+    """Pixel splits of one config's launch: as many as keep its tiles times the splits within
+    one program per SM, each split keeping SPLIT_PIXELS_MIN pixels, at most SPLIT_MAX. Rounding
+    down keeps the last wave full: a 133rd program on 132 SMs would double the kernel's time.
+    The 128-channel 3x3 at 56x56 on 132 SMs: 14 for 128x128 tiles of one tap (9 tiles), 22 for
+    128x64 tiles of three (6)."""
+    return max(1, min(sms // _tiles(meta, K, C, R, S), NPQ // SPLIT_PIXELS_MIN, SPLIT_MAX))
 
 
 class _Plan(NamedTuple):
@@ -467,7 +458,8 @@ def conv2d_wgrad(
     strides (channels_last is the fast case). kernel_rs = (R, S); stride, padding (the top/left
     offset; the bottom/right one is implied by P, Q) and dilation are pairs, already validated by
     the forward. Accumulates in fp32 (TF32 for fp32 exactly when torch.backends.cudnn.allow_tf32).
-    split_k: the pixel splits (None: split_rule on the tensors' GPU, 1 without one). launch:
+    split_k: the pixel splits of every config (None: on a GPU, each config its config_splits on
+    a direct call and split_rule's on a traced one; 1 without a GPU). launch:
     kernels/ops.py passes torch.library.wrap_triton for traced calls. out: dW's memory, (K, C,
     R, S) channels_last in x's dtype (a caller running this on a side stream allocates it on
     its own), or None."""
