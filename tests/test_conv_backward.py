@@ -326,19 +326,24 @@ def test_resnet50_layers_train_on_gpu(name):
     _check(kernels.conv2d, RESNET50[name], True, None, torch.bfloat16, seed=2)
 
 
+def _training_inputs(geometry, seed):
+    """x and the weight (bf16, channels_last, needing gradients), a dY for their bias-free
+    conv, and the (stride, padding, dilation) of the geometry."""
+    generator = torch.Generator().manual_seed(seed)
+    x, w, _, *conv_args = _make(geometry, True, torch.bfloat16, generator)
+    x.requires_grad_()
+    w.requires_grad_()
+    dy = torch.randn_like(kernels.conv2d(x, w, None, *conv_args).detach())
+    return x, w, dy, conv_args
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["3x3-s2-28", "3x3-7"])
 def test_side_streams_give_the_serial_bits(name, monkeypatch):
     """A planned backward with dW and the dgrad's phases on side streams gives the bits of the
     same launches run in order (every kernel is deterministic), and leaves the caller's stream
     ordered after them: the gradients are read at once, with no synchronisation."""
-    N, C, H, W, K, R, S, stride, pad, dil = RESNET50[name]
-    torch.manual_seed(4)
-    x = torch.randn(N, C, H, W, device="cuda", dtype=torch.bfloat16)
-    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
-    w = torch.randn(K, C, R, S, device="cuda", dtype=torch.bfloat16) / (C * R * S) ** 0.5
-    w = w.contiguous(memory_format=torch.channels_last).requires_grad_()
-    dy = torch.randn_like(kernels.conv2d(x, w, None, stride, pad, dil).detach())
+    x, w, dy, (stride, pad, dil) = _training_inputs(RESNET50[name], seed=4)
     grads = {}
     for concurrent in (False, True, True):  # the first call plans, the others run the plan
         monkeypatch.setattr(backward, "CONCURRENT", concurrent)
@@ -352,13 +357,7 @@ def test_side_streams_give_the_serial_bits(name, monkeypatch):
 def test_a_training_step_captures_in_a_cuda_graph():
     """A planned training step captured in a CUDA graph (the harness's replay reading, a user's
     whole-step capture) replays to the gradients an uncaptured step gives."""
-    N, C, H, W, K, R, S, stride, pad, dil = RESNET50["3x3-s2-28"]
-    torch.manual_seed(5)
-    x = torch.randn(N, C, H, W, device="cuda", dtype=torch.bfloat16)
-    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
-    w = torch.randn(K, C, R, S, device="cuda", dtype=torch.bfloat16) / (C * R * S) ** 0.5
-    w = w.contiguous(memory_format=torch.channels_last).requires_grad_()
-    dy = torch.randn_like(kernels.conv2d(x, w, None, stride, pad, dil).detach())
+    x, w, dy, (stride, pad, dil) = _training_inputs(RESNET50["3x3-s2-28"], seed=5)
 
     def step():
         return torch.autograd.grad(kernels.conv2d(x, w, None, stride, pad, dil), (x, w), dy)
