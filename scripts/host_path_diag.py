@@ -157,9 +157,9 @@ try:
 
     orig_launch = _launch.Step._launch
 
-    def launch(self, tensors):
+    def launch(self, tensors, *args, **kwargs):
         counts["jit"] += 1
-        return orig_launch(self, tensors)
+        return orig_launch(self, tensors, *args, **kwargs)
 
     _launch.Step._launch = launch
 

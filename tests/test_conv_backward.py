@@ -316,6 +316,7 @@ RESNET50 = {
     "3x3-s2-28": (32, 128, 56, 56, 128, 3, 3, 2, 1, 1),
     "1x1-s2-down": (32, 512, 28, 28, 1024, 1, 1, 2, 0, 1),
     "3x3-7": (32, 512, 7, 7, 512, 3, 3, 1, 1, 1),
+    "1x1-7": (32, 2048, 7, 7, 512, 1, 1, 1, 0, 1),
 }
 
 
@@ -324,6 +325,22 @@ RESNET50 = {
 def test_resnet50_layers_train_on_gpu(name):
     _check(kernels.conv2d, RESNET50[name], True, "relu", torch.bfloat16)
     _check(kernels.conv2d, RESNET50[name], True, None, torch.bfloat16, seed=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["3x3-7", "1x1-7", "3x3-s2-28"])
+def test_resnet50_layers_train_compiled_on_gpu(name):
+    """The triton-compiled op's training on a GPU, where Inductor inlines its kernels (on the
+    CPU it calls the op whole). The 7x7 layers' wgrad runs unsplit: it once passed dW as both of
+    the kernel's outputs, and functionalization left dW uninitialised (NaN)."""
+
+    def fn(x, weight, bias, stride, padding, dilation, activation):
+        compiled = torch.compile(ops.conv2d, fullgraph=True, dynamic=False)
+        return compiled(x, weight, bias, stride, padding, dilation, activation=activation)
+
+    torch.compiler.reset()
+    for seed in range(3):  # uninitialised memory is not NaN every time
+        _check(fn, RESNET50[name], True, None, torch.bfloat16, seed=seed)
 
 
 def _training_inputs(geometry, seed):

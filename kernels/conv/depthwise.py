@@ -281,10 +281,10 @@ def depthwise_wgrad(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, *, 
     """dW (K, 1, R, S) of a depthwise conv, contiguous, in x's dtype: per output channel k and
     tap (r, s), the sum over every output pixel of dZ[k] times the input channel k // (K / C)
     shifted by the tap. Pixel splits (grid axis 1) write fp32 partial slabs that
-    wgrad.wgrad_split_sum_kernel adds in order (deterministic). `splits` forces the split count
-    (tests); by default enough programs to fill the GPU. Direct calls keep both launches per
-    geometry (armed steps)."""
-    from kernels.conv.wgrad import SUM_BLOCK, wgrad_split_sum_kernel
+    wgrad.wgrad_split_sum_kernel adds in a fixed order (deterministic). `splits` forces the
+    split count (tests); by default enough programs to fill the GPU. Direct calls keep both
+    launches per geometry (armed steps)."""
+    from kernels.conv.wgrad import split_sum_step
 
     N, K, P, Q = dz.shape
     _, C, H, W = x.shape
@@ -312,8 +312,7 @@ def depthwise_wgrad(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, *, 
             dict(MULTIPLIER=K // C, TAPS=next_power_of_2(R * S), BLOCK_P=WGRAD_BLOCK_P,
                  BLOCK_C=block_c, num_warps=4),
         )  # fmt: skip
-        reduce = Step(launch(wgrad_split_sum_kernel), (cdiv(numel, SUM_BLOCK),), (numel, splits),
-                      dict(BLOCK=SUM_BLOCK))  # fmt: skip
+        reduce = split_sum_step(numel, splits, launch)
         plan = (splits, main, reduce)
     splits, main, reduce = plan
     ws = torch.empty((splits * K * R * S,), device=x.device, dtype=torch.float32)

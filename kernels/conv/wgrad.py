@@ -22,7 +22,7 @@ at 56x56, batch 32), so grid axis 1 splits the pixels: on a direct call each con
 as its own tiles leave SMs (config_splits, so that the autotuner weighs a three-tap tile at its
 split against a one-tap tile at its own), on a traced one by split_rule's nominal tiles. A
 program reads the split count off the grid. Each split writes its fp32
-partial dW into its own slab of a workspace and a second kernel sums the slabs in split order:
+partial dW into its own slab of a workspace and a second kernel sums the slabs in a fixed order:
 deterministic, with the sum spread over the whole GPU. The forward's last-arriving-program gather
 (common.split_k_gather) would leave one program per tile to read all of its up to 66 partial
 tiles serially, and fp32 atomics would make dW depend on the programs' timing. Unsplit, the
@@ -37,7 +37,8 @@ of channels_last tensors. Measurements: docs/kernels/conv.md, "Backward".
 Functions:
     conv2d_wgrad_reference  torch's wgrad on x padded as the forward pads it (the tests' reference)
     conv_wgrad_kernel       @triton.jit, autotuned (and a hook-free copy for traced launches)
-    wgrad_split_sum_kernel  @triton.jit: dW = the sum of the splits' fp32 partials, in order
+    wgrad_split_sum_kernel  @triton.jit: dW = the sum of the splits' fp32 partials, fixed order
+    split_sum_step          its launch for a dW size and split count
     tap_group               the taps a grouped config owns, as split_rule counts them
     config_splits           pixel splits of one config's launch
     split_rule              pixel splits of a wgrad with few output tiles, by nominal tiles
@@ -89,8 +90,12 @@ FLAT_BELOW = 16
 # and the partial's store stay small beside the loop), and at most this many splits
 SPLIT_PIXELS_MIN = 1024
 SPLIT_MAX = 128
-# wgrad_split_sum_kernel's elements per program
+# wgrad_split_sum_kernel: elements per program, at most and at least; the programs a small dW
+# aims for (about two per SM of an H100); slabs a program loads at once
 SUM_BLOCK = 1024
+SUM_BLOCK_MIN = 128
+SUM_PROGRAMS = 264
+CHUNK_MAX = 8
 
 # Sizes that only bound loops and masks (not specialised on, so spatial sizes share compiles);
 # channel counts, strides and R, S stay specialised: they decide vectorisation
@@ -305,16 +310,29 @@ def wgrad_split_sum_kernel(
     # ws: `splits` fp32 slabs of numel elements, back to back; dw: numel elements, contiguous
     ws, dw,
     numel, splits,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
+    """dw = the sum of the slabs: CHUNK slabs' loads at a time in flight (one slab at a time left
+    a 64x64 dW's 4 programs latency-bound, 16 us for 66 slabs on an H200), split j into row
+    j mod CHUNK, the rows summed last: a fixed order, so the same dW on every run."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < numel
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    ptrs = ws + offs
-    for _ in range(splits):  # in split order: the same dW on every run
-        acc += tl.load(ptrs, mask=ok, other=0.0)
-        ptrs += numel
-    tl.store(dw + offs, acc.to(dw.dtype.element_ty), mask=ok)
+    rows = tl.arange(0, CHUNK)
+    acc = tl.zeros((CHUNK, BLOCK), dtype=tl.float32)
+    for first in range(0, splits, CHUNK):
+        split = first + rows
+        ptrs = ws + split[:, None].to(tl.int64) * numel + offs[None, :]
+        acc += tl.load(ptrs, mask=(split[:, None] < splits) & ok[None, :], other=0.0)
+    tl.store(dw + offs, tl.sum(acc, axis=0).to(dw.dtype.element_ty), mask=ok)
+
+
+def split_sum_step(numel: int, splits: int, launch: Launcher = direct) -> Step:
+    """The launch of wgrad_split_sum_kernel over (ws, dw): blocks small enough that a small dW
+    still spreads over SUM_PROGRAMS programs, at most CHUNK_MAX slabs in flight each."""
+    block = min(SUM_BLOCK, max(SUM_BLOCK_MIN, next_power_of_2(cdiv(numel, SUM_PROGRAMS))))
+    chunk = min(CHUNK_MAX, next_power_of_2(splits))
+    return Step(launch(wgrad_split_sum_kernel), (cdiv(numel, block),), (numel, splits),
+                dict(BLOCK=block, CHUNK=chunk, num_warps=4))  # fmt: skip
 
 
 def _nominal_tile(size: int) -> int:
@@ -421,7 +439,15 @@ def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, la
     # the workspace for the widest split any config may take; the tuned config's split decides
     # what later calls allocate and whether they sum
     widest = max(splits_of(cfg.kwargs) for cfg in kernel.configs)
-    ws = x.new_empty((widest * numel,), dtype=torch.float32) if widest > 1 else dw
+    if widest > 1:
+        ws = x.new_empty((widest * numel,), dtype=torch.float32)
+    elif launch is direct:
+        ws = dw  # never written unsplit
+    else:
+        # Not dw again: a traced launch's mutable arguments are functionalized one by one, so dw
+        # passed twice became two clones, and the unwritten one's copy back overwrote dW with
+        # uninitialised memory (NaN on an H100 in every unsplit layer: 7x7, 512 channels)
+        ws = x.new_empty((1,), dtype=torch.float32)
     main(dz, x, dw, ws)
     splits = split_k
     if splits is None:  # the tuned config's (the widest where nothing launched)
@@ -429,8 +455,7 @@ def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, la
         splits = widest if best is None else splits_of(best.kwargs)
     reduce = None
     if splits > 1:
-        reduce = Step(launch(wgrad_split_sum_kernel), (cdiv(numel, SUM_BLOCK),), (numel, splits),
-                      dict(BLOCK=SUM_BLOCK))  # fmt: skip
+        reduce = split_sum_step(numel, splits, launch)
         reduce(ws, dw)
     return _Plan(main, reduce, numel * splits if splits > 1 else 0, tuple(dw.shape),
                  tuple(dw.stride()))  # fmt: skip
