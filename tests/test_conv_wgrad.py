@@ -391,3 +391,25 @@ def test_traced_launch_tunes_only_configs_it_can_use(name, grouped, device):
     check(dz, x, *args, launch=launcher, split_k=1)
     assert launched[0] is (wgrad._TRACEABLE if grouped else wgrad._TRACEABLE_ONE_TAP)
     assert all(c.kwargs["TAPS"] == 1 for c in wgrad._ONE_TAP)
+
+
+@pytest.mark.parametrize("split_k", [None, 1, 3])
+def test_1x1_runs_as_a_tma_gemm_on_hopper(split_k):
+    """A direct 1x1 (stride 1, unpadded, NHWC, 16-bit, 16-byte aligned rows) on a GPU with TMA
+    takes wgrad_gemm.py's kernel: unsplit, split (the last split ragged: 70 pixels), and by its
+    own config's split; K = 20 (40-byte rows of dZ) keeps the per-tap kernel. A pretended
+    Hopper with 8 SMs runs the host descriptors in the interpreter."""
+    from kernels._common import pretend_gpu
+    from kernels.conv.wgrad_gemm import wgrad_gemm_kernel
+
+    with pretend_gpu((9, 0), 8):
+        for (n, c, h, w), k, takes_gemm in (((2, 24, 5, 7), 40, True), ((3, 48, 4, 5), 20, False)):
+            torch.manual_seed(n + k)
+            geometry = ((n, c, h, w), (k, 1, 1), 1, 0, 1)
+            dz, x, args = make_inputs(geometry, torch.float16, "cpu", channels_last=True)
+            check(dz, x, *args, split_k=split_k)
+            (plan,) = [p for key, p in wgrad._PLANS.items() if key[0] == dz.shape]
+            assert (plan.main.kernel is wgrad_gemm_kernel) == takes_gemm
+            if split_k is not None:  # a forced split: its slabs and their sum, or neither
+                assert plan.workspace == (0 if split_k == 1 else split_k * k * c)
+                assert (plan.reduce is None) == (split_k == 1)

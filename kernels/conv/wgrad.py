@@ -63,6 +63,7 @@ from kernels._common import (
 )
 from kernels._launch import PlanCache, Step
 from kernels.conv.common import traceable, tune_bench
+from kernels.conv.wgrad_gemm import is_wgrad_gemm, wgrad_gemm_kernel, wgrad_gemm_step
 
 # (BLOCK_M output channels, BLOCK_N input channels, BLOCK_K pixels, num_stages, num_warps, TAPS).
 # 64 pixels a step: 128-byte rows of 16-bit channels, the widest wgmma swizzle. TAPS = 3 keeps
@@ -362,7 +363,7 @@ def _tiles(meta: dict, K: int, C: int, R: int, S: int) -> int:
     """Grid axis 0 of a config: its (tap group, output-channel block, column block) tiles."""
     flat = C < FLAT_BELOW
     cols = R * S * C if flat else C
-    groups = 1 if flat else R * cdiv(S, meta["TAPS"])
+    groups = 1 if flat else R * cdiv(S, meta.get("TAPS", 1))  # wgrad_gemm's configs: one tap
     return groups * cdiv(K, meta["BLOCK_M"]) * cdiv(cols, meta["BLOCK_N"])
 
 
@@ -412,14 +413,20 @@ def _run(plan: _Plan, dz, x, dw) -> torch.Tensor:
     return dw
 
 
-def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, launch) -> _Plan:
+def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, launch,
+               tma=False) -> _Plan:  # fmt: skip
     """Launch one call (dz, x as the kernel reads them; dw in the dtype it writes) and return its
-    plan. split_k: every config's split (None: each its config_splits on `sms` SMs)."""
+    plan. split_k: every config's split (None: each its config_splits on `sms` SMs). tma: the
+    GPU has TMA (a direct 1x1 then runs wgrad_gemm.py's kernel)."""
     N, K, P, Q = dz.shape
     _, C, H, W = x.shape
     R, S = kernel_rs
     NPQ, numel = N * P * Q, dw.numel()
-    if launch is direct:
+    gemm = (launch is direct and C >= FLAT_BELOW
+            and is_wgrad_gemm(dz, x, kernel_rs, stride, padding, tma))  # fmt: skip
+    if gemm:
+        kernel = wgrad_gemm_kernel
+    elif launch is direct:
         kernel = conv_wgrad_kernel
     else:
         kernel = _TRACEABLE if S >= 3 and C >= FLAT_BELOW else _TRACEABLE_ONE_TAP
@@ -431,11 +438,15 @@ def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, la
         return (_tiles(meta, K, C, R, S), splits_of(meta))
 
     precision = dot_precision(x.dtype, torch.backends.cudnn.allow_tf32)
-    main = Step(
-        launch(kernel), grid,
-        (NPQ, K, C, H, W, P, Q, R, S, *stride, *padding, *dilation, *dz.stride(), *x.stride()),
-        dict(DOT_PRECISION=precision, FLAT_TAPS=C < FLAT_BELOW),
-    )  # fmt: skip
+    if gemm:
+        main = wgrad_gemm_step(dz, x, grid, precision)
+    else:
+        main = Step(
+            launch(kernel), grid,
+            (NPQ, K, C, H, W, P, Q, R, S, *stride, *padding, *dilation, *dz.stride(),
+             *x.stride()),
+            dict(DOT_PRECISION=precision, FLAT_TAPS=C < FLAT_BELOW),
+        )  # fmt: skip
     # the workspace for the widest split any config may take; the tuned config's split decides
     # what later calls allocate and whether they sum
     widest = max(splits_of(cfg.kwargs) for cfg in kernel.configs)
@@ -523,7 +534,8 @@ def conv2d_wgrad(
         # a traced launch cannot learn the tuned config, so every config takes one split
         split_k = 1 if info is None else split_rule(K, C, R, S, N * P * Q, info.sms)
     plan = _first_run(dz, x, dw, (R, S), tuple(stride), tuple(padding), tuple(dilation),
-                      split_k, None if info is None else info.sms, launch)  # fmt: skip
+                      split_k, None if info is None else info.sms, launch,
+                      tma=info is not None and info.capability >= (9, 0))  # fmt: skip
     if key is not None and not upcast:
         _PLANS.put(key, plan)
     if not upcast:

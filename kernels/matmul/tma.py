@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import ACTIVATIONS, cdiv, direct, is_interpreter
+from kernels._common import ACTIVATIONS, cdiv, direct, is_interpreter, next_power_of_2
 from kernels._launch import Step
 from kernels.matmul.epilogue import apply_activation, bias_activation, grouped_tile, store_masked
 from kernels.matmul.pointer import SKINNY_M, interpreter_configs, make_config, prune_by_m
@@ -106,18 +106,19 @@ SKINNY_TILE = Tile(64, 64, 128, 6, 4, False)  # 32 < M <= SKINNY_M
 # waves): a wide tile reads each weight tile once per M block and keeps the tile count low.
 SKINNY_WIDE_TILE = Tile(64, 256, 64, 4, 4, False)
 SKINNY_WIDE_WAVES = 2
-# M > SKINNY_M: the largest of WAVE_TILES whose tile count fills WAVE_FILL of the SMs (else the
-# smallest), so small problems still occupy every SM; once 128x256 tiles make more than
-# LARGE_WAVES waves, LARGE_TILE.
+# M > SKINNY_M: the tile of WAVE_TILES no wider than N needs (64 columns at least) with the
+# least wave time, counted as waves x tile area / WAVE_SPEED, the relative rate at which a full
+# wave of that tile does its work (a larger tile reuses each loaded operand for more outputs). A
+# 128x256 tile on 56 columns, or 1.5 waves where 3 waves of 128x128 fit, had cost the 1x1 conv's
+# dX GEMMs up to 40% on an H100 (docs/kernels/matmul.md, "Shipped design").
 WAVE_TILES = [
     Tile(128, 256, 64, 3, 8, True),
     Tile(128, 128, 64, 4, 8, False),
     Tile(128, 64, 64, 5, 4, False),
     Tile(64, 64, 64, 5, 4, False),
 ]
-WAVE_FILL = 0.9
-LARGE_WAVES = 2
-LARGE_TILE = Tile(128, 256, 64, 3, 8, True)
+WAVE_SPEED = {(128, 256): 1.0, (128, 128): 0.85, (128, 64): 0.8, (64, 64): 0.6}
+LARGE_TILE = WAVE_TILES[0]  # what many waves take
 GROUP_M = 8
 
 
@@ -130,12 +131,13 @@ def heuristic_tile(M: int, N: int, K: int, num_sms: int, batch: int = 1) -> Tile
         if cdiv(M, 64) * cdiv(N, 64) * batch > SKINNY_WIDE_WAVES * num_sms:
             return SKINNY_WIDE_TILE
         return SKINNY_TILE
-    if cdiv(M, 128) * cdiv(N, 256) * batch > LARGE_WAVES * num_sms:
-        return LARGE_TILE
-    for tile in WAVE_TILES:
-        if cdiv(M, tile.block_m) * cdiv(N, tile.block_n) * batch >= WAVE_FILL * num_sms:
-            return tile
-    return WAVE_TILES[-1]
+    widest = max(64, next_power_of_2(N))
+
+    def wave_time(tile: Tile) -> float:
+        waves = cdiv(cdiv(M, tile.block_m) * cdiv(N, tile.block_n) * batch, num_sms)
+        return waves * tile.block_m * tile.block_n / WAVE_SPEED[tile.block_m, tile.block_n]
+
+    return min((t for t in WAVE_TILES if t.block_n <= widest), key=wave_time)
 
 
 def epilogue_splits(tile: Tile, act_id: int) -> int:
