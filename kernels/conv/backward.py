@@ -14,8 +14,10 @@ phase's strided view of dX (the implicit GEMM stores by strides). A phase no tap
 Depthwise convs (groups = C) train through depthwise.py's stencils: dX is the same phase split
 of depthwise convs with flipped taps, dW a per-channel reduction. Other groupings do not train.
 
-1x1, stride-1, unpadded convs between NHWC tensors are GEMMs both ways: dX = dZ W and
-dW = dZ^T X by kernels.matmul (cuBLAS-level), as linear's backward does.
+1x1, stride-1, unpadded convs between NHWC tensors are GEMMs both ways: dX = dZ W by
+kernels.matmul's fused_matmul, and dW = dZ^T X by wgrad.py, which on Hopper takes
+wgrad_gemm.py's TMA GEMM for them (its pixel split fills the GPU where one GEMM's few output
+tiles would not).
 
 Every launch of a direct call goes through a kernels._launch.Step kept per call geometry, so a
 training step's backward after the first pays the forward's thin host path, not the JIT's.

@@ -31,6 +31,9 @@ kernel rounds the accumulator once into dW.
 dW comes back channels_last: its memory is the (K, R·S·C) row-major matrix the forward kernels
 read, and each tap's tile is a (BLOCK_M, BLOCK_N) block of it.
 
+A direct 1x1, stride-1, unpadded wgrad of 16-bit NHWC tensors on Hopper runs wgrad_gemm.py's
+kernel instead: the same split and slabs, with dZ and X read as plain matrices by TMA.
+
 Compiled for sm_90 it is wgmma with both operands from shared memory and 16-byte cp.async loads
 of channels_last tensors. Measurements: docs/kernels/conv.md, "Backward".
 

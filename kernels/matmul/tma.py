@@ -109,8 +109,8 @@ SKINNY_WIDE_WAVES = 2
 # M > SKINNY_M: the tile of WAVE_TILES no wider than N needs (64 columns at least) with the
 # least wave time, counted as waves x tile area / WAVE_SPEED, the relative rate at which a full
 # wave of that tile does its work (a larger tile reuses each loaded operand for more outputs). A
-# 128x256 tile on 56 columns, or 1.5 waves where 3 waves of 128x128 fit, had cost the 1x1 conv's
-# dX GEMMs up to 40% on an H100 (docs/kernels/matmul.md, "Shipped design").
+# 128x256 tile on 64 columns, or 1.5 waves where 3 waves of 128x128 fit, had cost the 1x1 conv's
+# dX GEMMs up to 40% on an H100 (docs/kernels/matmul.md, "Wave time").
 WAVE_TILES = [
     Tile(128, 256, 64, 3, 8, True),
     Tile(128, 128, 64, 4, 8, False),
