@@ -91,21 +91,27 @@ def _cases():
     }
 
 
+def _record(case, gpu, monkeypatch) -> list:
+    """The (kernel, args, kwargs) of every launch a case's forward and backward trace, each run
+    in the interpreter; with `gpu`, an H100's dispatch (pretend_gpu): the kernel choices and
+    splits a GPU trace makes."""
+    monkeypatch.setattr(ops, "_active_launch", [ops.naming(_Recorder)])
+    _Recorder.launches = []
+    with pretend_gpu((9, 0), 132) if gpu else contextlib.nullcontext():
+        out = _cases()[case]()
+        if out.requires_grad:
+            out.float().square().sum().backward()
+    assert _Recorder.launches, "no launch went through the traced path"
+    return _Recorder.launches
+
+
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu-dispatch", "h100-dispatch"])
 @pytest.mark.parametrize("case", list(_cases()))
 def test_traced_launches_name_every_parameter(case, gpu, monkeypatch):
     if gpu and case == "softmax-long-rows":
         pytest.skip("a GPU takes the coop design, whose programs wait on each other: the "
                     "interpreter runs them one at a time")
-    monkeypatch.setattr(ops, "_active_launch", [ops.naming(_Recorder)])
-    _Recorder.launches = []
-    # an H100's dispatch (pretend_gpu): the kernel choices and K splits a GPU trace makes
-    with pretend_gpu((9, 0), 132) if gpu else contextlib.nullcontext():
-        out = _cases()[case]()
-        if out.requires_grad:
-            out.float().square().sum().backward()
-    assert _Recorder.launches, "no launch went through the traced path"
-    for kernel, args, kwargs in _Recorder.launches:
+    for kernel, args, kwargs in _record(case, gpu, monkeypatch):
         missing = _missing(kernel, args, kwargs)
         name = getattr(getattr(kernel, "fn", kernel), "__name__", None) or repr(kernel)
         assert not missing, f"{case}: a traced launch leaves {missing} to their defaults ({name})"
@@ -202,3 +208,21 @@ def test_inductor_reads_what_each_traced_launch_writes():
     known = {"softmax_split_kernel", "softmax_backward_split_kernel"}  # the coop's nanosleep
     assert set(failures) <= {"softmax-long-rows"}, failures
     assert set(failures.get("softmax-long-rows", ())) <= known, failures
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-dispatch", "h100-dispatch"])
+@pytest.mark.parametrize("case", list(_cases()))
+def test_traced_launches_pass_no_memory_twice(case, gpu, monkeypatch):
+    """No traced launch passes two tensors over the same memory. Inductor functionalizes each
+    tensor a user-defined kernel writes as a clone of its own and copies the clones back in
+    turn, so a second name for written memory gets its unwritten clone copied over the kernel's
+    result: the unsplit conv wgrad passed dW as both its output and its workspace, and
+    triton-compiled training gave NaN weight gradients on an H100."""
+    if gpu and case == "softmax-long-rows":
+        pytest.skip("a GPU takes the coop design, whose programs wait on each other: the "
+                    "interpreter runs them one at a time")
+    for kernel, args, kwargs in _record(case, gpu, monkeypatch):
+        tensors = [t for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)]
+        storages = [t.untyped_storage().data_ptr() for t in tensors]
+        name = getattr(getattr(kernel, "fn", kernel), "__name__", None) or repr(kernel)
+        assert len(set(storages)) == len(storages), f"{case}: {name} gets one memory twice"
