@@ -45,7 +45,7 @@ experiment: $(SETUP) ## One run: make experiment kernel=matmul mode=max-autotune
 sweep: $(SETUP) ## Hydra multirun over comma lists: make sweep kernel=matmul,softmax mode=eager,triton
 	$(PY) -m experiments.run --multirun $(OVERRIDES)
 
-bench: $(SETUP) ## An op's speed-target grids + ratio table (grids: experiments/registry.py): make bench kernel=<op>
+bench: $(SETUP) ## An op's speed-target grids + ratio table (grids: experiments/registry.py): make bench kernel=<op> [ARGS="--grids 6,7"]
 	$(PY) -m experiments.bench $(kernel) $(if $(BENCH_DIR),--dir $(BENCH_DIR)) $(ARGS)
 
 study: $(SETUP) ## The whole grid, one job per GPU (docs/study.md): make study [STUDY=multirun/study/<time> to finish one] [ARGS="--dry-run" | ARGS=--smoke]

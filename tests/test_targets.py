@@ -393,3 +393,30 @@ def test_block_latency_reads_the_paired_records_where_a_run_has_them():
     check = checks[f"{name}, paired (geomean)"]
     assert check.value == pytest.approx((1.2 * 1.0) ** 0.5) and check.passed
     assert "worst 1.000 at b (default, max-autotune-no-cudagraphs; 2 shapes)" in check.detail
+
+
+def test_bench_grids_runs_only_the_numbered_grids(tmp_path, monkeypatch, capsys):
+    """`make bench kernel=conv ARGS="--grids 6,7"`: those grids alone, each into its own
+    number's folder, no paired runs unless named; a bad list is one line and exit 2, before
+    any run."""
+    import subprocess
+
+    from experiments import bench, registry
+
+    commands = []
+
+    class Done:
+        returncode, stdout = 0, "conv targets:\n"
+
+    monkeypatch.setattr(subprocess, "run", lambda command, **kw: commands.append(command) or Done)
+    grids = registry.OPS["conv"].bench
+    assert bench.main(["conv", "--dir", str(tmp_path), "--grids", "6,7", "dtype=bf16"]) == 0
+    runs = [c for c in commands if "experiments.run" in c]
+    assert [c[-2] for c in runs] == [f"hydra.sweep.dir={tmp_path}/{i}" for i in (6, 7)]
+    assert all(c[-1] == "dtype=bf16" for c in runs)
+    assert "pass=fwd_bwd" in " ".join(runs[0]) and grids[5].split()[0] in runs[0]
+    assert not [c for c in commands if "experiments.paired" in c]
+    for bad in ("0", "8", "6,x", ""):
+        commands.clear()
+        assert bench.main(["conv", "--grids", bad]) == 2
+        assert not commands and "--grids takes grid numbers 1-7" in capsys.readouterr().err
