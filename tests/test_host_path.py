@@ -6,6 +6,7 @@ exercised through the real wrappers (results against float64) and the fast launc
 stand-in compiled kernel that records what it would have launched. The GPU tests at the end
 capture a cached call in a CUDA graph and compile the traced softmax over 65536-column rows."""
 
+import contextlib
 import gc
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kernels
 from experiments.correctness import relative_error, tolerance
 from kernels import _launch
 from kernels._common import pretend_gpu, reset_tuning
@@ -247,6 +249,62 @@ def test_reset_tuning_empties_the_plans(plans):
     assert plans
     reset_tuning()
     assert not plans
+
+
+def _conv_case(c, k, r, stride=1, groups=1, dtype=torch.float32, train=True):
+    def call():
+        fmt = torch.channels_last
+        x = torch.randn(2, c, 8, 8).to(dtype).contiguous(memory_format=fmt)
+        w = (torch.randn(k, c // groups, r, r) * 0.1).to(dtype).contiguous(memory_format=fmt)
+        if not train:
+            with torch.no_grad():
+                return [x, w, kernels.conv2d(x, w, None, stride, r // 2, 1, groups)]
+        x.requires_grad_()
+        w.requires_grad_()
+        y = kernels.conv2d(x, w, None, stride, r // 2, 1, groups)
+        y.backward(torch.randn_like(y))
+        return [x, w, y, x.grad, w.grad]
+
+    return call
+
+
+PLANNED_CALLS = {
+    "matmul": lambda: [a := torch.randn(33, 24), b := torch.randn(24, 40), matmul(a, b)],
+    "linear fwd_bwd": lambda: _linear_step(),
+    "softmax": lambda: [x := torch.randn(6, 100), kernels.softmax(x, -1)],
+    "conv 1x1": _conv_case(16, 24, 1, train=False),
+    "conv 3x3 s2 fwd_bwd": _conv_case(16, 16, 3, stride=2),
+    "conv stem c3 fwd_bwd": _conv_case(3, 16, 3, stride=2),
+    "conv grouped": _conv_case(16, 16, 3, groups=4, train=False),
+    "conv depthwise fwd_bwd": _conv_case(16, 16, 3, stride=2, groups=16),
+    "conv 1x1 fwd_bwd fp16 on an H100": _conv_case(32, 32, 1, dtype=torch.float16),
+    "conv 3x3 s2 fwd_bwd fp16 on an H100": _conv_case(32, 32, 3, stride=2, dtype=torch.float16),
+}
+
+
+def _linear_step():
+    x, w, bias = (torch.randn(*s, requires_grad=True) for s in ((5, 24), (40, 24), (40,)))
+    y = linear(x, w, bias, "gelu")
+    y.backward(torch.randn_like(y))
+    return [x, w, bias, y, x.grad, w.grad, bias.grad]
+
+
+@pytest.mark.parametrize("case", list(PLANNED_CALLS))
+def test_plans_keep_no_call_s_tensors_alive(case):
+    """A plan outlives its first call but holds none of that call's tensors: the conv designs'
+    grids once closed over the Conv record, so every plan kept its first input and output (a
+    training plan its first dX too, and autograd then copied dX instead of taking it) for the
+    plan's life: an activation per layer geometry on a GPU."""
+    reset_tuning()
+    gpu = "H100" in case
+    with pretend_gpu((9, 0), 132) if gpu else contextlib.nullcontext():
+        tensors = PLANNED_CALLS[case]()
+        refs = [weakref.ref(t) for t in tensors]
+        del tensors
+        gc.collect()
+        alive = [i for i, ref in enumerate(refs) if ref() is not None]
+        assert not alive, f"{case}: the plans keep the call's tensors {alive} alive"
+    reset_tuning()
 
 
 # ---------------------------------------------------------------------------------------------

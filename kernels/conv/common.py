@@ -26,7 +26,7 @@ Functions:
     traceable            the same jit function under a hook-free autotuner (launch=wrap_triton)
     SIZES_ONLY, CONV_KEY the implicit / flat / window kernels' unspecialised sizes and tuning key
     split_scratch        fp32 workspace and arrival counters of a split-K launch
-    row_tiles            output tiles of a (BLOCK_M, BLOCK_N) config
+    row_tiles            output tiles of a (BLOCK_M, BLOCK_N) config, a function of its meta
 """
 
 from typing import NamedTuple
@@ -301,6 +301,13 @@ def split_scratch(kernel, split_k, tiles_of):
     return scratch
 
 
-def row_tiles(conv: Conv, meta) -> int:
-    """Output tiles of a (BLOCK_M rows) x (BLOCK_N channels) config."""
-    return cdiv(conv.M, meta["BLOCK_M"]) * cdiv(conv.K, meta["BLOCK_N"])
+def row_tiles(conv: Conv):
+    """The output tiles of a (BLOCK_M rows) x (BLOCK_N channels) config, as a function of its
+    meta. It keeps the sizes, not `conv`: a plan keeps its grid, and a grid holding the Conv
+    record held the first call's input and output alive for the plan's life."""
+    M, K = conv.M, conv.K
+
+    def tiles(meta) -> int:
+        return cdiv(M, meta["BLOCK_M"]) * cdiv(K, meta["BLOCK_N"])
+
+    return tiles

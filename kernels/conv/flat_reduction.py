@@ -108,8 +108,10 @@ def flat_step(conv: Conv, *, launch=direct, tma: bool = False):
     y_desc, y_tma = output_desc(conv, tma)
     kernel = conv_flat_kernel if launch is direct else _TRACEABLE
 
+    tiles = row_tiles(conv)
+
     def grid(meta):
-        return (row_tiles(conv, meta),)
+        return (tiles(meta),)
 
     step = Step(
         launch(kernel), grid,

@@ -193,8 +193,10 @@ def gemm_persistent_step(conv: Conv, *, tma: bool):
     info = gpu_info(y.device)  # the interpreter's 4 programs loop over several tiles
     programs = 4 if info is None else info.sms
 
+    tiles = row_tiles(conv)
+
     def grid(meta):
-        return (min(row_tiles(conv, meta), programs * meta.get("PER_SM", 1)),)
+        return (min(tiles(meta), programs * meta.get("PER_SM", 1)),)
 
     step = Step(
         conv_gemm_persistent_kernel, grid,
@@ -209,8 +211,10 @@ def conv_gemm(conv: Conv, *, launch=direct):
     """Run an is_gemm conv by conv_gemm_kernel through `launch`, pointer loads and stores."""
     x2d, w2d, y = _x_matrix(conv), conv.w2d, conv.y
 
+    tiles = row_tiles(conv)
+
     def grid(meta):
-        return (row_tiles(conv, meta),)
+        return (tiles(meta),)
 
     launch(conv_gemm_kernel)[grid](
         x2d, w2d, conv.bias, y, conv.M, conv.C, conv.K,

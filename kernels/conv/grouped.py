@@ -248,10 +248,12 @@ def grouped_step(conv: Conv, *, launch=direct):
     group_k = conv.K // groups
     kernel = conv_grouped_kernel if launch is direct else _TRACEABLE
 
+    M = conv.M  # not conv: the plan keeps this grid (common.row_tiles)
+
     def grid(meta):
         per_tile = groups_per_tile(groups, group_k, meta["BLOCK_N"])
         n_tiles = cdiv(per_tile * group_k, meta["BLOCK_N"])
-        return (cdiv(conv.M, meta["BLOCK_M"]) * cdiv(groups, per_tile) * n_tiles,)
+        return (cdiv(M, meta["BLOCK_M"]) * cdiv(groups, per_tile) * n_tiles,)
 
     step = Step(
         launch(kernel), grid,

@@ -163,12 +163,13 @@ def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int 
         kernel = conv_implicit_kernel
     else:
         kernel = _TRACEABLE_FEW_CHANNELS if conv.K <= 16 else _TRACEABLE
+    tiles = row_tiles(conv)
     scratch = no_scratch
     if split_k > 1:
-        scratch = split_scratch(kernel, split_k, lambda meta: row_tiles(conv, meta))
+        scratch = split_scratch(kernel, split_k, tiles)
 
     def grid(meta):
-        return (row_tiles(conv, meta), split_k) if split_k > 1 else (row_tiles(conv, meta),)
+        return (tiles(meta), split_k) if split_k > 1 else (tiles(meta),)
 
     step = Step(
         launch(kernel), grid,

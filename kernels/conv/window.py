@@ -158,9 +158,11 @@ def window_step(conv: Conv, *, tma: bool = True, split_k: int = 1):
         descs.append((3, 3, (N, conv.P, conv.Q, conv.K), (y.stride(0), y.stride(2), y.stride(3), 1),
                       (1, 8, 8, 64)))  # fmt: skip
 
+    P, Q, K = conv.P, conv.Q, conv.K  # not conv: the plan keeps this grid (common.row_tiles)
+
     def tiles_of(meta):
-        tiles = cdiv(conv.P, meta["BLOCK_H"]) * cdiv(conv.Q, meta["BLOCK_W"])
-        return N * tiles * cdiv(conv.K, meta["BLOCK_N"])
+        tiles = cdiv(P, meta["BLOCK_H"]) * cdiv(Q, meta["BLOCK_W"])
+        return N * tiles * cdiv(K, meta["BLOCK_N"])
 
     scratch = no_scratch
     if split_k > 1:
