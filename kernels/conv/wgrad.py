@@ -425,6 +425,8 @@ def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, la
     _, C, H, W = x.shape
     R, S = kernel_rs
     NPQ, numel = N * P * Q, dw.numel()
+    # fewer than FLAT_BELOW channels keep the flat kernel, as the forward does: the GEMM's
+    # 64-wide channel boxes are untested on them
     gemm = (launch is direct and C >= FLAT_BELOW
             and is_wgrad_gemm(dz, x, kernel_rs, stride, padding, tma))  # fmt: skip
     if gemm:
@@ -460,7 +462,7 @@ def _first_run(dz, x, dw, kernel_rs, stride, padding, dilation, split_k, sms, la
     else:
         # Not dw again: a traced launch's mutable arguments are functionalized one by one, so dw
         # passed twice became two clones, and the unwritten one's copy back overwrote dW with
-        # uninitialised memory (NaN on an H100 in every unsplit layer: 7x7, 512 channels)
+        # uninitialised memory (docs/kernels/conv.md, "Backward")
         ws = x.new_empty((1,), dtype=torch.float32)
     main(dz, x, dw, ws)
     splits = split_k
