@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import kernels
 from experiments.correctness import relative_error
 from kernels import ops
+from kernels._common import reset_tuning
 from kernels.conv import backward
 from kernels.conv.backward import dgrad_convs
 from tests.test_kernels_conv import DTYPES, REFERENCE_ACTIVATIONS, budget
@@ -178,13 +179,57 @@ def test_dgrad_phases_cover_dx_once_with_the_right_taps():
 
 
 def test_a_plan_serves_only_its_own_geometry():
-    backward._DGRAD.clear()
+    reset_tuning()  # the plans, the training entries that hold them too
     _check(kernels.conv2d, GEOMETRIES["3x3-s2-odd"], True, "relu", torch.float32, seed=6)
     planned = len(backward._DGRAD)
     _check(kernels.conv2d, GEOMETRIES["3x3-s2-odd"], True, "relu", torch.float32, seed=7)
     assert len(backward._DGRAD) == planned  # same geometry: the plan was reused, still right
     _check(kernels.conv2d, GEOMETRIES["3x3-s3-d2"], True, "relu", torch.float32, seed=8)
     assert len(backward._DGRAD) == planned + 1  # another geometry: its own plan
+
+
+@pytest.mark.parametrize(
+    "name, channels_last, activation",
+    [("3x3-s2-odd", True, None), ("3x3-s3-d2", True, "relu"), ("1x1-s1", True, "gelu"),
+     ("5x3-s(2,3)", False, None), ("pad-past-window", True, None)],
+)  # fmt: skip
+def test_a_training_step_runs_its_kept_backward(name, channels_last, activation, monkeypatch):
+    """The first step of a call key keeps its backward (backward.Backward) in the key's entry;
+    the next steps, on new values, run it: no dgrad or wgrad key is built, and dX, dW and db
+    still match float64. A dY in another layout, or another set of requested gradients, takes
+    the planned-per-launch path again and is still right."""
+    from kernels.conv import dispatch, wgrad
+
+    reset_tuning()
+    _check(kernels.conv2d, GEOMETRIES[name], channels_last, activation, torch.float32, seed=20)
+    entries = list(dispatch._TRAINING.values())
+    assert len(entries) == 1 and isinstance(entries[0].backward, backward.Backward)
+    kept = entries[0].backward
+    keys = []
+    for module, attr in ((backward, "_dgrad_key"), (wgrad, "_plan_key")):
+        real = getattr(module, attr)
+        monkeypatch.setattr(module, attr, lambda *a, _real=real: keys.append(a) or _real(*a))
+    for seed in (21, 22):
+        _check(kernels.conv2d, GEOMETRIES[name], channels_last, activation, torch.float32,
+               seed=seed)  # fmt: skip
+    assert keys == [] and entries[0].backward is kept
+
+    def transposed(dy):  # the same values in the other memory layout
+        other = torch.contiguous_format if channels_last else torch.channels_last
+        return dy.contiguous(memory_format=other)
+
+    _check(kernels.conv2d, GEOMETRIES[name], channels_last, activation, torch.float32, seed=23,
+           dy_of=transposed)  # fmt: skip
+    generator = torch.Generator().manual_seed(24)
+    x, weight, bias, *geometry = _make(GEOMETRIES[name], channels_last, torch.float32, generator)
+    weight.requires_grad_()  # dW alone: another set of gradients
+    y = kernels.conv2d(x, weight, bias, *geometry, activation=activation)
+    dy = torch.randn(y.shape, generator=generator).to(DEVICE)
+    y.backward(dy)
+    ref = _reference(x, weight, bias, *geometry, activation, dy)
+    assert x.grad is None and relative_error(weight.grad, ref[2]) < budget(torch.float32)
+    reset_tuning()
+    assert not dispatch._TRAINING
 
 
 def test_tap_matrices_gather_every_phase_at_once():
@@ -208,11 +253,14 @@ def test_tap_matrices_gather_every_phase_at_once():
                 assert block.shape == want.shape and block.stride(1) == 1
                 torch.testing.assert_close(block, want, rtol=0, atol=0)
                 torch.testing.assert_close(block2, want, rtol=0, atol=0)
-    backward._DGRAD.clear()
+    reset_tuning()  # the plans, the training entries that hold them too
     for seed in (8, 9):  # the second call runs the plan the first one made
         _check(kernels.conv2d, GEOMETRIES["3x3-s3-d2"], True, "relu", torch.float32, seed=seed)
-        ((_, (index, widths), _, steps),) = backward._DGRAD.values()
-        assert index.device.type == torch.device(DEVICE).type and len(widths) == len(steps)
+        (plan,) = backward._DGRAD.values()
+        index = plan.index
+        phases, _ = dgrad_convs((10, 11), (3, 3), (3, 3), (2, 2), (2, 2))
+        assert index.device.type == torch.device(DEVICE).type
+        assert len(plan.phases) == len(phases) and plan.columns == index.numel() * 16
         if seed == 8:
             first = index
     assert index is first

@@ -46,8 +46,9 @@ from kernels._common import (
 from kernels._launch import PlanCache, Step
 from kernels.conv.common import Conv, as_matrix
 from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
-from kernels.conv.dispatch import _channels_last_output, _new_output, design_step
-from kernels.conv.wgrad import conv2d_wgrad
+from kernels.conv.dispatch import _channels_last_output, _new_output, conv2d_forward, design_step
+from kernels.conv.wgrad import planned_wgrad
+from kernels.conv.wgrad import run as run_wgrad
 from kernels.linear.backward import activation_backward, column_sum
 from kernels.matmul.dispatch import fused_matmul
 
@@ -173,8 +174,36 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((N * P * Q, K), (t.stride(3), 1))
 
 
-# dgrad launches of direct calls, per geometry: (gaps, gather, tap step, [(TapConv, Step, scratch)])
+class _Dgrad(NamedTuple):
+    """A direct call's dgrad launches (_DGRAD), with each view a call takes fixed as
+    (size, stride, offset): a later call slices nothing."""
+
+    gaps: bool  # some phase has no tap: dX starts zeroed
+    index: torch.Tensor  # the gather index of every sub-conv's taps, on the device
+    columns: int  # the tap matrix is (C, columns)
+    tap_step: Step
+    # per sub-conv: (Step, scratch, its weight block in the tap matrix, its phase of dX); a
+    # view is None where it is the whole tensor (a stride-1 dgrad's one sub-conv)
+    phases: tuple
+
+
+# dgrad launches of direct calls, per geometry
 _DGRAD = PlanCache()
+
+
+def _view_of(view: torch.Tensor, base: torch.Tensor):
+    """view as (size, stride, offset from base's), or None where it is all of base."""
+    if view.shape == base.shape and view.stride() == base.stride():
+        return None
+    return tuple(view.shape), view.stride(), view.storage_offset() - base.storage_offset()
+
+
+def _as_view(base: torch.Tensor, view) -> torch.Tensor:
+    if view is None:
+        return base
+    size, stride, offset = view
+    return base.as_strided(size, stride, base.storage_offset() + offset)
+
 
 # A planned backward on a GPU runs its independent launches on side streams: dW beside dX, and
 # a strided dgrad's phases beside each other. On the small-spatial layers each fills only part
@@ -232,29 +261,35 @@ def _side(device: torch.device) -> _Side:
     return side
 
 
-def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
-    """Fill dx (N, C, H, W, allocated) with the dgrad of dz (N, K, P, Q)."""
+def _dgrad_key(dz, weight, dx, stride, padding, dilation) -> tuple:
+    return (dz.shape, dz.stride(), dx.shape, dx.stride(), weight.shape, weight.stride(),
+            dz.dtype, dz.device, dz.data_ptr() % 16, dx.data_ptr() % 16, stride, padding,
+            dilation, torch._C._get_cudnn_allow_tf32())  # fmt: skip
+
+
+def _dgrad(dz, weight, dx, stride, padding, dilation, launch) -> _Dgrad | None:
+    """Fill dx (N, C, H, W, allocated) with the dgrad of dz (N, K, P, Q); return the plan this
+    geometry's direct calls run (None for traced launches)."""
     N, C, H, W = dx.shape
     K, _, R, S = weight.shape
     planned = launch is direct and not torch.compiler.is_compiling()
     key = None
     if planned:
-        key = (dz.shape, dz.stride(), dx.shape, dx.stride(), weight.shape, weight.stride(),
-               dz.dtype, dz.device, dz.data_ptr() % 16, dx.data_ptr() % 16, stride, padding,
-               dilation, torch._C._get_cudnn_allow_tf32())  # fmt: skip
-        steps = _DGRAD.get(key)
-        if steps is not None:
-            _run_dgrad(steps, dz, weight, dx, stride)
-            return
+        key = _dgrad_key(dz, weight, dx, stride, padding, dilation)
+        plan = _DGRAD.get(key)
+        if plan is not None:
+            _run_dgrad(plan, dz, weight, dx)
+            return plan
     convs, gaps = dgrad_convs((H, W), (R, S), stride, padding, dilation)
     if gaps:
         dx.zero_()
     precision = dot_precision(dz.dtype, torch.backends.cudnn.allow_tf32)
     constexprs = dict(HAS_BIAS=False, ACTIVATION=NONE, DOT_PRECISION=precision)
     phased = stride != (1, 1)
-    steps = []
-    gather = _tap_gather(convs, S, K, dz.device)
-    matrices, tap_step = _tap_matrices(weight, *gather, launch=launch)
+    phases = []
+    index, widths = _tap_gather(convs, S, K, dz.device)
+    matrices, tap_step = _tap_matrices(weight, index, widths, launch=launch)
+    columns, start = index.numel() * K, 0
     for tc, w2d in zip(convs, matrices, strict=True):
         view = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         # A traced launch writes a phase into a tensor of its own, copied into place after:
@@ -272,28 +307,32 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch):
         if made is not None:  # None: the traced one-tile GEMM, launched at once
             step, scratch = made
             step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
-            steps.append((tc, step, scratch))
+            block = None if w2d.shape[1] == columns else ((C, w2d.shape[1]), (columns, 1), start)
+            phases.append((step, scratch, block, _view_of(view, dx)))
+        start += w2d.shape[1]
         if y is not view:
             view.copy_(y)
-    if key is not None and len(steps) == len(convs):
-        _DGRAD.put(key, (gaps, gather, tap_step, steps))
+    if key is None or len(phases) != len(convs):
+        return None
+    return _DGRAD.put(key, _Dgrad(gaps, index, columns, tap_step, tuple(phases)))
 
 
-def _run_dgrad(planned, dz, weight, dx, stride):
-    gaps, gather, tap_step, steps = planned
-    if gaps:
+def _run_dgrad(plan: _Dgrad, dz, weight, dx) -> None:
+    if plan.gaps:
         dx.zero_()
-    matrices, _ = _tap_matrices(weight, *gather, tap_step)
-    side, count = None, min(len(steps) - 1, SIDE_STREAMS - 1)
+    matrix = weight.new_empty((weight.shape[1], plan.columns))
+    plan.tap_step(weight, plan.index, matrix)
+    phases = plan.phases
+    side, count = None, min(len(phases) - 1, SIDE_STREAMS - 1)
     if count > 0 and _concurrent(dz):
         side = _side(dz.device)
         side.fork(0, count)
     try:
-        for i, ((tc, step, scratch), w2d) in enumerate(zip(steps, matrices, strict=True)):
-            y = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
+        for i, (step, scratch, block, view) in enumerate(phases):
             if side is not None:
                 side.use(None if i == 0 else (i - 1) % count)
-            step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
+            step(dz, _as_view(matrix, block), None, _as_view(dx, view),
+                 *(() if scratch is None else scratch(dz.device)))  # fmt: skip
     finally:
         if side is not None:  # what the phases read and wrote is the main stream's again
             side.join(0, count)
@@ -354,6 +393,55 @@ def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
         _DEPTHWISE_DGRAD.put(key, plan)
 
 
+def _dz(dy, saved, act_id: int, need_db: bool, launch):
+    """dZ = dY·act'(Z) for an NHWC dy, as an NHWC (N, K, P, Q) tensor, and db where asked for."""
+    if act_id == NONE:
+        return dy, (column_sum(_rows(dy), launch) if need_db else None)
+    dz2d, db = activation_backward(_rows(dy), _rows(_nhwc(saved)), act_id, need_db, launch)
+    N, K, P, Q = dy.shape
+    return dz2d.view(N, P, Q, K).permute(0, 3, 1, 2), db
+
+
+def _dx_dw(dz, weight, need_dx, need_dw, gemm_dx, overlap, dgrad, wgrad, new_dx, new_dw, launch):
+    """dX and dW of a groups = 1 conv, each None unless asked for: dX by the 1x1 GEMM where
+    gemm_dx, else new_dx() filled by dgrad(dx); dW = wgrad(new_dw()), on a side stream beside
+    dX where `overlap` (and the stream allows: _concurrent), else after it."""
+    dx = dw = None
+    side = None
+    if overlap and _concurrent(dz):  # dW on a side stream beside dX (see CONCURRENT)
+        dw = new_dw()  # allocated here, on the main stream, which reads and frees it after the join
+        side = _side(dz.device)
+        side.fork(SIDE_STREAMS - 1, 1)
+        side.use(SIDE_STREAMS - 1)
+        try:
+            wgrad(dw)
+        finally:
+            side.use(None)
+    if need_dx:
+        if gemm_dx:  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
+            K, C = weight.shape[:2]
+            N, _, H, W = dz.shape
+            dx2d = fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch)[0]
+            dx = dx2d.view(N, H, W, C).permute(0, 3, 1, 2)
+        else:
+            dx = new_dx()
+            dgrad(dx)
+    if side is not None:
+        side.join(SIDE_STREAMS - 1, 1)
+    elif need_dw:
+        # the 1x1 too: as one GEMM its reduction over N·H·W would run on a few output tiles,
+        # while the wgrad kernel splits the pixels over the SMs
+        dw = new_dw()
+        wgrad(dw)
+    return dx, dw
+
+
+def _overlaps(need_dx: bool, need_dw: bool, gemm_dx: bool) -> bool:
+    # not beside the dX GEMM: it fills the GPU, and on an H100 dW beside it cost GPU time
+    # (32x2048x7x7 -> 512: 42.3 us a step in order, 47.7 overlapped)
+    return need_dx and need_dw and not gemm_dx
+
+
 def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, need_dx, need_dw,
                     need_db, *, launch=direct, groups=1):  # fmt: skip
     """(dX, dW, db) of y = act(conv2d(x, weight) + bias), each None unless asked for.
@@ -362,14 +450,16 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
     other activations, None without one. stride, padding (top/left), dilation: resolved pairs.
     dX comes back in x's layout, dW channels_last (its (K, R·S·C) matrix), db in dy's dtype.
     """
-    dy = _nhwc(dy)
-    if act_id == NONE:
-        dz = dy
-        db = column_sum(_rows(dy), launch) if need_db else None
-    else:
-        dz2d, db = activation_backward(_rows(dy), _rows(_nhwc(saved)), act_id, need_db, launch)
-        N, K, P, Q = dy.shape
-        dz = dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
+    return _backward(dy, x, weight, saved, act_id, stride, padding, dilation,
+                     (need_dx, need_dw, need_db), launch, groups)[0]  # fmt: skip
+
+
+def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, launch, groups):
+    """conv2d_backward's (dX, dW, db), and for a groups = 1 direct call whose launches all
+    planned, the Backward plan that repeats it with no key (else None)."""
+    need_dx, need_dw, need_db = needs
+    nhwc_dy = as_matrix(dy)
+    dz, db = _dz(dy if nhwc_dy else _nhwc(dy), saved, act_id, need_db, launch)
     if groups != 1:  # depthwise (the only grouping that trains): depthwise.py's stencils
         dx = dw = None
         if need_dx:
@@ -378,41 +468,74 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
         if need_dw:
             dw = depthwise_wgrad(dz, x, weight.shape[2:], stride, padding, dilation,
                                  launch=launch)  # fmt: skip
-        return dx, dw, db
+        return (dx, dw, db), None
     K, C, R, S = weight.shape
     unit = (R, S) == (1, 1) and stride == (1, 1) and padding == (0, 0)
-    dx = dw = None
-    gemm_dx = unit and _channels_last_output(x)  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
-    # not beside the dX GEMM: it fills the GPU, and on an H100 dW beside it cost GPU time
-    # (32x2048x7x7 -> 512: 42.3 us a step in order, 47.7 overlapped)
-    overlap = (need_dx and need_dw and not gemm_dx and launch is direct
-               and not torch.compiler.is_compiling() and _concurrent(dz))  # fmt: skip
-    if overlap:  # dW on a side stream beside dX (see CONCURRENT)
-        # allocated here, on the main stream, which reads and frees it after the join
-        dw = torch.empty((K, C, R, S), device=x.device, dtype=x.dtype,
-                         memory_format=torch.channels_last)  # fmt: skip
-        side = _side(x.device)
-        side.fork(SIDE_STREAMS - 1, 1)
-        side.use(SIDE_STREAMS - 1)
-        try:
-            conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch, out=dw)
-        finally:
-            side.use(None)
-    if need_dx:
-        if gemm_dx:
-            dx2d = fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch)[0]
-            N, _, H, W = x.shape
-            dx = dx2d.view(N, H, W, C).permute(0, 3, 1, 2)
-        else:
-            dx = _new_output(x, *x.shape[1:])  # in x's layout
-            _dgrad(dz, weight, dx, stride, padding, dilation, launch)
-    if overlap:
-        side.join(SIDE_STREAMS - 1, 1)
-    elif need_dw:
-        # the 1x1 too: as one GEMM its reduction over N·H·W would run on a few output tiles,
-        # while the wgrad kernel splits the pixels over the SMs
-        dw = conv2d_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch)
-    return dx, dw, db
+    gemm_dx = unit and _channels_last_output(x)
+    planned = launch is direct and not torch.compiler.is_compiling()
+    made = {}
+
+    def dgrad(dx):
+        made["dgrad"] = _dgrad(dz, weight, dx, stride, padding, dilation, launch)
+
+    def wgrad(dw):
+        made["wgrad"] = planned_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch,
+                                      out=dw)[1]  # fmt: skip
+
+    def new_dw():
+        return torch.empty((K, C, R, S), device=x.device, dtype=x.dtype,
+                           memory_format=torch.channels_last)  # fmt: skip
+
+    overlap = planned and _overlaps(need_dx, need_dw, gemm_dx)
+    dx, dw = _dx_dw(dz, weight, need_dx, need_dw, gemm_dx, overlap, dgrad, wgrad,
+                    lambda: _new_output(x, *x.shape[1:]), new_dw, launch)  # fmt: skip
+    plan = None
+    if planned and made.get("dgrad", True) is not None and made.get("wgrad", True) is not None:
+        plan = Backward(dy.stride(), nhwc_dy, needs, act_id, gemm_dx, overlap, made.get("dgrad"),
+                        made.get("wgrad"), None if dx is None or gemm_dx else _layout(dx),
+                        None if dw is None else _layout(dw))  # fmt: skip
+    return (dx, dw, db), plan
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride()
+
+
+class Backward(NamedTuple):
+    """A training call key's backward, once a direct call has planned every launch of it
+    (groups = 1): those plans held here, so a later backward with dY in the same layout runs
+    them with no key and no slicing (Conv2dFunction keeps it in the key's Training entry).
+    dY's strides are part of what it was made for: autograd hands a layer the layout its
+    consumer produced, the same each step."""
+
+    dy_strides: tuple  # dY's strides it was made for
+    nhwc_dy: bool  # that dY is an (N·P·Q, K) matrix (else an NHWC copy is taken)
+    needs: tuple  # (need_dx, need_dw, need_db)
+    act_id: int
+    gemm_dx: bool  # dX by the 1x1 GEMM (which keeps its own plan)
+    overlap: bool  # dW beside dX on a side stream, where the stream allows
+    dgrad: _Dgrad | None
+    wgrad: object  # wgrad's plan, or None
+    dx_layout: tuple | None  # dX's (shape, strides) where dgrad writes it
+    dw_layout: tuple | None
+
+    def fits(self, dy, needs) -> bool:
+        return (needs == self.needs and dy.stride() == self.dy_strides
+                and not torch.compiler.is_compiling())  # fmt: skip
+
+    def __call__(self, dy, x, weight, saved):
+        need_dx, need_dw, need_db = self.needs
+        if not self.nhwc_dy:
+            dy = dy.contiguous(memory_format=torch.channels_last)
+        dz, db = _dz(dy, saved, self.act_id, need_db, direct)
+        dgrad, wgrad = self.dgrad, self.wgrad
+        dx, dw = _dx_dw(
+            dz, weight, need_dx, need_dw, self.gemm_dx, self.overlap,
+            lambda dx: _run_dgrad(dgrad, dz, weight, dx), lambda dw: run_wgrad(wgrad, dz, x, dw),
+            lambda: dz.new_empty_strided(*self.dx_layout),
+            lambda: dz.new_empty_strided(*self.dw_layout), direct,
+        )  # fmt: skip
+        return dx, dw, db
 
 
 def conv2d_backward_upcast(dy, x, weight, saved, *args, launch=direct, groups=1):
@@ -433,36 +556,64 @@ def save_mode(act_id: int) -> str:
     return "output" if act_id == RELU else "preact"
 
 
+class Training:
+    """A training call key's entry (dispatch._TRAINING): the checked geometry as pairs, the
+    call's own arguments (its forward's plan lives under the same key), and, once a backward
+    has planned all its launches, that Backward. A later step builds the one key, runs no check
+    and computes no other key."""
+
+    __slots__ = ("key", "args", "pairs", "activation", "act_id", "keep", "groups", "backward")
+
+    def __init__(self, key, args, pairs, activation, groups):
+        # key: the call's _plan_key, None where the forward cannot share it (an unbatched x,
+        # run as a batch of one); args: its (stride, padding, dilation) as given
+        self.key, self.args, self.pairs, self.groups = key, args, pairs, groups
+        self.activation = activation
+        self.act_id = ACTIVATIONS["none" if activation is None else activation]
+        self.keep = save_mode(self.act_id)
+        self.backward = None
+
+    def forward(self, x, weight, bias, activation):
+        # the call's own activation on the call's own tensors: the forward's plan is the key's
+        key = self.key if activation == self.activation else None
+        return conv2d_forward(x, weight, bias, *self.args, activation, self.groups, key=key)
+
+
 class Conv2dFunction(torch.autograd.Function):
-    """Autograd for a 4-D x; kernels.conv2d only routes here when some input needs a gradient.
-    stride, padding (top/left) and dilation come resolved, as pairs."""
+    """Autograd for a 4-D x; kernels.conv2d only routes here when some input needs a gradient,
+    with the call key's Training entry."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, activation, forward, groups=1):
-        act_id = ACTIVATIONS["none" if activation is None else activation]
-        keep = save_mode(act_id)
-        if keep == "preact":
-            z = forward(x, weight, bias, None)
-            y = TORCH_ACTIVATIONS[activation](z)
+    def forward(ctx, x, weight, bias, entry: Training):
+        if entry.keep == "preact":
+            z = entry.forward(x, weight, bias, None)
+            y = TORCH_ACTIVATIONS[entry.activation](z)
         else:
-            y = z = forward(x, weight, bias, activation)
-        need_dx, need_dw = ctx.needs_input_grad[:2]
+            y = z = entry.forward(x, weight, bias, entry.activation)
+        need_dw = ctx.needs_input_grad[1]
         # Keep only what the requested gradients read: dX needs W, dW needs X.
-        ctx.save_for_backward(x if need_dw else None, weight, z if keep != "none" else None)
-        ctx.x_meta = (x.shape, x.stride(), x.dtype, x.device)
-        ctx.geometry = (stride, padding, dilation)
-        ctx.act_id, ctx.has_bias, ctx.groups = act_id, bias is not None, groups
+        ctx.save_for_backward(x if need_dw else None, weight, z if entry.keep != "none" else None)
+        if not need_dw:
+            ctx.x_meta = (x.shape, x.stride(), x.dtype, x.device)
+        ctx.entry = entry
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, saved = ctx.saved_tensors
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        entry, needs = ctx.entry, ctx.needs_input_grad[:3]
+        planned = entry.backward
+        if planned is not None and planned.fits(dy, needs):
+            return (*planned(dy, x, weight, saved), None)
         if x is None:  # dX alone: only the shape and layout of x matter
             shape, strides, dtype, device = ctx.x_meta
             x = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-        dx, dw, db = conv2d_backward_upcast(
-            dy, x, weight, saved, ctx.act_id, *ctx.geometry, need_dx, need_dw,
-            need_db and ctx.has_bias, groups=ctx.groups,
-        )  # fmt: skip
-        return dx, dw, db, None, None, None, None, None, None
+        if is_interpreter() and dy.dtype == torch.bfloat16:
+            grads = conv2d_backward_upcast(dy, x, weight, saved, entry.act_id, *entry.pairs,
+                                           *needs, groups=entry.groups)  # fmt: skip
+        else:
+            grads, plan = _backward(dy, x, weight, saved, entry.act_id, *entry.pairs, needs,
+                                    direct, entry.groups)  # fmt: skip
+            if plan is not None and entry.key is not None:
+                entry.backward = plan
+        return (*grads, None)

@@ -141,9 +141,10 @@ class _Launch(NamedTuple):
 
 # Direct 4-D calls' plans by _plan_key; see kernels/_launch.py
 _PLANS = PlanCache()
-# Training calls' checked (stride, padding, dilation) pairs by _plan_key: a key seen before
-# passed every check, so a training step runs none (as a planned forward runs none)
-_TRAIN_ARGS = PlanCache()
+# Training calls' entries (backward.Training) by _plan_key: a key seen before passed every
+# check, so a training step runs none (as a planned forward runs none), and its entry holds the
+# backward's plan
+_TRAINING = PlanCache()
 
 
 def _plan_key(x, weight, bias, stride, padding, dilation, activation, groups) -> tuple:
@@ -432,33 +433,23 @@ def check_trainable(groups: int, channels: int | None) -> None:
 
 def _trainable(x, weight, bias, stride, padding, dilation, activation, groups):
     """conv2d through backward.Conv2dFunction, after the forward's own checks (once per call
-    key: _TRAIN_ARGS)."""
-    from kernels.conv.backward import Conv2dFunction
+    key: the key's backward.Training entry, kept in _TRAINING)."""
+    from kernels.conv.backward import Conv2dFunction, Training
 
     try:
         key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups)
     except (AttributeError, TypeError):
         key = None  # the checks below say what is wrong, or the call goes unplanned
-    checked = None if key is None else _TRAIN_ARGS.get(key)
-    if checked is None:
+    entry = None if key is None else _TRAINING.get(key)
+    if entry is None:
         stride_hw, padding_hw, dilation_hw, _, _ = _check(
             x, weight, bias, stride, padding, dilation, activation, groups
         )
         check_trainable(groups, x.shape[-3])
-        checked = (stride_hw, padding_hw, dilation_hw)
+        entry = Training(None if x.dim() == 3 else key, (stride, padding, dilation),
+                         (stride_hw, padding_hw, dilation_hw), activation, groups)  # fmt: skip
         if key is not None:
-            _TRAIN_ARGS.put(key, checked)
-    stride_hw, padding_hw, dilation_hw = checked
-
-    def forward(x4, weight_, bias_, act):
-        # the call's own arguments, so the forward's plan lives under the key built above: where
-        # it runs the call's own activation on the call's own tensors it builds no key again
-        own = key if act == activation and x4 is x else None
-        return conv2d_forward(x4, weight_, bias_, stride, padding, dilation, act, groups, key=own)
-
+            _TRAINING.put(key, entry)
     if x.dim() == 3:
-        y = Conv2dFunction.apply(x.unsqueeze(0), weight, bias, stride_hw, padding_hw,
-                                 dilation_hw, activation, forward, groups)  # fmt: skip
-        return y.squeeze(0)
-    return Conv2dFunction.apply(x, weight, bias, stride_hw, padding_hw, dilation_hw, activation,
-                                forward, groups)  # fmt: skip
+        return Conv2dFunction.apply(x.unsqueeze(0), weight, bias, entry).squeeze(0)
+    return Conv2dFunction.apply(x, weight, bias, entry)

@@ -46,6 +46,8 @@ Functions:
     config_splits           pixel splits of one config's launch
     split_rule              pixel splits of a wgrad with few output tiles, by nominal tiles
     conv2d_wgrad            the public function: dW (K, C, R, S), channels_last
+    planned_wgrad           the same, with the plan a direct call's geometry runs
+    run                     dW by a plan, with no key (a planned training step keeps the plan)
 """
 
 from typing import NamedTuple
@@ -405,7 +407,7 @@ def _plan_key(dz, x, kernel_rs, stride, padding, dilation, split_k) -> tuple:
     return key
 
 
-def _run(plan: _Plan, dz, x, dw) -> torch.Tensor:
+def run(plan: _Plan, dz, x, dw) -> torch.Tensor:
     """dw from a plan's launches: straight into dw, or split partials then their sum."""
     if plan.reduce is None:
         plan.main(dz, x, dw, dw)
@@ -504,6 +506,14 @@ def conv2d_wgrad(
     kernels/ops.py passes torch.library.wrap_triton for traced calls. out: dW's memory, (K, C,
     R, S) channels_last in x's dtype (a caller running this on a side stream allocates it on
     its own), or None."""
+    return planned_wgrad(dz, x, kernel_rs, stride, padding, dilation, launch=launch,
+                         split_k=split_k, out=out)[0]  # fmt: skip
+
+
+def planned_wgrad(dz, x, kernel_rs, stride, padding, dilation, *, launch=direct, split_k=None,
+                  out=None) -> tuple[torch.Tensor, _Plan | None]:  # fmt: skip
+    """conv2d_wgrad, and the plan its geometry's direct calls run (None where unplanned), which
+    a caller may keep and run by `run` with no key."""
     key = None
     if launch is direct and not torch.compiler.is_compiling():
         try:
@@ -512,8 +522,8 @@ def conv2d_wgrad(
             key = None
         plan = None if key is None else _PLANS.get(key)
         if plan is not None:
-            return _run(plan, dz, x, x.new_empty_strided(plan.shape, plan.strides)
-                        if out is None else out)  # fmt: skip
+            dw = x.new_empty_strided(plan.shape, plan.strides) if out is None else out
+            return run(plan, dz, x, dw), plan
     assert dz.dim() == 4 and x.dim() == 4, (tuple(dz.shape), tuple(x.shape))
     N, K, P, Q = dz.shape
     _, C, H, W = x.shape
@@ -526,7 +536,7 @@ def conv2d_wgrad(
         dw = torch.empty((K, C, R, S), device=x.device, dtype=dtype,
                          memory_format=torch.channels_last)  # fmt: skip
     if N * P * Q == 0 or dw.numel() == 0:
-        return dw.zero_()
+        return dw.zero_(), None
     upcast = is_interpreter() and dtype == torch.bfloat16
     if upcast:
         # The triton 3.8 interpreter multiplies bf16 tl.dot operands as their raw uint16 bits, so
@@ -544,7 +554,7 @@ def conv2d_wgrad(
     if key is not None and not upcast:
         _PLANS.put(key, plan)
     if not upcast:
-        return dw
+        return dw, (plan if key is not None else None)
     if out is None:
-        return dw.to(dtype)
-    return out.copy_(dw)
+        return dw.to(dtype), None
+    return out.copy_(dw), None
