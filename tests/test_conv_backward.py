@@ -373,6 +373,8 @@ RESNET50 = {
 def test_resnet50_layers_train_on_gpu(name):
     _check(kernels.conv2d, RESNET50[name], True, "relu", torch.bfloat16)
     _check(kernels.conv2d, RESNET50[name], True, None, torch.bfloat16, seed=2)
+    # the same call key again: its kept Backward (no plan lookups) on new values
+    _check(kernels.conv2d, RESNET50[name], True, None, torch.bfloat16, seed=3)
 
 
 @pytest.mark.gpu
