@@ -2,7 +2,8 @@
 our single-op kernels pay a launch and a round trip through memory for each op.
 
 Each block is an nn.Module that calls the registered ops on `self.ops` (experiments/registry.py)
-plus plain torch for what no op covers (attention's scale, the bottleneck's residual add+relu),
+plus plain torch for what no op covers (attention's scale; the bottleneck's shortcut is conv2d's
+`residual`, added before the last relu: the 1x1 GEMM's epilogue in mode=triton, torch elsewhere),
 so every mode runs the same forward with only the namespace swapped: eager, torchscript and the
 compile modes see torch ops (Inductor may fuse them, or rewrite attention into one
 scaled_dot_product_attention call: records' `fused_attention`), mode=triton our kernels and
@@ -170,8 +171,10 @@ class Bottleneck(nn.Module):
         # conv2d(x, weight, bias, stride, padding, dilation, groups, activation=...)
         h = self.ops.conv2d(x, self.reduce_weight, self.reduce_bias, 1, 0, 1, activation="relu")
         h = self.ops.conv2d(h, self.conv_weight, self.conv_bias, 1, 1, 1, activation="relu")
-        h = self.ops.conv2d(h, self.expand_weight, self.expand_bias, 1, 0, 1)
-        return torch.relu(h + x)  # the residual: torch in every mode
+        # the shortcut and the last relu: fused into the 1x1 GEMM's epilogue by mode=triton,
+        # torch ops elsewhere (the compile modes may fuse them with each other)
+        return self.ops.conv2d(h, self.expand_weight, self.expand_bias, 1, 0, 1,
+                               activation="relu", residual=x)  # fmt: skip
 
 
 class BottleneckWorkload(BlockWorkload):

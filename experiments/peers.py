@@ -176,8 +176,10 @@ def _flaggems_ops() -> dict[str, Callable]:
         return Softmax.apply(x, dim) if _needs_grad(x) else fg.softmax(x, dim, False)
 
     def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
-               activation=None):  # fmt: skip
+               activation=None, residual=None):  # fmt: skip
         y = fg.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        if residual is not None:  # a residual block's shortcut (torch: FlagGems has no fusion)
+            y = y + residual
         return activations[activation or "none"][0](y)
 
     return {

@@ -304,9 +304,11 @@ register(OpSpec(
 # conv: conv2d (+ bias, + activation) over an NCHW or channels-last input
 # ---------------------------------------------------------------------------------------------
 def torch_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *,
-                 activation=None):  # fmt: skip
+                 activation=None, residual=None):  # fmt: skip
     y = F.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
                  groups=groups)  # fmt: skip
+    if residual is not None:  # a residual block's shortcut, added before the activation
+        y = y + residual
     return _activation(activation)(y)
 
 

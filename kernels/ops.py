@@ -34,7 +34,13 @@ from kernels._common import TORCH_ACTIVATIONS, activation_id, direct, is_interpr
 from kernels._launch import python_function
 from kernels.conv import conv2d_forward
 from kernels.conv.backward import conv2d_backward_upcast, save_mode
-from kernels.conv.dispatch import check_groups_type, check_trainable, resolve_padding
+from kernels.conv.dispatch import (
+    add_residual,
+    check_groups_type,
+    check_residual,
+    check_trainable,
+    resolve_padding,
+)
 from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import matmul_impl
 from kernels.matmul.dispatch import matmul_batched, matmul_grads, matmul_nd
@@ -311,8 +317,13 @@ def _pair(value) -> list[int]:
     return list(value) if isinstance(value, tuple | list) else [value, value]
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None):
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, activation=None,
+           residual=None):  # fmt: skip
     check_groups_type(groups)  # before the op's schema, whose own message names no argument
+    if residual is not None:  # the op without its activation; the sum and activation are torch's
+        y = conv2d(x, weight, bias, stride, padding, dilation, groups)
+        check_residual(residual, y, y.shape[-3], y.shape[-2:])
+        return add_residual(y, residual, activation)
     if isinstance(padding, str) and isinstance(weight, Tensor):
         # the op's schema takes ints: 'same' / 'valid' as (top, left, bottom, right)
         lo, hi = resolve_padding(padding, tuple(weight.shape[2:]), tuple(_pair(stride)),

@@ -184,7 +184,7 @@ def test_each_block_calls_its_ops_with_the_fused_epilogues(name):
         "bottleneck": [
             ("conv2d", (1, 0, 1, "relu")),
             ("conv2d", (1, 1, 1, "relu")),
-            ("conv2d", (1, 0, 1)),
+            ("conv2d", (1, 0, 1, "relu")),  # with residual=x: the shortcut, then the relu
         ],
     }[name]
     assert recorder.calls == expected

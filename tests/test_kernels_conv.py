@@ -25,6 +25,7 @@ from kernels.conv.implicit_gemm import IMPLICIT_TILES, conv_implicit_kernel, imp
 from kernels.conv.window import conv_window_kernel, window_step
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 REFERENCE_ACTIVATIONS = {
     None: lambda t: t,
@@ -583,3 +584,77 @@ def test_traced_implicit_tiles_by_output_channels(k, few):
     assert step.kernel is (implicit_gemm._TRACEABLE_FEW_CHANNELS if few
                            else implicit_gemm._TRACEABLE)  # fmt: skip
     assert all(c.kwargs["BLOCK_N"] >= 64 for c in implicit_gemm._WIDE)
+
+
+# ---------------------------------------------------------------------------------------------
+# residual=: a ResNet block's act(conv(x) + b + shortcut)
+# ---------------------------------------------------------------------------------------------
+# (C, K, R, stride, padding, layout of x, whether the 1x1 GEMM's epilogue adds the residual)
+RESIDUAL_CASES = {
+    "1x1 nhwc (fused)": (24, 40, 1, 1, 0, torch.channels_last, True),
+    "3x3 nhwc": (16, 24, 3, 1, 1, torch.channels_last, False),
+    "1x1 s2 nhwc": (24, 40, 1, 2, 0, torch.channels_last, False),
+    "1x1 nchw": (24, 40, 1, 1, 0, torch.contiguous_format, False),
+}
+
+
+def _residual_inputs(case, dtype, seed, residual_layout=None):
+    c, k, r, stride, padding, layout, _ = RESIDUAL_CASES[case]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, c, 7, 9, generator=g).to(DEVICE, dtype).contiguous(memory_format=layout)
+    w = (torch.randn(k, c, r, r, generator=g) / (c * r * r) ** 0.5).to(DEVICE, dtype)
+    w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(k, generator=g).to(DEVICE, dtype)
+    p = (7 + 2 * padding - r) // stride + 1
+    q = (9 + 2 * padding - r) // stride + 1
+    res = torch.randn(2, k, p, q, generator=g).to(DEVICE, dtype)
+    res = res.contiguous(memory_format=residual_layout or layout)
+    return x, w, b, stride, padding, res
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("case", list(RESIDUAL_CASES))
+def test_residual_matches_float64(case, activation, dtype):
+    """act(conv(x) + b + residual) against float64, twice per call key (the second call runs
+    the kept plan); the 1x1 NHWC GEMM adds it in its epilogue (its plan says so), every other
+    call adds it after the conv, and a residual in another layout than the output's too."""
+    dispatch._PLANS.clear()
+    dt = DTYPES[dtype]
+    fused = RESIDUAL_CASES[case][-1] and not (DEVICE == "cpu" and dt == torch.bfloat16)
+    for seed in (1, 2):
+        x, w, b, stride, padding, res = _residual_inputs(case, dt, seed)
+        y = conv2d(x, w, b, stride, padding, activation=activation, residual=res)
+        ref = reference(x, w, b, stride, padding, 1)
+        ref = REFERENCE_ACTIVATIONS[activation](ref + res.double())
+        assert y.dtype == dt and relative_error(y, ref) < budget(dt), case
+    kept = [p for p in dispatch._PLANS.values() if getattr(p, "residual", False)]
+    assert len(kept) == (1 if fused else 0)
+    x, w, b, stride, padding, res = _residual_inputs(case, dt, 3, torch.contiguous_format)
+    y = conv2d(x, w, b, stride, padding, activation=activation, residual=res)
+    ref = REFERENCE_ACTIVATIONS[activation](reference(x, w, b, stride, padding, 1) + res.double())
+    assert relative_error(y, ref) < budget(dt)
+
+
+def test_residual_trains():
+    """With inputs that need gradients the conv trains through autograd and torch adds the
+    residual: dX, dW, db and the residual's gradient match float64."""
+    x, w, b, stride, padding, res = _residual_inputs("1x1 nhwc (fused)", torch.float32, 4)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b, res)]
+    y = conv2d(*leaves[:3], stride, padding, activation="relu", residual=leaves[3])
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    y.backward(dy)
+    ref_leaves = [t.double().requires_grad_() for t in (x, w, b, res)]
+    F.relu(F.conv2d(*ref_leaves[:3], stride, padding) + ref_leaves[3]).backward(dy.double())
+    for got, want in zip(leaves, ref_leaves, strict=True):
+        assert relative_error(got.grad, want.grad) < budget(torch.float32)
+
+
+def test_residual_bad_input_is_refused():
+    x, w, b, stride, padding, res = _residual_inputs("1x1 nhwc (fused)", torch.float32, 6)
+    with pytest.raises(ValueError, match="residual has shape"):
+        conv2d(x, w, b, residual=res[:, :, :-1])
+    with pytest.raises(TypeError, match="residual has dtype"):
+        conv2d(x, w, b, residual=res.half())
+    with pytest.raises(TypeError, match="residual must be a torch.Tensor"):
+        conv2d(x, w, b, residual=1.0)

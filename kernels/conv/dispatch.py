@@ -39,6 +39,7 @@ from typing import NamedTuple
 import torch
 
 from kernels._common import (
+    TORCH_ACTIVATIONS,
     Launcher,
     activation_id,
     cdiv,
@@ -137,17 +138,21 @@ class _Launch(NamedTuple):
     shape: tuple  # y's (N, K, P, Q)
     strides: tuple  # y's: NHWC when x is, else NCHW
     copy_w: bool  # the weight is not channels_last: its (K, R·S·C) matrix is a copy per call
+    residual: bool = False  # the step adds a residual in its epilogue (its fifth tensor)
 
 
-# Direct 4-D calls' plans by _plan_key; see kernels/_launch.py
+# Direct 4-D calls' plans by _plan_key; see kernels/_launch.py. _UNFUSED: a residual call whose
+# sum torch adds after the conv (the conv's own plan is kept under its key without residual)
 _PLANS = PlanCache()
+_UNFUSED = object()
 # Training calls' entries (backward.Training) by _plan_key: a key seen before passed every
 # check, so a training step runs none (as a planned forward runs none), and its entry holds the
 # backward's plan
 _TRAINING = PlanCache()
 
 
-def _plan_key(x, weight, bias, stride, padding, dilation, activation, groups) -> tuple:
+def _plan_key(x, weight, bias, stride, padding, dilation, activation, groups,
+              residual=None) -> tuple:  # fmt: skip
     """Everything a direct call's launch (and its argument checks) depend on but the tensors'
     pointers; raises AttributeError or TypeError for arguments no plan can have (not tensors,
     unhashable lists)."""
@@ -157,15 +162,19 @@ def _plan_key(x, weight, bias, stride, padding, dilation, activation, groups) ->
         None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device,
                                    bias.data_ptr() % 16),
         stride, padding, dilation, activation, groups, torch._C._get_cudnn_allow_tf32(),
+        None if residual is None else (residual.shape, residual.stride(), residual.dtype,
+                                       residual.device),
     )  # fmt: skip
     hash(key)
     return key
 
 
-def _launch_planned(p: _Launch, x, weight, bias) -> torch.Tensor:
+def _launch_planned(p: _Launch, x, weight, bias, residual=None) -> torch.Tensor:
     y = x.new_empty_strided(p.shape, p.strides)
     w2d = _weight_matrix(weight) if p.copy_w else weight  # the same pointer as its matrix view
-    if p.scratch is None:
+    if p.residual:
+        p.step(x, w2d, bias, y, residual)
+    elif p.scratch is None:
         p.step(x, w2d, bias, y)
     else:
         p.step(x, w2d, bias, y, *p.scratch(x.device))
@@ -330,22 +339,45 @@ def conv2d_forward(
     *,
     launch: Launcher = direct,
     key: tuple | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """conv2d with the launcher made explicit, for kernels/ops.py; see conv2d. A direct call
     with a planned key launches its plan at once: a planned key passed every check. key: this
     call's _plan_key where the caller built it already (the training entry)."""
     if launch is direct and not torch.compiler.is_compiling() and key is None:
         try:
-            key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups)
+            key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups,
+                            residual)  # fmt: skip
         except (AttributeError, TypeError):
             key = None  # the checks below say what is wrong, or the call goes unplanned
     if key is not None:
         p = _PLANS.get(key)
+        if p is _UNFUSED:
+            return add_residual(conv2d_forward(x, weight, bias, stride, padding, dilation, None,
+                                               groups), residual, activation)  # fmt: skip
         if p is not None:
-            return _launch_planned(p, x, weight, bias)
+            return _launch_planned(p, x, weight, bias, residual)
     stride_hw, padding_hw, dilation_hw, pq, act = _check(
         x, weight, bias, stride, padding, dilation, activation, groups
     )
+    if residual is not None:
+        check_residual(residual, x, weight.shape[0], pq)
+        fused = _residual_conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act,
+                               groups, residual, launch)  # fmt: skip
+        if fused is None:  # added by torch after the conv
+            if key is not None:
+                _PLANS.put(key, _UNFUSED)
+            y = conv2d_forward(x, weight, bias, stride, padding, dilation, None, groups,
+                               launch=launch)  # fmt: skip
+            return add_residual(y, residual, activation)
+        if fused.y.numel():  # the 1x1 GEMM's epilogue adds it
+            step, _ = gemm_persistent_step(fused, tma=plan(fused, launch).tma, residual=True)
+            step(fused.x, fused.w2d, fused.bias, fused.y, residual)
+            if key is not None:
+                copy_w = fused.w2d.data_ptr() != weight.data_ptr()
+                _PLANS.put(key, _Launch(step, None, tuple(fused.y.shape),
+                                        tuple(fused.y.stride()), copy_w, True))  # fmt: skip
+        return fused.y
     unbatched = x.dim() == 3  # as F.conv2d allows
     if unbatched:
         x = x.unsqueeze(0)
@@ -399,9 +431,17 @@ def conv2d(
     groups: int = 1,
     *,
     activation: str | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """F.conv2d(x, weight, bias, stride, padding, dilation, groups), then `activation`: the
-    positional arguments are F.conv2d's, in its order; `activation` is keyword-only.
+    """F.conv2d(x, weight, bias, stride, padding, dilation, groups), + `residual`, then
+    `activation`: the positional arguments are F.conv2d's, in its order; `activation` and
+    `residual` are keyword-only.
+
+    residual: a tensor of the output's shape, dtype and device, added before the activation
+    (a ResNet block's act(conv(x) + b + shortcut)). Fused into the epilogue of the 1x1 GEMM
+    (a 1x1, stride-1, unpadded conv between NHWC tensors, direct call, no gradient needed, the
+    residual in the output's layout); every other call adds it in torch after the conv, which
+    gives the same values and, where an input needs one, the gradients through torch's ops.
 
     groups: any int dividing C and K, with weight (K, C / groups, R, S): 1; grouped (grouped.py:
     an implicit GEMM with the groups on the grid); depthwise (groups = C, K a multiple of C: a
@@ -414,10 +454,47 @@ def conv2d(
     it in every call, so keep weights channels_last.
     """
     if torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for t in (x, weight, bias)  # bad types: checks say
-    ):
+        getattr(t, "requires_grad", False) for t in (x, weight, bias, residual)  # bad types:
+    ):  # the checks say
+        if residual is not None:  # autograd through our conv, then torch's add and activation
+            y = _trainable(x, weight, bias, stride, padding, dilation, None, groups)
+            check_residual(residual, x, y.shape[-3], y.shape[-2:])
+            return add_residual(y, residual, activation)
         return _trainable(x, weight, bias, stride, padding, dilation, activation, groups)
-    return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups)
+    return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups,
+                          residual=residual)  # fmt: skip
+
+
+def check_residual(residual, x, K: int, pq) -> None:
+    """One clear error for a residual conv2d cannot add: not a tensor, or not the output's
+    shape, dtype and device."""
+    check_tensor("residual", residual)
+    shape = (*x.shape[:-3], K, *pq)
+    if tuple(residual.shape) != shape:
+        raise ValueError(f"residual has shape {tuple(residual.shape)} but the conv's output "
+                         f"is {shape}")  # fmt: skip
+    check_same({"x": x, "residual": residual})
+
+
+def _residual_conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act, groups,
+                   residual, launch) -> Conv | None:  # fmt: skip
+    """The Conv whose 1x1 GEMM epilogue adds the residual, or None where none does: a direct
+    4-D groups = 1 call that plan() sends to the persistent GEMM, the residual in the output's
+    layout."""
+    if launch is not direct or x.dim() != 4 or groups != 1 or torch.compiler.is_compiling():
+        return None
+    if is_interpreter() and x.dtype == torch.bfloat16:
+        return None  # the interpreter's bf16 runs on fp32 copies (conv2d_forward)
+    conv = _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act)
+    if plan(conv, launch).design != "gemm_persistent" or residual.stride() != conv.y.stride():
+        return None
+    return conv
+
+
+def add_residual(y: torch.Tensor, residual: torch.Tensor, activation: str | None):
+    """act(y + residual) by torch's ops (autograd's where a gradient is needed)."""
+    y = y + residual
+    return y if activation is None else TORCH_ACTIVATIONS[activation](y)
 
 
 def check_trainable(groups: int, channels: int | None) -> None:

@@ -11,7 +11,7 @@ Two launches of one tile body (_gemm_tile):
         traced launches (launch=wrap_triton, torch.compile) run.
 
 Functions:
-    _gemm_tile                   @triton.jit: one output tile, + bias, activation
+    _gemm_tile                   @triton.jit: one output tile, + bias, + a residual, activation
     conv_gemm_persistent_kernel  @triton.jit, autotuned: the persistent tile loop
     conv_gemm_kernel             @triton.jit, hook-free autotuner: one tile per program
     is_gemm                      the conv is this GEMM (1x1, stride 1, unpadded, NHWC in and out)
@@ -77,15 +77,16 @@ def _persistent_configs():
 
 @triton.jit
 def _gemm_tile(
-    x, w, bias_ptr, y, pid_m, pid_n,
+    x, w, bias_ptr, y, res, pid_m, pid_n,
     M, C, K,
     stride_xm, stride_wk, stride_ym, stride_yk,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
+    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr, HAS_RES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_C: tl.constexpr,
 ):  # fmt: skip
     """One (pid_m, pid_n) output tile of the 1x1 GEMM y(M, K) = x(M, C) @ w(K, C)^T, + bias,
-    activation: the body of conv_gemm_kernel and of each conv_gemm_persistent_kernel step."""
+    + the residual res (HAS_RES: an (M, K) matrix with y's strides), activation: the body of
+    conv_gemm_kernel and of each conv_gemm_persistent_kernel step."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_c = tl.arange(0, BLOCK_K)
@@ -109,12 +110,18 @@ def _gemm_tile(
             b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    if Y_TMA:
-        acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
-        y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
+    y_row = offs_m.to(tl.int64) * stride_ym
+    if HAS_RES:  # a residual block's sum before its activation: bias, + res, then activation
+        acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, 0)
+        r_ptrs = res + y_row[:, None] + offs_n[None, :] * stride_yk
+        r = tl.load(r_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = bias_activation(acc + r.to(tl.float32), bias_ptr, offs_n, n_ok, False, ACTIVATION)
     else:
-        y_row = offs_m.to(tl.int64) * stride_ym
-        epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS, ACTIVATION)
+        acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+    if Y_TMA:
+        y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
+    else:  # bias and activation are in acc already
+        epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, False, 0)
 
 
 @autotune(_persistent_configs(),
@@ -122,11 +129,11 @@ def _gemm_tile(
 @triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["M"])
 def conv_gemm_persistent_kernel(
-    x, w, bias_ptr, y,
+    x, w, bias_ptr, y, res,
     M, C, K,
     stride_xm, stride_wk, stride_ym, stride_yk,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
+    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr, HAS_RES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_C: tl.constexpr, PER_SM: tl.constexpr = 1,
 ):  # fmt: skip
@@ -138,28 +145,28 @@ def conv_gemm_persistent_kernel(
     num_tiles = num_pid_m * num_pid_n
     for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        _gemm_tile(x, w, bias_ptr, y, pid_m, pid_n, M, C, K, stride_xm, stride_wk, stride_ym,
-                   stride_yk, HAS_BIAS, ACTIVATION, DOT_PRECISION, A_TMA, B_TMA, Y_TMA, BLOCK_M,
-                   BLOCK_N, BLOCK_K, EVEN_C)  # fmt: skip
+        _gemm_tile(x, w, bias_ptr, y, res, pid_m, pid_n, M, C, K, stride_xm, stride_wk,
+                   stride_ym, stride_yk, HAS_BIAS, ACTIVATION, DOT_PRECISION, A_TMA, B_TMA,
+                   Y_TMA, HAS_RES, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_C)  # fmt: skip
 
 
 @triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=["M"])
 def _conv_gemm(
     # x: (M, C) matrix (or TMA descriptor); w: (K, C) matrix (or descriptor); y: (M, K) strides
-    x, w, bias_ptr, y,
+    x, w, bias_ptr, y, res,
     M, C, K,
     stride_xm, stride_wk, stride_ym, stride_yk,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr,
+    A_TMA: tl.constexpr, B_TMA: tl.constexpr, Y_TMA: tl.constexpr, HAS_RES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_C: tl.constexpr,
 ):  # fmt: skip
     """A 1x1 stride-1 conv on NHWC: y(M, K) = x(M, C) @ w(K, C)^T, + bias, activation."""
     pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
-    _gemm_tile(x, w, bias_ptr, y, pid_m, pid_n, M, C, K, stride_xm, stride_wk, stride_ym,
-               stride_yk, HAS_BIAS, ACTIVATION, DOT_PRECISION, A_TMA, B_TMA, Y_TMA, BLOCK_M,
-               BLOCK_N, BLOCK_K, EVEN_C)  # fmt: skip
+    _gemm_tile(x, w, bias_ptr, y, res, pid_m, pid_n, M, C, K, stride_xm, stride_wk, stride_ym,
+               stride_yk, HAS_BIAS, ACTIVATION, DOT_PRECISION, A_TMA, B_TMA, Y_TMA, HAS_RES,
+               BLOCK_M, BLOCK_N, BLOCK_K, EVEN_C)  # fmt: skip
 
 
 conv_gemm_kernel = traceable(configs_of(GEMM_TILES),
@@ -177,11 +184,11 @@ def _x_matrix(conv: Conv):
     return conv.x.as_strided((conv.M, conv.C), (conv.x.stride(3), 1))
 
 
-def gemm_persistent_step(conv: Conv, *, tma: bool):
+def gemm_persistent_step(conv: Conv, *, tma: bool, residual: bool = False):
     """(Step, scratch) of an is_gemm conv by conv_gemm_persistent_kernel, the operands by TMA
-    where `tma` (Hopper) and they allow it; the step's tensors are (x, w2d, bias, y) (x and y
-    read as the (M, C) and (M, K) matrices they are). Direct launches only (its configs carry
-    the TMA pre-hook)."""
+    where `tma` (Hopper) and they allow it; the step's tensors are (x, w2d, bias, y), and the
+    residual (y's shape and strides) where `residual` (x and y read as the (M, C) and (M, K)
+    matrices they are). Direct launches only (its configs carry the TMA pre-hook)."""
     x2d, w2d, y = _x_matrix(conv), conv.w2d, conv.y
     descs = []
     a_tma = bool(tma and tma_ok(x2d))
@@ -201,8 +208,8 @@ def gemm_persistent_step(conv: Conv, *, tma: bool):
     step = Step(
         conv_gemm_persistent_kernel, grid,
         (conv.M, conv.C, conv.K, x2d.stride(0), w2d.stride(0), y.stride(3), y.stride(1)),
-        dict(A_TMA=a_tma, B_TMA=b_tma, Y_TMA=y_tma, **conv.constexprs),
-        descs=descs,
+        dict(A_TMA=a_tma, B_TMA=b_tma, Y_TMA=y_tma, HAS_RES=residual, **conv.constexprs),
+        descs=descs, width=5,
     )  # fmt: skip
     return step, None
 
@@ -217,7 +224,7 @@ def conv_gemm(conv: Conv, *, launch=direct):
         return (tiles(meta),)
 
     launch(conv_gemm_kernel)[grid](
-        x2d, w2d, conv.bias, y, conv.M, conv.C, conv.K,
+        x2d, w2d, conv.bias, y, None, conv.M, conv.C, conv.K,
         x2d.stride(0), w2d.stride(0), y.stride(3), y.stride(1),
-        A_TMA=False, B_TMA=False, Y_TMA=False, **conv.constexprs,
+        A_TMA=False, B_TMA=False, Y_TMA=False, HAS_RES=False, **conv.constexprs,
     )  # fmt: skip
