@@ -37,7 +37,7 @@ from kernels.conv.backward import conv2d_backward_upcast, save_mode
 from kernels.conv.dispatch import (
     add_residual,
     check_groups_type,
-    check_residual,
+    check_residual_call,
     check_trainable,
     resolve_padding,
 )
@@ -321,9 +321,9 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
            residual=None):  # fmt: skip
     check_groups_type(groups)  # before the op's schema, whose own message names no argument
     if residual is not None:  # the op without its activation; the sum and activation are torch's
-        y = conv2d(x, weight, bias, stride, padding, dilation, groups)
-        check_residual(residual, y, y.shape[-3], y.shape[-2:])
-        return add_residual(y, residual, activation)
+        check_residual_call(x, weight, bias, stride, padding, dilation, groups, residual)
+        return add_residual(conv2d(x, weight, bias, stride, padding, dilation, groups), residual,
+                            activation)  # fmt: skip
     if isinstance(padding, str) and isinstance(weight, Tensor):
         # the op's schema takes ints: 'same' / 'valid' as (top, left, bottom, right)
         lo, hi = resolve_padding(padding, tuple(weight.shape[2:]), tuple(_pair(stride)),

@@ -650,10 +650,20 @@ def test_residual_trains():
         assert relative_error(got.grad, want.grad) < budget(torch.float32)
 
 
-def test_residual_bad_input_is_refused():
+def test_residual_bad_input_is_refused(monkeypatch):
+    """One clear error, before any work: also where the residual is added after the conv (a
+    training call, the triton-compiled op), which would otherwise run the conv first."""
+    from kernels import ops
+
     x, w, b, stride, padding, res = _residual_inputs("1x1 nhwc (fused)", torch.float32, 6)
     with pytest.raises(ValueError, match="residual has shape"):
         conv2d(x, w, b, residual=res[:, :, :-1])
+    ran = []
+    monkeypatch.setattr(dispatch, "_trainable", lambda *a: ran.append(a))
+    for fn in (conv2d, ops.conv2d):
+        with pytest.raises(ValueError, match="residual has shape"):
+            fn(x, w.clone().requires_grad_(), b, residual=res[:, :-1])
+    assert ran == []
     with pytest.raises(TypeError, match="residual has dtype"):
         conv2d(x, w, b, residual=res.half())
     with pytest.raises(TypeError, match="residual must be a torch.Tensor"):

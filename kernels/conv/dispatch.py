@@ -457,8 +457,8 @@ def conv2d(
         getattr(t, "requires_grad", False) for t in (x, weight, bias, residual)  # bad types:
     ):  # the checks say
         if residual is not None:  # autograd through our conv, then torch's add and activation
+            check_residual_call(x, weight, bias, stride, padding, dilation, groups, residual)
             y = _trainable(x, weight, bias, stride, padding, dilation, None, groups)
-            check_residual(residual, x, y.shape[-3], y.shape[-2:])
             return add_residual(y, residual, activation)
         return _trainable(x, weight, bias, stride, padding, dilation, activation, groups)
     return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups,
@@ -489,6 +489,13 @@ def _residual_conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act,
     if plan(conv, launch).design != "gemm_persistent" or residual.stride() != conv.y.stride():
         return None
     return conv
+
+
+def check_residual_call(x, weight, bias, stride, padding, dilation, groups, residual) -> None:
+    """The whole call's checks, the residual's included, before any work (for the paths that
+    add the residual after the conv, which would otherwise find a bad one only after it)."""
+    _, _, _, pq, _ = _check(x, weight, bias, stride, padding, dilation, None, groups)
+    check_residual(residual, x, weight.shape[0], pq)
 
 
 def add_residual(y: torch.Tensor, residual: torch.Tensor, activation: str | None):
