@@ -20,11 +20,14 @@ wgrad_gemm.py's TMA GEMM for them (its pixel split fills the GPU where one GEMM'
 tiles would not).
 
 Every launch of a direct call goes through a kernels._launch.Step kept per call geometry, so a
-training step's backward after the first pays the forward's thin host path, not the JIT's.
+training step's backward after the first pays the forward's thin host path, not the JIT's; and a
+training call key keeps its whole backward (Backward), so a later step builds no plan key.
 
 Functions:
     dgrad_convs      the stride-1 convs (weight taps, padding, dilation, output view) of a dgrad
     conv2d_backward  (dX, dW, db) of a conv2d with a fused activation, each only when asked for
+    Backward         a training key's planned backward, run with no key
+    Training         a training call key's entry: checked geometry, arguments, its Backward
     Conv2dFunction   the autograd Function behind kernels.conv2d when an input needs a gradient
 """
 
