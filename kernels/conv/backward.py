@@ -101,13 +101,18 @@ def dgrad_convs(hw, rs, stride, padding, dilation) -> tuple[list[TapConv], bool]
     return convs, gaps
 
 
-def _tap_gather(convs, S: int, K: int, device) -> tuple[torch.Tensor, tuple[int, ...]]:
+def _tap_gather(convs, S: int, K: int, device) -> tuple[torch.Tensor, tuple]:
     """The gather index of every sub-conv's weight taps (a device tensor: a planned backward
     keeps it, so no call copies from the host, whose pageable copy stalled each backward on
-    the GPU), and each sub-conv's column count in the gathered matrix."""
+    the GPU), and each sub-conv's (first column, columns) in the gathered matrix."""
     taps = [r * S + s for tc in convs for r in tc.rows for s in tc.cols]
     index = torch.tensor(taps, dtype=torch.int64, device=device)
-    return index, tuple(len(tc.rows) * len(tc.cols) * K for tc in convs)
+    blocks, start = [], 0
+    for tc in convs:
+        width = len(tc.rows) * len(tc.cols) * K
+        blocks.append((start, width))
+        start += width
+    return index, tuple(blocks)
 
 
 # tap_transpose_kernel's tile: 64 x 64 16-bit elements, 128-byte rows both ways (the
@@ -145,7 +150,7 @@ def _tap_step(weight: torch.Tensor, index: torch.Tensor, launch) -> Step:
                 dict(BLOCK=TAP_BLOCK))  # fmt: skip
 
 
-def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, widths, step: Step | None = None,
+def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, blocks, step: Step | None = None,
                   launch=direct) -> tuple[list[torch.Tensor], Step]:  # fmt: skip
     """Each sub-conv's (C, R'·S'·K) weight matrix, whose tap (i, j) is weight[:, :, rows[i],
     cols[j]] transposed (the dgrad's outputs are the forward's inputs), and the step that made
@@ -154,17 +159,16 @@ def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, widths, step: Step 
     matrix's row stride). A tiled transpose: torch's index_select of the permuted weight took
     20.7 us for a 512x512x3x3 weight on an H100 (docs/kernels/conv.md, "Backward")."""
     K, C = weight.shape[:2]
-    matrix = weight.new_empty((C, index.numel() * K))
+    columns = index.numel() * K
+    matrix = weight.new_empty((C, columns))
     if step is None:
         step = _tap_step(weight, index, launch)
         step.once(weight, index, matrix)
     else:
         step(weight, index, matrix)
-    blocks, start = [], 0
-    for width in widths:
-        blocks.append(matrix[:, start : start + width])
-        start += width
-    return blocks, step
+    if len(blocks) == 1:  # a stride-1 dgrad's one sub-conv: the whole matrix
+        return [matrix], step
+    return [matrix.as_strided((C, width), (columns, 1), start) for start, width in blocks], step
 
 
 def _nhwc(t: torch.Tensor) -> torch.Tensor:
@@ -178,15 +182,15 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Dgrad(NamedTuple):
-    """A direct call's dgrad launches (_DGRAD), with each view a call takes fixed as
-    (size, stride, offset): a later call slices nothing."""
+    """A direct call's dgrad launches (_DGRAD), with each view a call takes fixed: a later
+    call builds them by as_strided, with no indexing."""
 
     gaps: bool  # some phase has no tap: dX starts zeroed
     index: torch.Tensor  # the gather index of every sub-conv's taps, on the device
-    columns: int  # the tap matrix is (C, columns)
+    blocks: tuple  # each sub-conv's (first column, columns) in the tap matrix (_tap_gather)
     tap_step: Step
-    # per sub-conv: (Step, scratch, its weight block in the tap matrix, its phase of dX); a
-    # view is None where it is the whole tensor (a stride-1 dgrad's one sub-conv)
+    # per sub-conv: (Step, scratch, its phase of dX), the view None where it is all of dX (a
+    # stride-1 dgrad's one sub-conv)
     phases: tuple
 
 
@@ -290,9 +294,8 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch) -> _Dgrad | None:
     constexprs = dict(HAS_BIAS=False, ACTIVATION=NONE, DOT_PRECISION=precision)
     phased = stride != (1, 1)
     phases = []
-    index, widths = _tap_gather(convs, S, K, dz.device)
-    matrices, tap_step = _tap_matrices(weight, index, widths, launch=launch)
-    columns, start = index.numel() * K, 0
+    index, blocks = _tap_gather(convs, S, K, dz.device)
+    matrices, tap_step = _tap_matrices(weight, index, blocks, launch=launch)
     for tc, w2d in zip(convs, matrices, strict=True):
         view = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         # A traced launch writes a phase into a tensor of its own, copied into place after:
@@ -310,31 +313,28 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch) -> _Dgrad | None:
         if made is not None:  # None: the traced one-tile GEMM, launched at once
             step, scratch = made
             step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
-            block = None if w2d.shape[1] == columns else ((C, w2d.shape[1]), (columns, 1), start)
-            phases.append((step, scratch, block, _view_of(view, dx)))
-        start += w2d.shape[1]
+            phases.append((step, scratch, _view_of(view, dx)))
         if y is not view:
             view.copy_(y)
     if key is None or len(phases) != len(convs):
         return None
-    return _DGRAD.put(key, _Dgrad(gaps, index, columns, tap_step, tuple(phases)))
+    return _DGRAD.put(key, _Dgrad(gaps, index, blocks, tap_step, tuple(phases)))
 
 
 def _run_dgrad(plan: _Dgrad, dz, weight, dx) -> None:
     if plan.gaps:
         dx.zero_()
-    matrix = weight.new_empty((weight.shape[1], plan.columns))
-    plan.tap_step(weight, plan.index, matrix)
+    matrices, _ = _tap_matrices(weight, plan.index, plan.blocks, plan.tap_step)
     phases = plan.phases
     side, count = None, min(len(phases) - 1, SIDE_STREAMS - 1)
     if count > 0 and _concurrent(dz):
         side = _side(dz.device)
         side.fork(0, count)
     try:
-        for i, (step, scratch, block, view) in enumerate(phases):
+        for i, ((step, scratch, view), w2d) in enumerate(zip(phases, matrices, strict=True)):
             if side is not None:
                 side.use(None if i == 0 else (i - 1) % count)
-            step(dz, _as_view(matrix, block), None, _as_view(dx, view),
+            step(dz, w2d, None, _as_view(dx, view),
                  *(() if scratch is None else scratch(dz.device)))  # fmt: skip
     finally:
         if side is not None:  # what the phases read and wrote is the main stream's again
@@ -560,17 +560,19 @@ def save_mode(act_id: int) -> str:
 
 
 class Training:
-    """A training call key's entry (dispatch._TRAINING): the checked geometry as pairs, the
-    call's own arguments (its forward's plan lives under the same key), and, once a backward
-    has planned all its launches, that Backward. A later step builds the one key, runs no check
-    and computes no other key."""
+    """A training call key's entry (dispatch._TRAINING): the checked geometry as pairs and the
+    output size, the call's own arguments (its forward's plan lives under the same key), and,
+    once a backward has planned all its launches, that Backward. A later step builds the one
+    key, runs no check and computes no other key."""
 
-    __slots__ = ("key", "args", "pairs", "activation", "act_id", "keep", "groups", "backward")
+    __slots__ = ("key", "args", "pairs", "pq", "activation", "act_id", "keep", "groups",
+                 "backward")  # fmt: skip
 
-    def __init__(self, key, args, pairs, activation, groups):
+    def __init__(self, key, args, pairs, pq, activation, groups):
         # key: the call's _plan_key, None where the forward cannot share it (an unbatched x,
-        # run as a batch of one); args: its (stride, padding, dilation) as given
-        self.key, self.args, self.pairs, self.groups = key, args, pairs, groups
+        # run as a batch of one); args: its (stride, padding, dilation) as given; pq: the
+        # output's (P, Q)
+        self.key, self.args, self.pairs, self.pq, self.groups = key, args, pairs, pq, groups
         self.activation = activation
         self.act_id = ACTIVATIONS["none" if activation is None else activation]
         self.keep = save_mode(self.act_id)

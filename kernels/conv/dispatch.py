@@ -360,6 +360,7 @@ def conv2d_forward(
     stride_hw, padding_hw, dilation_hw, pq, act = _check(
         x, weight, bias, stride, padding, dilation, activation, groups
     )
+    fused = None  # the Conv whose 1x1 GEMM epilogue adds the residual
     if residual is not None:
         check_residual(residual, x, weight.shape[0], pq)
         fused = _residual_conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act,
@@ -370,14 +371,6 @@ def conv2d_forward(
             y = conv2d_forward(x, weight, bias, stride, padding, dilation, None, groups,
                                launch=launch)  # fmt: skip
             return add_residual(y, residual, activation)
-        if fused.y.numel():  # the 1x1 GEMM's epilogue adds it
-            step, _ = gemm_persistent_step(fused, tma=plan(fused, launch).tma, residual=True)
-            step(fused.x, fused.w2d, fused.bias, fused.y, residual)
-            if key is not None:
-                copy_w = fused.w2d.data_ptr() != weight.data_ptr()
-                _PLANS.put(key, _Launch(step, None, tuple(fused.y.shape),
-                                        tuple(fused.y.stride()), copy_w, True))  # fmt: skip
-        return fused.y
     unbatched = x.dim() == 3  # as F.conv2d allows
     if unbatched:
         x = x.unsqueeze(0)
@@ -393,17 +386,25 @@ def conv2d_forward(
         # result is rounded to bf16 once, as on the GPU.
         x, weight = x.float(), weight.float()
         bias = None if bias is None else bias.float()
-    conv = _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act)
+    conv = fused or _conv(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act)
     if conv.y.numel():  # grouped convs too: plan() takes grouped.py for them
-        made = _design_step(conv, plan(conv, launch), launch)
+        chosen = plan(conv, launch)
+        if fused is not None:  # 4-D, groups = 1, no upcast (_residual_conv)
+            made = gemm_persistent_step(conv, tma=chosen.tma, residual=True)
+        else:
+            made = _design_step(conv, chosen, launch)
         if made is not None:
             step, scratch = made
-            extra = () if scratch is None else scratch(x.device)
+            if fused is not None:
+                extra = (residual,)
+            else:
+                extra = () if scratch is None else scratch(x.device)
             step(conv.x, conv.w2d, conv.bias, conv.y, *extra)
             if key is not None and not (unbatched or upcast):
                 copy_w = conv.w2d.data_ptr() != weight.data_ptr()
                 _PLANS.put(key, _Launch(step, scratch, tuple(conv.y.shape),
-                                        tuple(conv.y.stride()), copy_w))  # fmt: skip
+                                        tuple(conv.y.stride()), copy_w,
+                                        fused is not None))  # fmt: skip
     y = conv.y if conv.y.dtype == dtype else conv.y.to(dtype)
     return y.squeeze(0) if unbatched else y
 
@@ -456,11 +457,7 @@ def conv2d(
     if torch.is_grad_enabled() and any(
         getattr(t, "requires_grad", False) for t in (x, weight, bias, residual)  # bad types:
     ):  # the checks say
-        if residual is not None:  # autograd through our conv, then torch's add and activation
-            check_residual_call(x, weight, bias, stride, padding, dilation, groups, residual)
-            y = _trainable(x, weight, bias, stride, padding, dilation, None, groups)
-            return add_residual(y, residual, activation)
-        return _trainable(x, weight, bias, stride, padding, dilation, activation, groups)
+        return _trainable(x, weight, bias, stride, padding, dilation, activation, groups, residual)
     return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups,
                           residual=residual)  # fmt: skip
 
@@ -515,25 +512,32 @@ def check_trainable(groups: int, channels: int | None) -> None:
         )
 
 
-def _trainable(x, weight, bias, stride, padding, dilation, activation, groups):
+def _trainable(x, weight, bias, stride, padding, dilation, activation, groups, residual=None):
     """conv2d through backward.Conv2dFunction, after the forward's own checks (once per call
-    key: the key's backward.Training entry, kept in _TRAINING)."""
+    key: the key's backward.Training entry, kept in _TRAINING). A residual is checked against
+    the entry's output size before any work, then added by torch's ops after the conv, and
+    the activation after it."""
     from kernels.conv.backward import Conv2dFunction, Training
 
+    conv_act = activation if residual is None else None
     try:
-        key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups)
+        key = _plan_key(x, weight, bias, stride, padding, dilation, conv_act, groups)
     except (AttributeError, TypeError):
         key = None  # the checks below say what is wrong, or the call goes unplanned
     entry = None if key is None else _TRAINING.get(key)
     if entry is None:
-        stride_hw, padding_hw, dilation_hw, _, _ = _check(
-            x, weight, bias, stride, padding, dilation, activation, groups
+        stride_hw, padding_hw, dilation_hw, pq, _ = _check(
+            x, weight, bias, stride, padding, dilation, conv_act, groups
         )
         check_trainable(groups, x.shape[-3])
         entry = Training(None if x.dim() == 3 else key, (stride, padding, dilation),
-                         (stride_hw, padding_hw, dilation_hw), activation, groups)  # fmt: skip
+                         (stride_hw, padding_hw, dilation_hw), pq, conv_act, groups)  # fmt: skip
         if key is not None:
             _TRAINING.put(key, entry)
+    if residual is not None:
+        check_residual(residual, x, weight.shape[0], entry.pq)
     if x.dim() == 3:
-        return Conv2dFunction.apply(x.unsqueeze(0), weight, bias, entry).squeeze(0)
-    return Conv2dFunction.apply(x, weight, bias, entry)
+        y = Conv2dFunction.apply(x.unsqueeze(0), weight, bias, entry).squeeze(0)
+    else:
+        y = Conv2dFunction.apply(x, weight, bias, entry)
+    return y if residual is None else add_residual(y, residual, activation)

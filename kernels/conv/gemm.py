@@ -39,7 +39,7 @@ from kernels.conv.common import (
     traceable,
     weight_desc,
 )
-from kernels.matmul import grouped_tile
+from kernels.matmul import apply_activation, grouped_tile
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, programs per SM) of the persistent kernel:
 # the one-tile gemm tiles that won on ResNet-50's 1x1 layers, with one or two resident programs
@@ -111,13 +111,11 @@ def _gemm_tile(
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     y_row = offs_m.to(tl.int64) * stride_ym
-    if HAS_RES:  # a residual block's sum before its activation: bias, + res, then activation
-        acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, 0)
+    acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, 0)
+    if HAS_RES:  # a residual block's sum, before its activation
         r_ptrs = res + y_row[:, None] + offs_n[None, :] * stride_yk
-        r = tl.load(r_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = bias_activation(acc + r.to(tl.float32), bias_ptr, offs_n, n_ok, False, ACTIVATION)
-    else:
-        acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
+        acc += tl.load(r_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    acc = apply_activation(acc, ACTIVATION)
     if Y_TMA:
         y.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y.dtype))
     else:  # bias and activation are in acc already
