@@ -1,10 +1,11 @@
 """kernels.conv.depthwise against F.conv2d(groups=C) in float64.
 
-Geometry (odd sizes, multipliers 1 and 2, 3x3 / 7x7 / 2x2 / 5x3 filters, stride, dilation,
+Both kernels (the sliding window for unit column stride and dilation, the tap tiles otherwise):
+geometry (odd sizes, multipliers 1 and 2, 3x3 / 7x7 / 2x2 / 5x3 filters, stride, dilation,
 symmetric and asymmetric padding), dtypes with every activation, bias off, layouts and strided
-views of x, weight and y, the traced launcher, is_depthwise, bad input, and (GPU) MobileNetV2 and
-ConvNeXt layers at batch 32 with every tuning config and under torch.compile. Sizes stay small:
-on CPU the kernel runs in the Triton interpreter.
+views of x, weight and y, the traced launcher, is_depthwise, which kernel serves which call, bad
+input, and (GPU) MobileNetV2 and ConvNeXt layers at batch 32 with every tuning config and under
+torch.compile. Sizes stay small: on CPU the kernels run in the Triton interpreter.
 """
 
 import pytest
@@ -15,10 +16,13 @@ from experiments.correctness import relative_error, tolerance
 from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS
 from kernels.conv.depthwise import (
     DEPTHWISE_TILES,
+    SLIDING_TILES,
     conv_depthwise_kernel,
+    conv_depthwise_sliding_kernel,
     depthwise_conv2d,
     depthwise_reference,
     is_depthwise,
+    slides,
 )
 
 # sigmoid(t) = 1 / (1 + exp(-t)) overflows to 1 / inf = 0 for very negative t, which is right;
@@ -83,8 +87,11 @@ def make_inputs(shape, multiplier, kernel_rs, dtype=torch.float32, device="cpu",
     return x, weight, b
 
 
-# (N, C, H, W), multiplier, (R, S), stride, padding, dilation. The interpreter's tile is 32 pixels
-# by 16 channels: P·Q = 99 leaves a pixel tail, K = 5, 10, 48 channel tails or several blocks.
+# (N, C, H, W), multiplier, (R, S), stride, padding, dilation. The interpreter's tiles: tap tiles
+# 32 pixels by 16 channels (P·Q = 99 leaves a pixel tail, K = 5, 10, 48 channel tails or several
+# blocks); sliding window 2 rows by 5 columns by 32 channels (P = 9 and Q = 11 leave row and
+# column tails, K = 48 two channel blocks). Unit column stride and dilation take the sliding
+# window, the others the tap tiles (test_geometries_cover_both_kernels).
 GEOMETRIES = {
     "3x3-pad1": ((2, 5, 9, 11), 1, 3, 1, 1, 1),
     "3x3-mult2-stride2": ((2, 5, 9, 11), 2, 3, 2, 1, 1),
@@ -95,6 +102,7 @@ GEOMETRIES = {
     "2x2-pad0": ((2, 5, 9, 11), 1, 2, 1, 0, 1),
     "5x3-mixed-pairs": ((1, 5, 9, 11), 2, (5, 3), (2, 1), (2, 1), (1, 2)),
     "3x3-wide-rows": ((2, 5, 6, 37), 1, 3, 1, 1, 1),  # pixel blocks span output rows
+    "5x3-row-stride2-row-dilation2": ((2, 5, 13, 11), 1, (5, 3), (2, 1), (2, 1), (2, 1)),
 }
 
 
@@ -184,8 +192,29 @@ def test_strided_weight_and_input_columns(device):
     check(x, weight, torch.randn(10, device=device), 1, 1, 1)
 
 
-def test_traced_launch_uses_hook_free_autotuner(device):
-    """Through a launcher other than `direct` (kernels/ops.py passes wrap_triton) the kernel runs
+def test_geometries_cover_both_kernels():
+    routes = {name: slides(pair(g[3]), pair(g[5]), pair(g[2])) for name, g in GEOMETRIES.items()}
+    assert set(routes.values()) == {True, False}, routes
+
+
+@pytest.mark.parametrize(
+    "stride, dilation, kernel_rs, expected",
+    [
+        ((1, 1), (1, 1), (7, 7), True),  # ConvNeXt
+        ((2, 1), (2, 1), (3, 5), True),  # rows may stride and dilate
+        ((1, 2), (1, 1), (3, 3), False),  # column stride: the window would skip columns
+        ((1, 1), (1, 2), (3, 3), False),  # column dilation
+        ((1, 1), (1, 1), (9, 9), False),  # 81 taps: more weights than registers
+    ],
+)
+def test_which_kernel_serves(stride, dilation, kernel_rs, expected):
+    assert slides(stride, dilation, kernel_rs) is expected
+
+
+@pytest.mark.parametrize("stride, kernel", [(1, conv_depthwise_sliding_kernel),
+                                            (2, conv_depthwise_kernel)])  # fmt: skip
+def test_traced_launch_uses_hook_free_autotuner(stride, kernel, device):
+    """Through a launcher other than `direct` (kernels/ops.py passes wrap_triton) each kernel runs
     under an autotuner torch.compile can trace: the same configs, no pruning or custom timer."""
     launched = []
 
@@ -195,15 +224,15 @@ def test_traced_launch_uses_hook_free_autotuner(device):
 
     x, weight, bias = make_inputs((2, 5, 9, 11), 2, 3, torch.float16, device,
                                   x_format=CHANNELS_LAST)  # fmt: skip
-    y = torch.empty(2, 10, 9, 11, device=device, dtype=x.dtype)
-    depthwise_conv2d(x, weight, bias, y, (1, 1), (1, 1), (1, 1), ACTIVATIONS["gelu"],
+    out_hw = (output_size(9, 3, stride, 1, 1, 1), output_size(11, 3, stride, 1, 1, 1))
+    y = torch.empty(2, 10, *out_hw, device=device, dtype=x.dtype)
+    depthwise_conv2d(x, weight, bias, y, (stride, stride), (1, 1), (1, 1), ACTIVATIONS["gelu"],
                      launch=launcher)  # fmt: skip
-    assert len(launched) == 1 and launched[0] is not conv_depthwise_kernel
+    assert len(launched) == 1 and launched[0] is not kernel
+    assert launched[0].fn is kernel.fn
     assert launched[0].early_config_prune is None
-    assert [c.kwargs for c in launched[0].configs] == [
-        c.kwargs for c in conv_depthwise_kernel.configs
-    ]
-    ref = reference(x, weight, bias, 1, (1, 1), 1, (9, 11), "gelu")
+    assert [c.kwargs for c in launched[0].configs] == [c.kwargs for c in kernel.configs]
+    ref = reference(x, weight, bias, stride, (1, 1), 1, out_hw, "gelu")
     assert relative_error(y, ref) < tolerance("fp16", False)
 
 
@@ -252,6 +281,7 @@ GPU_LAYERS = {
     "mobilenetv2-144x56-3x3": ((144, 56), 1, 3, 1, 1, "relu"),
     "mobilenetv2-144x56-3x3-stride2": ((144, 56), 1, 3, 2, 1, "relu"),
     "convnext-96x56-7x7": ((96, 56), 1, 7, 1, 3, "none"),
+    "convnext-768x7-7x7": ((768, 7), 1, 7, 1, 3, "none"),
 }
 
 
@@ -268,11 +298,14 @@ def test_layers_on_gpu_every_config(name, monkeypatch):
     """Each layer with each tuning config alone (the autotuner would only ever run the winner),
     then the autotuned kernel, against float64 and against torch's own bf16 conv."""
     x, weight, bias, stride, padding, activation = gpu_layer(name)
-    for config in conv_depthwise_kernel.configs:
-        monkeypatch.setattr(conv_depthwise_kernel, "configs", [config])
+    sliding = slides(pair(stride), (1, 1), weight.shape[2:])
+    kernel, tiles = ((conv_depthwise_sliding_kernel, SLIDING_TILES) if sliding
+                     else (conv_depthwise_kernel, DEPTHWISE_TILES))  # fmt: skip
+    for config in kernel.configs:
+        monkeypatch.setattr(kernel, "configs", [config])
         check(x, weight, bias, stride, padding, 1, activation, out_format=CHANNELS_LAST)
     monkeypatch.undo()
-    assert len(conv_depthwise_kernel.configs) == len(DEPTHWISE_TILES)
+    assert len(kernel.configs) == len(tiles)
     y = check(x, weight, bias, stride, padding, 1, activation, out_format=CHANNELS_LAST)
     eager = TORCH_ACTIVATIONS[activation](depthwise_reference(x, weight, bias, stride, padding, 1))
     assert relative_error(y, eager) < tolerance("bf16", False)

@@ -19,7 +19,7 @@ import kernels.ops
 from experiments.correctness import relative_error, tolerance
 from kernels._common import TORCH_ACTIVATIONS, pretend_gpu
 from kernels.conv import conv2d_forward, dispatch
-from kernels.conv.depthwise import conv_depthwise_kernel
+from kernels.conv.depthwise import conv_depthwise_kernel, conv_depthwise_sliding_kernel
 from kernels.conv.grouped import (
     GROUPED_TILES,
     conv_grouped_kernel,
@@ -212,7 +212,8 @@ def test_plans_are_kept_and_reused(device):
 def test_dispatch(device):
     """Any 1 < groups < C takes the grouped design, also where a groups=1 conv of the same shape
     would take the persistent GEMM (1x1, NHWC) or the window design (pretended H100); groups = C
-    keeps the depthwise stencil (one channel a group)."""
+    keeps the depthwise stencils (one channel a group): the sliding window at unit column stride,
+    the tap tiles at stride 2."""
     x = torch.empty(2, 64, 14, 14, dtype=torch.bfloat16).contiguous(memory_format=CHANNELS_LAST)
     for r, groups in ((1, 4), (3, 32)):
         weight = torch.empty(64, 64 // groups, r, r, dtype=torch.bfloat16)
@@ -221,11 +222,12 @@ def test_dispatch(device):
                                     r // 2, 1, None, groups)  # fmt: skip
             assert dispatch.plan(conv) == ("grouped", False, 1)
             assert dispatch.plan(conv, lambda kernel: kernel) == ("grouped", False, 1)
-    dispatch._PLANS.clear()
     x = torch.randn(2, 6, 7, 9, device=device)
-    check(x, torch.randn(12, 1, 3, 3, device=device), None, 1, 1, 1, 6)
-    (planned,) = dispatch._PLANS.values()
-    assert planned.step.kernel is conv_depthwise_kernel
+    for stride, kernel in ((1, conv_depthwise_sliding_kernel), (2, conv_depthwise_kernel)):
+        dispatch._PLANS.clear()
+        check(x, torch.randn(12, 1, 3, 3, device=device), None, stride, 1, 1, 6)
+        (planned,) = dispatch._PLANS.values()
+        assert planned.step.kernel is kernel
 
 
 def test_refused_cases_are_one_clear_error(device):

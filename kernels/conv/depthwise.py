@@ -3,31 +3,41 @@ activation fused: the MobileNetV2 3x3 and ConvNeXt 7x7 layers, which the implici
 serve (its reduction runs over all C input channels; here each output channel reads one).
 
 A depthwise conv does 2·R·S FLOPs per output element against one input and one output element of
-traffic, far below what any GPU needs to leave memory behind: it is memory-bound, and tensor cores
-have nothing to do (there is no reduction over channels to feed tl.dot; a 1-channel "GEMM" per
-channel would be all padding). So the kernel is a stencil built to move each byte once: a program
-owns BLOCK_P output pixels (consecutive in (p, q) order, of one image) by BLOCK_C output channels,
-and for every tap (r, s) loads the shifted (BLOCK_P, BLOCK_C) input tile, channels innermost. On
-channels_last data each pixel's channels are one contiguous run (64 bf16 channels: one 128-byte
-line), so the loads coalesce, and the R·S overlapping tiles of a program, and the halo rows its
-neighbours in the grid read too, come from L1 / L2 rather than DRAM: about one DRAM read of the
-input and one write of the output. The accumulator is fp32; bias and activation are applied to it
-and the result rounded to the output dtype once. Padding is zero by masked loads, at negative
-coordinates too. Every tensor is read by its strides, so NCHW works as well (the channel-innermost
-tile then gathers element by element with a stride of H·W: correct, not the layout this is built
-for).
+traffic: there is no reduction over channels to feed tl.dot (a 1-channel "GEMM" per channel would
+be all padding), so both kernels here are stencils on CUDA cores, fp32 accumulation, bias and
+activation applied once and the result rounded to the output dtype once. Padding is zero by
+masked loads, at negative coordinates too. Every tensor is read by its strides, so NCHW works as
+well (channels then gather element by element: correct, not the layout these are built for).
 
-The filter rows are a loop and each row's S taps unroll (R, S are compile-time), so a row's S
-loads are in flight together rather than one tap's load latency at a time; unrolling all R·S taps
-would hoist every load ahead of the FMAs, which for 7x7 needs ~49 tiles of registers (ptxas for
-sm_90: 255 registers and spills). The measurements against the plain tap loop and cuDNN are in
-docs/kernels/conv.md. Every input element still passes through L1 R·S times (49 for 7x7).
+The sliding window (`conv_depthwise_sliding_kernel`; unit stride and dilation along W, up to 7x7,
+which covers every stride-1 layer of MobileNetV2 and ConvNeXt): a program owns BLOCK_P output rows
+by BLOCK_Q output columns of one image, one channel a thread. It walks the input columns one at a
+time: a column's input rows are loaded once, as channel vectors, and each is multiplied into
+every output row and tap that reads it, accumulating into S pending output columns per row; the
+oldest is then complete and written, and the window slides. The weights, pending sums and the
+column sit in registers (7x7, 8 rows: about 150), so each input element is loaded about
+1 + (R - 1) / BLOCK_P times per program instead of R·S times, and the main loop is mostly FMAs.
+One channel a thread is what keeps that state in registers: the channel strides are left
+unspecialised so that Triton does not vectorise along them.
+
+The tap tiles (`conv_depthwise_kernel`; stride-2 columns, dilated columns, larger filters): a
+program owns BLOCK_P output pixels by BLOCK_C channels, channels innermost, and for every tap
+loads the shifted (BLOCK_P, BLOCK_C) tile; neighbouring taps and programs hit L1 / L2. The filter
+rows loop and each row's S taps unroll, so a row's S loads are in flight together (unrolling all
+R·S taps hoisted every load: 255 registers and spills on sm_90).
+
+The measurements (the tap tiles against the plain tap loop, both against cuDNN) are in
+docs/kernels/conv.md.
 
 Functions:
     depthwise_reference      F.conv2d(groups=C), the float64 reference of the tests
-    conv_depthwise_kernel    @triton.jit, autotuned over (BLOCK_P, BLOCK_C, num_warps), with a
-                             hook-free copy for traced launches
-    is_depthwise             a (C, K, groups) conv this kernel computes
+    conv_depthwise_kernel    @triton.jit, the tap tiles, autotuned over (BLOCK_P, BLOCK_C,
+                             num_warps), with a hook-free copy for traced launches
+    conv_depthwise_sliding_kernel
+                             @triton.jit, the sliding window, autotuned over (BLOCK_P, BLOCK_Q,
+                             num_warps), with a hook-free copy for traced launches
+    is_depthwise             a (C, K, groups) conv these kernels compute
+    slides                   the sliding window serves this stride, dilation and filter
     depthwise_conv2d         launch it into a preallocated output, through `launch`
     depthwise_step           the launch as a kernels._launch.Step (the dispatch's plans)
     depthwise_wgrad_kernel   @triton.jit: dW's per-channel, per-tap sums over a run of pixels
@@ -41,6 +51,7 @@ import triton.language as tl
 from kernels._common import cdiv, direct, gpu_info, is_interpreter, next_power_of_2
 from kernels._launch import PlanCache, Step
 from kernels.conv.common import epilogue, traceable, tune_bench
+from kernels.matmul import apply_activation
 
 
 def depthwise_reference(x, weight, bias, stride, padding, dilation):
@@ -153,6 +164,133 @@ def conv_depthwise_kernel(
 _TRACEABLE = traceable(conv_depthwise_kernel.configs, DEPTHWISE_KEY, conv_depthwise_kernel.fn)
 
 
+# -- the sliding-window stencil (stride 1 and dilation 1 along W) ------------------------------
+# (BLOCK_P output rows, BLOCK_Q output columns, num_warps). A program's tile is one pixel by
+# BLOCK_C = 32·num_warps channels, a channel a thread: its R·S fp32 weights, BLOCK_P·S pending
+# sums and the column's input rows all sit in registers (7x7, 8 rows: about 150).
+SLIDING_TILES = [
+    (8, 28, 1),
+    (4, 28, 1),
+    (8, 14, 1),
+    (4, 14, 1),
+    (8, 28, 2),
+    (4, 56, 1),
+    (2, 28, 1),
+]
+
+
+def sliding_configs():
+    tiles = [(2, 5, 1)] if is_interpreter() else SLIDING_TILES
+    return [triton.Config({"BLOCK_P": bp, "BLOCK_Q": bq, "BLOCK_C": 32 * nw}, num_warps=nw,
+                          num_stages=1) for bp, bq, nw in tiles]  # fmt: skip
+
+
+def prune_sliding(configs, named_args, **kwargs):
+    """Drop tiles with more rows, columns or channels than the output has (beyond the
+    smallest)."""
+    K, P, Q = named_args["K"], named_args["P"], named_args["Q"]
+    kept = [cfg for cfg in configs
+            if cfg.kwargs["BLOCK_P"] <= max(2, next_power_of_2(P))
+            and cfg.kwargs["BLOCK_Q"] <= max(14, Q)
+            and cfg.kwargs["BLOCK_C"] <= max(32, next_power_of_2(K))]  # fmt: skip
+    return kept or configs[-1:]
+
+
+SLIDING_KEY = ["N", "C", "H", "W", "K", "P", "Q"]
+
+
+@triton.autotune(
+    configs=sliding_configs(),
+    key=SLIDING_KEY,
+    prune_configs_by={"early_config_prune": prune_sliding},
+    do_bench=tune_bench,
+)
+# the channel strides are not specialised: left unknown, Triton keeps one channel a thread (no
+# vectorised channel runs), which is what keeps the per-channel state in registers
+@triton.jit(do_not_specialize=SIZES_ONLY + ["stride_xc", "stride_yk"])
+def conv_depthwise_sliding_kernel(
+    # x: (N, C, H, W), w: (K, 1, R, S), bias: (K,) or None, y: (N, K, P, Q); all by strides
+    x, w, bias_ptr, y,
+    # sizes; stride and dilation along W are 1
+    N, C, H, W, K, P, Q, pad_h, pad_w,
+    # strides, in elements
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk, stride_wr, stride_ws,
+    stride_yn, stride_yk, stride_yp, stride_yq,
+    # filter and its row stride / dilation, K // C, epilogue, tile
+    R: tl.constexpr, S: tl.constexpr, CONV_STRIDE_H: tl.constexpr, DIL_H: tl.constexpr,
+    MULTIPLIER: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    # -- program-id mapping: axis 0 is (image, row block, column block), columns fastest;
+    # axis 1 channels
+    row_blocks = tl.cdiv(P, BLOCK_P)
+    col_blocks = tl.cdiv(Q, BLOCK_Q)
+    pid = tl.program_id(0)
+    n = pid // (row_blocks * col_blocks)
+    rest = pid - n * (row_blocks * col_blocks)
+    row_block = rest // col_blocks
+    p0 = row_block * BLOCK_P
+    q0 = (rest - row_block * col_blocks) * BLOCK_Q
+    offs_k = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    k_ok = offs_k < K
+
+    # -- the program's constants: R·S weight vectors; the input rows its BLOCK_P output rows
+    # read (IN_ROWS of them), each row's mask and offset
+    taps = ()
+    for rs in tl.static_range(R * S):
+        wv = tl.load(w + offs_k * stride_wk + (rs // S) * stride_wr + (rs % S) * stride_ws,
+                     mask=k_ok, other=0.0)  # fmt: skip
+        taps = taps + (wv.to(tl.float32),)
+    IN_ROWS: tl.constexpr = (BLOCK_P - 1) * CONV_STRIDE_H + (R - 1) * DIL_H + 1
+    ih0 = p0 * CONV_STRIDE_H - pad_h
+    x_col0 = x + n.to(tl.int64) * stride_xn + (offs_k // MULTIPLIER) * stride_xc
+    y_col0 = y + n.to(tl.int64) * stride_yn + offs_k * stride_yk
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+
+    # -- main loop: one input column a step. Its IN_ROWS channel vectors are loaded once; each
+    # feeds every output row and tap that reads it. pending[i·S + j] is output row p0 + i at
+    # column q0 + t - (S - 1) + j, so tap (r, s) of row i lands in pending[i·S + S - 1 - s];
+    # pending[i·S] is then complete: written, and the window slides one column.
+    zero = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    pending = ()
+    for _ in tl.static_range(BLOCK_P * S):
+        pending = pending + (zero,)
+    for t in range(BLOCK_Q + S - 1):
+        iw = q0 - pad_w + t
+        col_ok = k_ok & (iw >= 0) & (iw < W)
+        x_col = x_col0 + iw * stride_xw
+        rows = ()
+        for j in tl.static_range(IN_ROWS):
+            ih = ih0 + j
+            xv = tl.load(x_col + ih * stride_xh, mask=col_ok & (ih >= 0) & (ih < H), other=0.0)
+            rows = rows + (xv.to(tl.float32),)
+        summed = ()
+        for i in tl.static_range(BLOCK_P):
+            for j in tl.static_range(S):
+                acc = pending[i * S + j]
+                for r in tl.static_range(R):
+                    acc += rows[i * CONV_STRIDE_H + r * DIL_H] * taps[r * S + S - 1 - j]
+                summed = summed + (acc,)
+        q = q0 + t - (S - 1)
+        q_ok = k_ok & (q >= q0) & (q < Q)
+        nxt = ()
+        for i in tl.static_range(BLOCK_P):
+            out = summed[i * S]
+            if HAS_BIAS:
+                out += bias
+            out = apply_activation(out, ACTIVATION)
+            tl.store(y_col0 + (p0 + i) * stride_yp + q * stride_yq, out.to(y.dtype.element_ty),
+                     mask=q_ok & (p0 + i < P))  # fmt: skip
+            nxt = nxt + summed[i * S + 1:(i + 1) * S] + (zero,)
+        pending = nxt
+
+
+_TRACEABLE_SLIDING = traceable(conv_depthwise_sliding_kernel.configs, SLIDING_KEY,
+                               conv_depthwise_sliding_kernel.fn)  # fmt: skip
+
+
 def is_depthwise(C: int, K: int, groups: int) -> bool:
     """A grouped conv this kernel computes: one group per input channel, K a multiple of C."""
     return groups == C and K % C == 0
@@ -183,6 +321,18 @@ def depthwise_conv2d(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, 
     return y
 
 
+# The most taps the sliding window keeps in registers (7x7); larger filters take the tap tiles
+SLIDING_MAX_TAPS = 49
+
+
+def slides(stride_hw, dilation_hw, kernel_rs) -> bool:
+    """The sliding-window stencil serves the call: unit stride and dilation along W (the window
+    slides one input column a step), and at most SLIDING_MAX_TAPS taps. Otherwise (stride-2
+    layers, dilated columns, large filters) the tap-tile stencil does."""
+    R, S = kernel_rs
+    return tuple(stride_hw)[1] == 1 and tuple(dilation_hw)[1] == 1 and R * S <= SLIDING_MAX_TAPS
+
+
 def depthwise_step(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, act_id, *,
                    launch=direct) -> Step:  # fmt: skip
     """depthwise_conv2d's launch as a kernels._launch.Step over (x, weight, bias, y), for
@@ -190,6 +340,22 @@ def depthwise_step(x, weight, bias, y, stride_hw, padding_lo_hw, dilation_hw, ac
     N, C, H, W = x.shape
     K, _, R, S = weight.shape
     P, Q = y.shape[2:]
+    if slides(stride_hw, dilation_hw, (R, S)):
+        kernel = conv_depthwise_sliding_kernel if launch is direct else _TRACEABLE_SLIDING
+
+        def grid(meta):
+            rows, cols = cdiv(P, meta["BLOCK_P"]), cdiv(Q, meta["BLOCK_Q"])
+            return (N * rows * cols, cdiv(K, meta["BLOCK_C"]))
+
+        return Step(
+            launch(kernel), grid,
+            (N, C, H, W, K, P, Q, *padding_lo_hw,
+             *x.stride(),
+             weight.stride(0), weight.stride(2), weight.stride(3),
+             *y.stride()),
+            dict(R=R, S=S, CONV_STRIDE_H=stride_hw[0], DIL_H=dilation_hw[0], MULTIPLIER=K // C,
+                 HAS_BIAS=bias is not None, ACTIVATION=act_id),
+        )  # fmt: skip
     kernel = conv_depthwise_kernel if launch is direct else _TRACEABLE
 
     def grid(meta):
