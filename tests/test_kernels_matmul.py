@@ -16,6 +16,7 @@ from kernels.matmul.splitk import auto_split_k
 from kernels.matmul.tma import (
     DECODE_TILE,
     LARGE_TILE,
+    SKINNY_TALL_TILE,
     SKINNY_TILE,
     SKINNY_WIDE_TILE,
     WAVE_TILES,
@@ -210,7 +211,8 @@ def meta(M, K, N, dtype=torch.bfloat16, b_layout="contiguous"):
      ((1, 4096, 14336), DECODE_TILE),
      ((128, 4096, 4096), SKINNY_TILE),
      ((33, 14336, 4096), SKINNY_TILE),
-     ((128, 14336, 4096), SKINNY_WIDE_TILE),  # 64x64 tiles: 448 > 2 waves
+     ((64, 28672, 4096), SKINNY_WIDE_TILE),  # 64x64 tiles: 448 > 2 waves, at most 64 rows
+     ((128, 14336, 4096), SKINNY_TALL_TILE),  # 448 > 2 waves, taller than 64 rows
      ((512, 512, 512), WAVE_TILES[3]),
      ((1024, 1024, 1024), WAVE_TILES[2]),  # 128x64: 128 tiles, about one wave
      ((2048, 2048, 2048), WAVE_TILES[0]),

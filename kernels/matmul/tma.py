@@ -103,8 +103,12 @@ class Tile(NamedTuple):
 DECODE_TILE = Tile(16, 64, 256, 5, 4, False)  # M <= 32
 SKINNY_TILE = Tile(64, 64, 128, 6, 4, False)  # 32 < M <= SKINNY_M
 # 32 < M <= SKINNY_M with many columns (64x64 tiles would fill more than SKINNY_WIDE_WAVES
-# waves): a wide tile reads each weight tile once per M block and keeps the tile count low.
+# waves): a tile as tall as M reads each weight tile once and keeps the tile count low. Up to 64
+# rows, 64x256; above, 128x128 (the same tile count as two rows of 64x256, each weight tile read
+# once instead of twice, and half the accumulator a thread, which the bias+gelu epilogue needs:
+# on 64x256 w4 it sits at 255 registers).
 SKINNY_WIDE_TILE = Tile(64, 256, 64, 4, 4, False)
+SKINNY_TALL_TILE = Tile(128, 128, 64, 5, 8, False)
 SKINNY_WIDE_WAVES = 2
 # M > SKINNY_M: the tile of WAVE_TILES no wider than N needs (64 columns at least) with the
 # least wave time, counted as waves x tile area / WAVE_SPEED, the relative rate at which a full
@@ -129,7 +133,7 @@ def heuristic_tile(M: int, N: int, K: int, num_sms: int, batch: int = 1) -> Tile
         return DECODE_TILE
     if M <= SKINNY_M:
         if cdiv(M, 64) * cdiv(N, 64) * batch > SKINNY_WIDE_WAVES * num_sms:
-            return SKINNY_WIDE_TILE
+            return SKINNY_WIDE_TILE if M <= 64 else SKINNY_TALL_TILE
         return SKINNY_TILE
     widest = max(64, next_power_of_2(N))
 
