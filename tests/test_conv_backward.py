@@ -342,16 +342,29 @@ def test_depthwise_dgrad_plan_is_kept_and_reused():
     backward._DEPTHWISE_DGRAD.clear()
 
 
-def test_depthwise_wgrad_splits_agree():
-    """Any pixel split gives the same dW (fp32 partial slabs added in split order)."""
-    from kernels.conv.depthwise import depthwise_wgrad
+@pytest.mark.parametrize(
+    "kernel_rs, stride, padding, dilation, sliding",
+    [((3, 3), (1, 1), (1, 1), (1, 1), True),
+     ((7, 5), (2, 1), (3, 2), (2, 1), True),  # rows stride and dilate; 40 channels: two blocks
+     ((3, 3), (2, 2), (1, 1), (1, 1), False)],
+)  # fmt: skip
+def test_depthwise_wgrad_splits_agree(kernel_rs, stride, padding, dilation, sliding):
+    """Any split gives the same dW (fp32 partial slabs added in split order), on both wgrad
+    kernels: the sliding window's splits are runs of row blocks, the tap tiles' runs of pixels."""
+    from kernels.conv.depthwise import depthwise_wgrad, slides
 
+    assert slides(stride, dilation, kernel_rs) is sliding
     generator = torch.Generator().manual_seed(10)
-    x = torch.randn(2, 8, 9, 9, generator=generator).to(DEVICE)
-    dz = torch.randn(2, 8, 9, 9, generator=generator).to(DEVICE)
-    want = torch.nn.grad.conv2d_weight(x.double(), (8, 1, 3, 3), dz.double(), 1, 1, 1, 8)
+    x = torch.randn(2, 40, 13, 9, generator=generator).to(DEVICE)
+    x = x.contiguous(memory_format=torch.channels_last)
+    (R, S), (sh, sw), (ph, pw), (dh, dw_) = kernel_rs, stride, padding, dilation
+    P = (13 + 2 * ph - dh * (R - 1) - 1) // sh + 1
+    Q = (9 + 2 * pw - dw_ * (S - 1) - 1) // sw + 1
+    dz = torch.randn(2, 40, P, Q, generator=generator).to(DEVICE)
+    want = torch.nn.grad.conv2d_weight(x.double(), (40, 1, R, S), dz.double(), stride, padding,
+                                       dilation, 40)  # fmt: skip
     for splits in (1, 3, 7):
-        dw = depthwise_wgrad(dz, x, (3, 3), (1, 1), (1, 1), (1, 1), splits=splits)
+        dw = depthwise_wgrad(dz, x, kernel_rs, stride, padding, dilation, splits=splits)
         assert relative_error(dw, want) < budget(torch.float32), splits
 
 

@@ -438,6 +438,80 @@ def depthwise_wgrad_kernel(
     tl.store(ptrs, acc, mask=(taps < R * S)[:, None] & k_ok[None, :])
 
 
+# The sliding-window wgrad: output rows a step (the forward's sliding tile), programs an SM
+WGRAD_SLIDING_ROWS = 4
+WGRAD_SLIDING_PROGRAMS = 8
+
+
+@triton.jit(do_not_specialize=SIZES_ONLY + ["stride_zk", "stride_xc", "blocks_per_split"])
+def depthwise_wgrad_sliding_kernel(
+    # dz: (N, K, P, Q), x: (N, C, H, W) by strides; ws: fp32 (splits, K, R·S) partial sums
+    dz, x, ws,
+    # sizes; stride and dilation along W are 1
+    N, C, H, W, K, P, Q, pad_h, pad_w,
+    # strides, in elements
+    stride_zn, stride_zk, stride_zp, stride_zq,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    blocks_per_split,
+    # filter and its row stride / dilation, K // C, tile (one channel a thread)
+    R: tl.constexpr, S: tl.constexpr, CONV_STRIDE_H: tl.constexpr, DIL_H: tl.constexpr,
+    MULTIPLIER: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    # -- program-id mapping: axis 0 channel blocks; axis 1 this program's run of (image, row
+    # block) pairs, BLOCK_P output rows each
+    offs_k = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    k_ok = offs_k < K
+    row_blocks = tl.cdiv(P, BLOCK_P)
+    lo = tl.program_id(1) * blocks_per_split
+    hi = tl.minimum(lo + blocks_per_split, N * row_blocks)
+    IN_ROWS: tl.constexpr = (BLOCK_P - 1) * CONV_STRIDE_H + (R - 1) * DIL_H + 1
+    zero = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    sums = ()  # sums[r·S + s]: tap (r, s)'s channel sums
+    for _ in tl.static_range(R * S):
+        sums = sums + (zero,)
+
+    # -- main loop: per row block, walk the input columns. recent[i·S + s] is dZ of output row
+    # p0 + i at column t - s, the column that input column t - pad_w meets through tap s; each
+    # loaded input row feeds every (row, tap) that reads it.
+    for blk in range(lo, hi):
+        n = blk // row_blocks
+        p0 = (blk - n * row_blocks) * BLOCK_P
+        ih0 = p0 * CONV_STRIDE_H - pad_h
+        x_col0 = x + n.to(tl.int64) * stride_xn + (offs_k // MULTIPLIER) * stride_xc
+        z_col0 = dz + n.to(tl.int64) * stride_zn + offs_k * stride_zk
+        recent = ()
+        for _ in tl.static_range(BLOCK_P * S):
+            recent = recent + (zero,)
+        for t in range(Q + S - 1):
+            shifted = ()
+            for i in tl.static_range(BLOCK_P):
+                z_ok = k_ok & (t < Q) & (p0 + i < P)
+                zv = tl.load(z_col0 + (p0 + i) * stride_zp + t * stride_zq, mask=z_ok, other=0.0)
+                shifted = shifted + (zv.to(tl.float32),) + recent[i * S:(i + 1) * S - 1]
+            recent = shifted
+            iw = t - pad_w
+            col_ok = k_ok & (iw >= 0) & (iw < W)
+            x_col = x_col0 + iw * stride_xw
+            rows = ()
+            for j in tl.static_range(IN_ROWS):
+                ih = ih0 + j
+                xv = tl.load(x_col + ih * stride_xh, mask=col_ok & (ih >= 0) & (ih < H), other=0.0)
+                rows = rows + (xv.to(tl.float32),)
+            summed = ()
+            for r in tl.static_range(R):
+                for s in tl.static_range(S):
+                    acc = sums[r * S + s]
+                    for i in tl.static_range(BLOCK_P):
+                        acc += rows[i * CONV_STRIDE_H + r * DIL_H] * recent[i * S + s]
+                    summed = summed + (acc,)
+            sums = summed
+
+    # -- write-back: this split's (K, R·S) slab of fp32 partial sums --
+    slab = ws + tl.program_id(1).to(tl.int64) * (K * R * S) + offs_k * (R * S)
+    for rs in tl.static_range(R * S):
+        tl.store(slab + rs, sums[rs], mask=k_ok)
+
+
 # depthwise wgrad launches of direct calls, per geometry: (splits, partial-sum step, sum step)
 _WGRAD_PLANS = PlanCache()
 
@@ -462,24 +536,15 @@ def depthwise_wgrad(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, *, 
                tuple(stride_hw), tuple(padding_lo_hw), tuple(dilation_hw), splits)  # fmt: skip
         plan = _WGRAD_PLANS.get(key)
     if plan is None:
-        block_c = 32 if K >= 32 else 16
-        pixels = N * P * Q
-        if splits is None:
-            info = gpu_info(x.device)
-            programs = WGRAD_PROGRAMS * (info.sms if info is not None else 2)
-            splits = max(1, min(cdiv(pixels, WGRAD_BLOCK_P), programs // cdiv(K, block_c)))
-        per_split = cdiv(max(pixels, 1), splits)
-        splits = cdiv(max(pixels, 1), per_split)
-        numel = K * R * S
-        main = Step(
-            launch(depthwise_wgrad_kernel), (cdiv(K, block_c), splits),
-            (N, C, H, W, K, P, Q, R, S, *stride_hw, *padding_lo_hw, *dilation_hw,
-             *dz.stride(), *x.stride(), per_split),
-            dict(MULTIPLIER=K // C, TAPS=next_power_of_2(R * S), BLOCK_P=WGRAD_BLOCK_P,
-                 BLOCK_C=block_c, num_warps=4),
-        )  # fmt: skip
-        reduce = split_sum_step(numel, splits, launch)
-        plan = (splits, main, reduce)
+        info = gpu_info(x.device)
+        sms = info.sms if info is not None else 2
+        if slides(stride_hw, dilation_hw, kernel_rs):
+            main, splits = _sliding_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw,
+                                               dilation_hw, launch, splits, sms)  # fmt: skip
+        else:
+            main, splits = _tap_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw,
+                                           dilation_hw, launch, splits, sms)  # fmt: skip
+        plan = (splits, main, split_sum_step(K * R * S, splits, launch))
     splits, main, reduce = plan
     ws = torch.empty((splits * K * R * S,), device=x.device, dtype=torch.float32)
     dw = torch.empty((K, 1, R, S), device=x.device, dtype=x.dtype)
@@ -491,3 +556,46 @@ def depthwise_wgrad(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, *, 
         main.once(dz, x, ws)
         reduce.once(ws, dw)
     return dw
+
+
+def _tap_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, launch, splits,
+                    sms):  # fmt: skip
+    """depthwise_wgrad_kernel's launch over (dz, x, ws) and its split count: runs of output
+    pixels, enough to fill the GPU (or `splits`)."""
+    N, K, P, Q = dz.shape
+    _, C, H, W = x.shape
+    R, S = kernel_rs
+    block_c = 32 if K >= 32 else 16
+    pixels = N * P * Q
+    if splits is None:
+        programs = WGRAD_PROGRAMS * sms
+        splits = max(1, min(cdiv(pixels, WGRAD_BLOCK_P), programs // cdiv(K, block_c)))
+    per_split = cdiv(max(pixels, 1), splits)
+    splits = cdiv(max(pixels, 1), per_split)
+    return Step(
+        launch(depthwise_wgrad_kernel), (cdiv(K, block_c), splits),
+        (N, C, H, W, K, P, Q, R, S, *stride_hw, *padding_lo_hw, *dilation_hw,
+         *dz.stride(), *x.stride(), per_split),
+        dict(MULTIPLIER=K // C, TAPS=next_power_of_2(R * S), BLOCK_P=WGRAD_BLOCK_P,
+             BLOCK_C=block_c, num_warps=4),
+    ), splits  # fmt: skip
+
+
+def _sliding_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, launch, splits,
+                        sms):  # fmt: skip
+    """depthwise_wgrad_sliding_kernel's launch over (dz, x, ws) and its split count: runs of
+    (image, row block) pairs, WGRAD_SLIDING_PROGRAMS one-warp programs an SM (or `splits`)."""
+    N, K, P, Q = dz.shape
+    _, C, H, W = x.shape
+    R, S = kernel_rs
+    blocks = N * cdiv(P, WGRAD_SLIDING_ROWS)
+    if splits is None:
+        splits = max(1, min(blocks, WGRAD_SLIDING_PROGRAMS * sms // cdiv(K, 32)))
+    per_split = cdiv(max(blocks, 1), splits)
+    splits = cdiv(max(blocks, 1), per_split)
+    return Step(
+        launch(depthwise_wgrad_sliding_kernel), (cdiv(K, 32), splits),
+        (N, C, H, W, K, P, Q, *padding_lo_hw, *dz.stride(), *x.stride(), per_split),
+        dict(R=R, S=S, CONV_STRIDE_H=stride_hw[0], DIL_H=dilation_hw[0], MULTIPLIER=K // C,
+             BLOCK_P=WGRAD_SLIDING_ROWS, BLOCK_C=32, num_warps=1),
+    ), splits  # fmt: skip
