@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from experiments import blocks, registry
-from experiments.correctness import relative_error, tolerance
+from experiments.correctness import allowed_error, relative_error, tolerance
 from experiments.workloads import eager_ops, make_workload, resolve_shapes, triton_ops, with_ops
 from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT
 
@@ -150,10 +150,18 @@ def test_ours_matches_float64_on_odd_sizes(name, dtype_name):
         grad = torch.randn(out.shape, generator=generator, device=DEVICE)
         out.backward(grad.to(dtype))
         expected.backward(grad.to(torch.float64))
-        got = [t.grad for t in inputs] + [p.grad for p in ours.parameters()]
+        got = [t.grad for t in inputs] + [p.grad.clone() for p in ours.parameters()]
         want = [t.grad for t in ref_inputs] + [p.grad for p in reference.parameters()]
-        for g, w in zip(got, want, strict=True):
-            assert relative_error(g, w) < limit
+        # eager on the same inputs: a block rounds every intermediate to the dtype, so a
+        # gradient may sit past the dtype's budget in eager too, and the harness then holds
+        # a row to EAGER_FACTOR x eager's error (experiments.correctness.allowed_error)
+        for p in eager.parameters():  # ours shares them (with_ops)
+            p.grad = None
+        eager_inputs = [t.detach().clone().requires_grad_() for t in inputs]
+        eager(*eager_inputs).backward(grad.to(dtype))
+        baseline = [t.grad for t in eager_inputs] + [p.grad for p in eager.parameters()]
+        for g, w, e in zip(got, want, baseline, strict=True):
+            assert relative_error(g, w) < allowed_error(limit, relative_error(e, w))
 
 
 class Recorder:
