@@ -211,6 +211,15 @@ def test_which_kernel_serves(stride, dilation, kernel_rs, expected):
     assert slides(stride, dilation, kernel_rs) is expected
 
 
+def test_autotune_keys_cover_filter_and_layout():
+    """A tuned tile is reused only for the same sizes, filter, row stride and layouts: a 3x3 and
+    a 7x7 of equal sizes, or NHWC and NCHW, must each tune their own."""
+    assert {"R", "S", "stride_xc", "stride_yk"} <= set(conv_depthwise_kernel.keys)
+    assert {"R", "S", "CONV_STRIDE_H", "DIL_H", "stride_xc", "stride_yk"} <= set(
+        conv_depthwise_sliding_kernel.keys
+    )
+
+
 @pytest.mark.parametrize("stride, kernel", [(1, conv_depthwise_sliding_kernel),
                                             (2, conv_depthwise_kernel)])  # fmt: skip
 def test_traced_launch_uses_hook_free_autotuner(stride, kernel, device):

@@ -196,7 +196,9 @@ def prune_sliding(configs, named_args, **kwargs):
     return kept or configs[-1:]
 
 
-SLIDING_KEY = ["N", "C", "H", "W", "K", "P", "Q"]
+# The sizes, filter and layouts that change the best tile
+SLIDING_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "CONV_STRIDE_H", "DIL_H", "stride_xc",
+               "stride_yk"]  # fmt: skip
 
 
 @triton.autotune(
