@@ -237,8 +237,8 @@ def conv_depthwise_sliding_kernel(
     offs_k = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     k_ok = offs_k < K
 
-    # -- the program's constants: R·S weight vectors; the input rows its BLOCK_P output rows
-    # read (IN_ROWS of them), each row's mask and offset
+    # -- the program's constants: R·S weight vectors; how many input rows its BLOCK_P output
+    # rows read (IN_ROWS); the column pointers of image n
     taps = ()
     for rs in tl.static_range(R * S):
         wv = tl.load(w + offs_k * stride_wk + (rs // S) * stride_wr + (rs % S) * stride_ws,
