@@ -134,8 +134,11 @@ def test_conv_fwd_and_the_backward_kernels_compile(tmp_path):
     assert "activation_backward_kernel" in done.stdout  # the backward's kernels compiled too
     done = run_tool("--kernel", "conv", "--shapes", "cpu", "--pass", "fwd_bwd")
     assert done.returncode == 0, done.stderr[-3000:]
-    for name in ("conv_wgrad_kernel", "wgrad_split_sum_kernel", "depthwise_wgrad_kernel"):
-        assert name in done.stdout, name  # conv's backward: wgrad, its split sum, depthwise
+    # conv's backward: wgrad, its split sum, and the cpu set's depthwise conv (stride 1: the
+    # sliding-window kernels, forward and wgrad)
+    for name in ("conv_wgrad_kernel", "wgrad_split_sum_kernel", "conv_depthwise_sliding_kernel",
+                 "depthwise_wgrad_sliding_kernel"):  # fmt: skip
+        assert name in done.stdout, name
 
 
 @pytest.mark.parametrize(
