@@ -196,6 +196,28 @@ def prune_sliding(configs, named_args, **kwargs):
     return kept or configs[-1:]
 
 
+@triton.jit
+def _zero_vectors(COUNT: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A tuple of COUNT fp32 (BLOCK_C,) zeros: the sliding kernels' per-thread sums."""
+    zero = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    vectors = ()
+    for _ in tl.static_range(COUNT):
+        vectors = vectors + (zero,)
+    return vectors
+
+
+@triton.jit
+def _input_column(x_col, ih0, H, stride_xh, col_ok, IN_ROWS: tl.constexpr):
+    """Input rows ih0 .. ih0 + IN_ROWS - 1 of one column (x_col: its channels' pointers), a
+    channel vector each, in fp32; zero above or below the image and where col_ok is false."""
+    rows = ()
+    for j in tl.static_range(IN_ROWS):
+        ih = ih0 + j
+        xv = tl.load(x_col + ih * stride_xh, mask=col_ok & (ih >= 0) & (ih < H), other=0.0)
+        rows = rows + (xv.to(tl.float32),)
+    return rows
+
+
 # The sizes, filter and layouts that change the best tile
 SLIDING_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "CONV_STRIDE_H", "DIL_H", "stride_xc",
                "stride_yk"]  # fmt: skip
@@ -256,18 +278,11 @@ def conv_depthwise_sliding_kernel(
     # column q0 + t - (S - 1) + j, so tap (r, s) of row i lands in pending[i·S + S - 1 - s];
     # pending[i·S] is then complete: written, and the window slides one column.
     zero = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    pending = ()
-    for _ in tl.static_range(BLOCK_P * S):
-        pending = pending + (zero,)
+    pending = _zero_vectors(BLOCK_P * S, BLOCK_C)
     for t in range(BLOCK_Q + S - 1):
         iw = q0 - pad_w + t
         col_ok = k_ok & (iw >= 0) & (iw < W)
-        x_col = x_col0 + iw * stride_xw
-        rows = ()
-        for j in tl.static_range(IN_ROWS):
-            ih = ih0 + j
-            xv = tl.load(x_col + ih * stride_xh, mask=col_ok & (ih >= 0) & (ih < H), other=0.0)
-            rows = rows + (xv.to(tl.float32),)
+        rows = _input_column(x_col0 + iw * stride_xw, ih0, H, stride_xh, col_ok, IN_ROWS)
         summed = ()
         for i in tl.static_range(BLOCK_P):
             for j in tl.static_range(S):
@@ -467,10 +482,7 @@ def depthwise_wgrad_sliding_kernel(
     lo = tl.program_id(1) * blocks_per_split
     hi = tl.minimum(lo + blocks_per_split, N * row_blocks)
     IN_ROWS: tl.constexpr = (BLOCK_P - 1) * CONV_STRIDE_H + (R - 1) * DIL_H + 1
-    zero = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    sums = ()  # sums[r·S + s]: tap (r, s)'s channel sums
-    for _ in tl.static_range(R * S):
-        sums = sums + (zero,)
+    sums = _zero_vectors(R * S, BLOCK_C)  # sums[r·S + s]: tap (r, s)'s channel sums
 
     # -- main loop: per row block, walk the input columns. recent[i·S + s] is dZ of output row
     # p0 + i at column t - s, the column that input column t - pad_w meets through tap s; each
@@ -481,9 +493,7 @@ def depthwise_wgrad_sliding_kernel(
         ih0 = p0 * CONV_STRIDE_H - pad_h
         x_col0 = x + n.to(tl.int64) * stride_xn + (offs_k // MULTIPLIER) * stride_xc
         z_col0 = dz + n.to(tl.int64) * stride_zn + offs_k * stride_zk
-        recent = ()
-        for _ in tl.static_range(BLOCK_P * S):
-            recent = recent + (zero,)
+        recent = _zero_vectors(BLOCK_P * S, BLOCK_C)
         for t in range(Q + S - 1):
             shifted = ()
             for i in tl.static_range(BLOCK_P):
@@ -493,12 +503,7 @@ def depthwise_wgrad_sliding_kernel(
             recent = shifted
             iw = t - pad_w
             col_ok = k_ok & (iw >= 0) & (iw < W)
-            x_col = x_col0 + iw * stride_xw
-            rows = ()
-            for j in tl.static_range(IN_ROWS):
-                ih = ih0 + j
-                xv = tl.load(x_col + ih * stride_xh, mask=col_ok & (ih >= 0) & (ih < H), other=0.0)
-                rows = rows + (xv.to(tl.float32),)
+            rows = _input_column(x_col0 + iw * stride_xw, ih0, H, stride_xh, col_ok, IN_ROWS)
             summed = ()
             for r in tl.static_range(R):
                 for s in tl.static_range(S):
@@ -522,14 +527,14 @@ def depthwise_wgrad(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, *, 
                     splits=None):  # fmt: skip
     """dW (K, 1, R, S) of a depthwise conv, contiguous, in x's dtype: per output channel k and
     tap (r, s), the sum over every output pixel of dZ[k] times the input channel k // (K / C)
-    shifted by the tap. Pixel splits (grid axis 1) write fp32 partial slabs that
-    wgrad.wgrad_split_sum_kernel adds in a fixed order (deterministic). `splits` forces the
+    shifted by the tap. Where the forward slides (`slides`), the sliding wgrad, else the tap
+    tiles. Splits (grid axis 1: runs of row blocks, or of output pixels) write fp32 partial slabs
+    that wgrad.wgrad_split_sum_kernel adds in a fixed order (deterministic). `splits` forces the
     split count (tests); by default enough programs to fill the GPU. Direct calls keep both
     launches per geometry (armed steps)."""
     from kernels.conv.wgrad import split_sum_step
 
-    N, K, P, Q = dz.shape
-    _, C, H, W = x.shape
+    K = dz.shape[1]
     R, S = kernel_rs
     planned = launch is direct and not torch.compiler.is_compiling()
     key = plan = None
