@@ -140,7 +140,8 @@ def test_backward_layouts_and_partial_grads(layout, has_bias, requires_grad, dev
 
 @pytest.mark.parametrize(
     "activation, x_shape",
-    # 1100 rows > COLUMN_SUM_ROWS: db takes the two-pass path through fp32 partial sums.
+    # 1100 rows: db takes the two-pass path through fp32 partial sums (sum_rows: 64 a split),
+    # and silu, saving z past ACTIVATION_PASS_MIN_M rows, runs its activation as a pass.
     [("none", (7, 65)), ("relu", (7, 65)), ("silu", (1100, 7)), ("gelu", (65,))],
 )
 def test_backward_of_sum(activation, x_shape, device):

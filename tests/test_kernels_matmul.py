@@ -2,6 +2,8 @@
 design (the Hopper TMA kernels run in the interpreter under kernels._common.pretend_gpu), the
 fused bias + activation epilogue with the pre-activation, split-K, the dispatch, bad input."""
 
+import contextlib
+
 import pytest
 import torch
 import triton
@@ -10,7 +12,8 @@ import triton.language as tl
 import kernels.ops
 from experiments.correctness import relative_error, tolerance
 from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision, pretend_gpu
-from kernels.matmul import apply_activation, fused_matmul, matmul, matmul_reference, plan
+from kernels.matmul import apply_activation, fused_matmul, matmul, matmul_reference, plan, planned
+from kernels.matmul import dispatch as matmul_dispatch
 from kernels.matmul.pointer import matmul_kernel, pointer_configs
 from kernels.matmul.splitk import auto_split_k
 from kernels.matmul.tma import (
@@ -149,6 +152,41 @@ def test_fused_epilogue(a_layout, b_layout, N, dtype_name, gpu, device):
         want = "tma_device_desc" if dtype_name == "fp32" else "tma_host_desc"
         assert plan(a, b).kernel == want
         check_fused(a, b, bias, dtype_name)
+
+
+@pytest.mark.parametrize("gpu", [None, HOPPER], ids=["pointer", "hopper"])
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+def test_activation_pass(gpu, dtype_name, monkeypatch, device):
+    """Saving z with an activation other than relu, from ACTIVATION_PASS_MIN_M rows (lowered here
+    to reach odd small shapes), the GEMM stores z alone and a pass of its own applies the
+    activation: the plan says so, c and z stay within tolerance of float64, and c is the
+    activation of the stored z (so it may differ from a call without z, whose epilogue applies
+    the activation to z before rounding). Relu, no activation and calls that keep no z stay
+    fused."""
+    monkeypatch.setattr(matmul_dispatch, "ACTIVATION_PASS_MIN_M", 33)
+    gen = torch.Generator().manual_seed(9)
+    dtype = DTYPES[dtype_name]
+    a = random_matrix(65, 200, "transposed", dtype, device, gen)
+    b = random_matrix(200, 24, "contiguous", dtype, device, gen)
+    bias = torch.randn(24, generator=gen).to(device=device, dtype=dtype)
+    with contextlib.ExitStack() as stack:
+        if gpu is not None:
+            stack.enter_context(pretend_gpu(gpu, 132))
+        for act in ACT_NAMES:
+            ref_c, ref_z = fused_reference(a, b, bias, act)
+            for save in (True, False):
+                c, z = fused_matmul(a, b, bias, ACTIVATIONS[act], save)
+                p = planned(a, b, bias, ACTIVATIONS[act], save)
+                assert p.act_pass == (save and act not in ("none", "relu")), (act, save)
+                assert relative_error(c, ref_c) < tol(dtype_name), (act, save)
+                if save:
+                    assert relative_error(z, ref_z) < tol(dtype_name), act
+                if p.act_pass:
+                    want = TORCH_ACTIVATIONS[act](z.double())
+                    assert relative_error(c, want) < tol(dtype_name), act
+        short = random_matrix(32, 200, "contiguous", dtype, device, gen)
+        fused_matmul(short, b, bias, ACTIVATIONS["gelu"], True)
+        assert not planned(short, b, bias, ACTIVATIONS["gelu"], True).act_pass  # under the rows
 
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])

@@ -33,9 +33,18 @@ DZ_BLOCK_M = 8
 DZ_BLOCK_N = 512
 DZ_NUM_WARPS = 4
 DZ_PROGRAMS = 1024  # ~8 per SM on an H100
-# Rows one column_sum_kernel program adds up: an 8192-row dZ gets 16 row-splits, enough programs
-# to fill the GPU, while the second pass over the fp32 partial sums stays negligible.
-COLUMN_SUM_ROWS = 512
+# column_sum_kernel's block (64 columns: 128-byte rows of 16-bit x) and how many programs the
+# first pass aims at, by the rows each adds up (a multiple of SUM_BLOCK_M): about 8 an SM on an
+# H100, each with its loads in flight. A fixed 512 rows a program left 2048x4096 (the mlp's db
+# at 2048 tokens) 256 programs: 11.5 us alone and 18 in the block, against 9.8 and 9.9 now
+# (docs/kernels/matmul.md, "The activation pass"). Up to SUM_ONE_PASS_M rows one pass does it
+# (a second launch cost more than it saved at 128 rows); past SUM_MAX_SPLITS row-splits the
+# rows a program grow instead (narrow x, where the second pass is one program).
+SUM_BLOCK_M = 64
+SUM_BLOCK_N = 64
+SUM_PROGRAMS = 1024
+SUM_ONE_PASS_M = 512
+SUM_MAX_SPLITS = 256
 
 
 @triton.jit
@@ -187,17 +196,26 @@ def activation_backward(dy, z, act_id, need_db, launch):
     return dz, db
 
 
+def sum_rows(M: int, N: int) -> int:
+    """Rows per column_sum_kernel program in the first pass: all of them up to SUM_ONE_PASS_M,
+    else a multiple of SUM_BLOCK_M that keeps the program count near SUM_PROGRAMS."""
+    if M <= SUM_ONE_PASS_M:
+        return max(M, 1)
+    blocks = cdiv(M, SUM_BLOCK_M) * cdiv(N, SUM_BLOCK_N)
+    return SUM_BLOCK_M * max(1, blocks // SUM_PROGRAMS, cdiv(cdiv(M, SUM_BLOCK_M), SUM_MAX_SPLITS))
+
+
 def _launch_column_sum(x, out, rows_per_program, launch):
     """Column sums of each rows_per_program rows of x (M, N): out is (N,) or (splits, N)."""
     M, N = x.shape
 
     def make():
-        grid = lambda META: (cdiv(N, META["BLOCK_N"]), max(1, cdiv(M, rows_per_program)))
+        grid = (cdiv(N, SUM_BLOCK_N), max(1, cdiv(M, rows_per_program)))
         return Step(
             launch(column_sum_kernel), grid,
             (M, N, rows_per_program, x.stride(0), x.stride(1),
              out.stride(0) if out.dim() == 2 else 0),
-            dict(BLOCK_M=64, BLOCK_N=64),
+            dict(BLOCK_M=SUM_BLOCK_M, BLOCK_N=SUM_BLOCK_N),
         )  # fmt: skip
 
     def key():
@@ -208,16 +226,18 @@ def _launch_column_sum(x, out, rows_per_program, launch):
 
 
 def column_sum(x, launch):
-    """x's column sums (N,) in x's dtype, accumulated in fp32 (two passes past COLUMN_SUM_ROWS)."""
+    """x's column sums (N,) in x's dtype, accumulated in fp32 (a second pass over the row-splits'
+    partial sums where sum_rows splits the rows)."""
     M, N = x.shape
     out = torch.empty((N,), device=x.device, dtype=x.dtype)
     if N == 0:
         return out
-    splits = cdiv(M, COLUMN_SUM_ROWS)
+    rows = sum_rows(M, N)
+    splits = cdiv(M, rows)
     if splits <= 1:
-        _launch_column_sum(x, out, COLUMN_SUM_ROWS, launch)
+        _launch_column_sum(x, out, rows, launch)
         return out
     partial = torch.empty((splits, N), device=x.device, dtype=torch.float32)
-    _launch_column_sum(x, partial, COLUMN_SUM_ROWS, launch)
+    _launch_column_sum(x, partial, rows, launch)
     _launch_column_sum(partial, out, splits, launch)
     return out

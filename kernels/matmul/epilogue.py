@@ -14,6 +14,9 @@ Functions:
         -> (z, act(z)) for a whole tile.
     store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_ptr, preact_ptr, STORE_PREACT)
         Pointer stores of C (and Z) for a row-major output, masked at the edges.
+    activation_pass_kernel[grid](z_ptr, y_ptr, n, ACTIVATION, BLOCK)
+        y = act(z) over n contiguous elements: the activation as a pass of its own, after a
+        GEMM that stored only z (dispatch.ACTIVATION_PASS says when).
 """
 
 import triton
@@ -100,3 +103,12 @@ def store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_ptr, preact_ptr,
     if STORE_PREACT:
         tl.store(preact_ptr + c_offsets, z.to(preact_ptr.dtype.element_ty), mask=c_mask)
     tl.store(c_ptr + c_offsets, y.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def activation_pass_kernel(z_ptr, y_ptr, n, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
+    """y = act(z) for n contiguous elements, in fp32, rounded once at the store."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    z = tl.load(z_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(y_ptr + offs, apply_activation(z, ACTIVATION).to(y_ptr.dtype.element_ty), mask=mask)
