@@ -51,6 +51,18 @@ def test_every_current_folder_has_a_readme():
     assert missing == []
 
 
+def test_current_readme_lists_every_records_folder_once():
+    """results/current/README.md's table has one row per records folder, `<gpu>/<name>` in its
+    folder column, and no row for a folder that is gone."""
+    listed = []
+    for line in (CURRENT / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 2 and cells[1].startswith("`"):
+            listed.append(cells[1].strip("`"))
+    folders = [f"{p.parent.name}/{p.name}" for p in _record_folders()]
+    assert sorted(listed) == sorted(folders)
+
+
 def test_each_gpu_has_every_kernel():
     for gpu in GPUS:
         names = {p.name for p in (CURRENT / gpu).iterdir() if p.is_dir()}
