@@ -75,6 +75,9 @@ def _cases():
                                           rand(24, 40, dtype=torch.bfloat16)),
         "batched-matmul": lambda: ops.matmul(rand(3, 17, 24), rand(3, 24, 9)),
         "linear": lambda: ops.linear(rand(5, 24), rand(40, 24), rand(40), "gelu"),
+        # past ACTIVATION_PASS_MIN_M rows, training: the GEMM stores z, a pass applies gelu
+        "linear-activation-pass": lambda: ops.linear(rand(1030, 24), rand(40, 24), rand(40),
+                                                     "gelu"),
         "softmax": lambda: ops.softmax(rand(6, 100), -1),
         "softmax-long-rows": lambda: ops.softmax(rand(2, 70000), -1),
         "conv-1x1": lambda: ops.conv2d(x4, w1, None, [1, 1], [0, 0], [1, 1], 1),
