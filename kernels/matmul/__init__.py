@@ -10,7 +10,8 @@ Modules:
     tma.py       the Hopper kernels: TMA descriptors, persistent grouped tiles, wgmma
     pointer.py   the pointer-load kernel for every other case, and its autotuning configs
     splitk.py    split-K for skinny shapes on the pointer path: slice count, reduce kernel
-    epilogue.py  @triton.jit helpers shared by every GEMM: activation, tile order, epilogue
+    epilogue.py  @triton.jit helpers shared by every GEMM: activation, tile order, epilogue;
+                 the activation as a pass of its own (training GEMMs that keep z)
 Measurements and history: docs/kernels/matmul.md.
 """
 

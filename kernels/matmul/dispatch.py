@@ -42,6 +42,9 @@ Functions:
     fused_matmul(a, b, bias=None, act_id=0, save_preact=False, *, launch=direct) -> (c, z | None)
         c = act(a @ b + bias) and, when save_preact, the pre-activation z (linear's backward
         needs it); no input checks. Used by matmul, kernels.linear and kernels.conv.
+    activation_pass(M, act_id, save_preact, split_k) -> bool
+        Whether the GEMM stores z alone and act(z) runs as a pass of its own (training calls
+        of at least ACTIVATION_PASS_MIN_M rows with an activation other than relu).
     matmul_impl(a, b, *, launch=direct) -> c
         Checks the inputs, then fused_matmul; what kernels/ops.py's custom op calls.
     batched_plan(a, b) -> Plan(kernel, 1, tile)
