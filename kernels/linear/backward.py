@@ -138,10 +138,16 @@ def column_sum_kernel(
     tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
+def _rows_for(M: int, N: int, block_m: int, block_n: int, programs: int) -> int:
+    """Rows a program of (block_m, block_n) blocks covers so an (M, N) matrix makes about
+    `programs` programs: a multiple of block_m, at least one block."""
+    blocks = cdiv(M, block_m) * cdiv(N, block_n)
+    return block_m * max(1, blocks // programs)
+
+
 def dz_rows(M: int, N: int) -> int:
     """Rows per activation_backward_kernel program: a multiple of DZ_BLOCK_M."""
-    blocks = cdiv(M, DZ_BLOCK_M) * cdiv(N, DZ_BLOCK_N)
-    return DZ_BLOCK_M * max(1, blocks // DZ_PROGRAMS)
+    return _rows_for(M, N, DZ_BLOCK_M, DZ_BLOCK_N, DZ_PROGRAMS)
 
 
 # Direct launches' Steps by (kernel, shapes, strides, dtype, device, alignments, flags): the
@@ -201,8 +207,8 @@ def sum_rows(M: int, N: int) -> int:
     else a multiple of SUM_BLOCK_M that keeps the program count near SUM_PROGRAMS."""
     if M <= SUM_ONE_PASS_M:
         return max(M, 1)
-    blocks = cdiv(M, SUM_BLOCK_M) * cdiv(N, SUM_BLOCK_N)
-    return SUM_BLOCK_M * max(1, blocks // SUM_PROGRAMS, cdiv(cdiv(M, SUM_BLOCK_M), SUM_MAX_SPLITS))
+    narrow = SUM_BLOCK_M * cdiv(cdiv(M, SUM_BLOCK_M), SUM_MAX_SPLITS)  # at most SUM_MAX_SPLITS
+    return max(_rows_for(M, N, SUM_BLOCK_M, SUM_BLOCK_N, SUM_PROGRAMS), narrow)
 
 
 def _launch_column_sum(x, out, rows_per_program, launch):

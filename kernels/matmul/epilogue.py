@@ -16,7 +16,7 @@ Functions:
         Pointer stores of C (and Z) for a row-major output, masked at the edges.
     activation_pass_kernel[grid](z_ptr, y_ptr, n, ACTIVATION, BLOCK)
         y = act(z) over n contiguous elements: the activation as a pass of its own, after a
-        GEMM that stored only z (dispatch.ACTIVATION_PASS says when).
+        GEMM that stored only z (dispatch.activation_pass says when).
 """
 
 import triton
