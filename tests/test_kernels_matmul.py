@@ -169,9 +169,7 @@ def test_activation_pass(gpu, dtype_name, monkeypatch, device):
     a = random_matrix(65, 200, "transposed", dtype, device, gen)
     b = random_matrix(200, 24, "contiguous", dtype, device, gen)
     bias = torch.randn(24, generator=gen).to(device=device, dtype=dtype)
-    with contextlib.ExitStack() as stack:
-        if gpu is not None:
-            stack.enter_context(pretend_gpu(gpu, 132))
+    with pretend_gpu(gpu, 132) if gpu else contextlib.nullcontext():
         for act in ACT_NAMES:
             ref_c, ref_z = fused_reference(a, b, bias, act)
             for save in (True, False):
