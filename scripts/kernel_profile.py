@@ -21,12 +21,11 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 from experiments import registry  # noqa: E402
 from experiments.host_path import make_call  # noqa: E402
-from experiments.paired import implementations  # noqa: E402
+from experiments.paired import COMPILE_MODES, implementations  # noqa: E402
 from experiments.resources import DTYPES, load_kernel_cfg  # noqa: E402
 from experiments.workloads import make_workload, resolve_shapes  # noqa: E402
 
-BUILT = ("triton", "triton-compiled", "default", "reduce-overhead", "max-autotune",
-         "max-autotune-no-cudagraphs")  # fmt: skip
+BUILT = ("triton", "triton-compiled", *COMPILE_MODES)
 
 
 def per_launch(events, steps: int) -> list[tuple[str, float]]:
