@@ -15,7 +15,7 @@ Blocks:
     mlp         linear+bias+gelu (d -> ffn), linear+bias (ffn -> d): Llama-3-8B, fwd and fwd_bwd
     attention   softmax((q @ k^T) * scale) @ v, written out (no SDPA call): fwd and fwd_bwd
     bottleneck  ResNet-50 bottleneck, channels-last: conv1x1+relu, conv3x3+relu, conv1x1, + x,
-                relu; fwd (conv's backward is not written yet)
+                relu; fwd and fwd_bwd (the shortcut's gradient is the last conv's dZ)
 """
 
 import math

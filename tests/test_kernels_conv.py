@@ -636,18 +636,39 @@ def test_residual_matches_float64(case, activation, dtype):
     assert relative_error(y, ref) < budget(dt)
 
 
-def test_residual_trains():
-    """With inputs that need gradients the conv trains through autograd and torch adds the
-    residual: dX, dW, db and the residual's gradient match float64."""
-    x, w, b, stride, padding, res = _residual_inputs("1x1 nhwc (fused)", torch.float32, 4)
-    leaves = [t.clone().requires_grad_() for t in (x, w, b, res)]
-    y = conv2d(*leaves[:3], stride, padding, activation="relu", residual=leaves[3])
-    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    y.backward(dy)
-    ref_leaves = [t.double().requires_grad_() for t in (x, w, b, res)]
-    F.relu(F.conv2d(*ref_leaves[:3], stride, padding) + ref_leaves[3]).backward(dy.double())
-    for got, want in zip(leaves, ref_leaves, strict=True):
-        assert relative_error(got.grad, want.grad) < budget(torch.float32)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("case", ["1x1 nhwc (fused)", "3x3 nhwc", "1x1 nchw"])
+def test_residual_trains(case, activation):
+    """With inputs that need gradients the sum and the activation stay in the conv's autograd
+    Function (no add or activation node of torch's): dX, dW, db and the residual's gradient
+    match float64, at the first step and at the second (the key's planned backward), also
+    where the residual is the conv's own input (a shortcut: autograd sums its two gradients)."""
+    x, w, b, stride, padding, res = _residual_inputs(case, torch.float32, 4)
+    dispatch._TRAINING.clear()
+    for step in range(2):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b, res)]
+        y = conv2d(*leaves[:3], stride, padding, activation=activation, residual=leaves[3])
+        assert "Conv2dFunction" in type(y.grad_fn).__name__, type(y.grad_fn).__name__
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5 + step)).to(DEVICE)
+        y.backward(dy)
+        ref_leaves = [t.double().requires_grad_() for t in (x, w, b, res)]
+        ref = F.conv2d(*ref_leaves[:3], stride, padding) + ref_leaves[3]
+        REFERENCE_ACTIVATIONS[activation](ref).backward(dy.double())
+        for got, want in zip(leaves, ref_leaves, strict=True):
+            assert relative_error(got.grad, want.grad) < budget(torch.float32), (case, step)
+    # the shortcut: residual=x, a square 1x1 conv, and an unbatched one
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 24, 5, 6, generator=g).to(DEVICE)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = (torch.randn(24, 24, 1, 1, generator=g) / 24**0.5).to(DEVICE)
+    w = w.contiguous(memory_format=torch.channels_last)
+    for xs in (x, x[0]):
+        leaf, wl = xs.clone().requires_grad_(), w.clone().requires_grad_()
+        conv2d(leaf, wl, activation=activation, residual=leaf).sum().backward()
+        rl, rw = xs.double().requires_grad_(), w.double().requires_grad_()
+        REFERENCE_ACTIVATIONS[activation](F.conv2d(rl, rw) + rl).sum().backward()
+        assert relative_error(leaf.grad, rl.grad) < budget(torch.float32)
+        assert relative_error(wl.grad, rw.grad) < budget(torch.float32)
 
 
 def test_residual_bad_input_is_refused(monkeypatch):

@@ -454,12 +454,13 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
     dX comes back in x's layout, dW channels_last (its (K, R·S·C) matrix), db in dy's dtype.
     """
     return _backward(dy, x, weight, saved, act_id, stride, padding, dilation,
-                     (need_dx, need_dw, need_db), launch, groups)[0]  # fmt: skip
+                     (need_dx, need_dw, need_db), launch, groups)[0][:3]  # fmt: skip
 
 
 def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, launch, groups):
-    """conv2d_backward's (dX, dW, db), and for a groups = 1 direct call whose launches all
-    planned, the Backward plan that repeats it with no key (else None)."""
+    """conv2d_backward's (dX, dW, db) and dZ = dY·act'(Z) (a residual's gradient), and for a
+    groups = 1 direct call whose launches all planned, the Backward plan that repeats it with
+    no key (else None)."""
     need_dx, need_dw, need_db = needs
     nhwc_dy = as_matrix(dy)
     dz, db = _dz(dy if nhwc_dy else _nhwc(dy), saved, act_id, need_db, launch)
@@ -471,7 +472,7 @@ def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, la
         if need_dw:
             dw = depthwise_wgrad(dz, x, weight.shape[2:], stride, padding, dilation,
                                  launch=launch)  # fmt: skip
-        return (dx, dw, db), None
+        return (dx, dw, db, dz), None
     K, C, R, S = weight.shape
     unit = (R, S) == (1, 1) and stride == (1, 1) and padding == (0, 0)
     gemm_dx = unit and _channels_last_output(x)
@@ -497,7 +498,7 @@ def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, la
         plan = Backward(dy.stride(), nhwc_dy, needs, act_id, gemm_dx, overlap, made.get("dgrad"),
                         made.get("wgrad"), None if dx is None or gemm_dx else _layout(dx),
                         None if dw is None else _layout(dw))  # fmt: skip
-    return (dx, dw, db), plan
+    return (dx, dw, db, dz), plan
 
 
 def _layout(t: torch.Tensor) -> tuple:
@@ -538,17 +539,22 @@ class Backward(NamedTuple):
             lambda: dz.new_empty_strided(*self.dx_layout),
             lambda: dz.new_empty_strided(*self.dw_layout), direct,
         )  # fmt: skip
-        return dx, dw, db
+        return dx, dw, db, dz
+
+
+def _upcast(backward, dy, x, weight, saved, *args, **kwargs):
+    """backward's gradients; in the CPU interpreter, bf16 operands run as fp32 copies (its tl.dot
+    multiplies bf16 as raw bits, as dispatch.conv2d_forward notes) and the results round once."""
+    if not (is_interpreter() and dy.dtype == torch.bfloat16):
+        return backward(dy, x, weight, saved, *args, **kwargs)
+    up = [None if t is None else t.float() for t in (dy, x, weight, saved)]
+    grads = backward(*up, *args, **kwargs)
+    return tuple(None if g is None else g.to(torch.bfloat16) for g in grads)
 
 
 def conv2d_backward_upcast(dy, x, weight, saved, *args, launch=direct, groups=1):
-    """conv2d_backward; in the CPU interpreter, bf16 operands run as fp32 copies (its tl.dot
-    multiplies bf16 as raw bits, as dispatch.conv2d_forward notes) and the results round once."""
-    if not (is_interpreter() and dy.dtype == torch.bfloat16):
-        return conv2d_backward(dy, x, weight, saved, *args, launch=launch, groups=groups)
-    up = [None if t is None else t.float() for t in (dy, x, weight, saved)]
-    grads = conv2d_backward(*up, *args, launch=launch, groups=groups)
-    return tuple(None if g is None else g.to(torch.bfloat16) for g in grads)
+    """conv2d_backward, bf16 upcast in the CPU interpreter (_upcast)."""
+    return _upcast(conv2d_backward, dy, x, weight, saved, *args, launch=launch, groups=groups)
 
 
 def save_mode(act_id: int) -> str:
@@ -578,23 +584,26 @@ class Training:
         self.keep = save_mode(self.act_id)
         self.backward = None
 
-    def forward(self, x, weight, bias, activation):
+    def forward(self, x, weight, bias, activation, residual):
         # the call's own activation on the call's own tensors: the forward's plan is the key's
         key = self.key if activation == self.activation else None
-        return conv2d_forward(x, weight, bias, *self.args, activation, self.groups, key=key)
+        return conv2d_forward(x, weight, bias, *self.args, activation, self.groups, key=key,
+                              residual=residual)  # fmt: skip
 
 
 class Conv2dFunction(torch.autograd.Function):
-    """Autograd for a 4-D x; kernels.conv2d only routes here when some input needs a gradient,
-    with the call key's Training entry."""
+    """Autograd for a 4-D x, y = act(conv2d(x, weight) + bias + residual); kernels.conv2d only
+    routes here when some input needs a gradient, with the call key's Training entry. The
+    residual's gradient is dZ, which the conv's backward computes anyway: a ResNet block's
+    shortcut and last activation cost no autograd node and no launch of their own."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, entry: Training):
+    def forward(ctx, x, weight, bias, residual, entry: Training):
         if entry.keep == "preact":
-            z = entry.forward(x, weight, bias, None)
+            z = entry.forward(x, weight, bias, None, residual)
             y = TORCH_ACTIVATIONS[entry.activation](z)
         else:
-            y = z = entry.forward(x, weight, bias, entry.activation)
+            y = z = entry.forward(x, weight, bias, entry.activation, residual)
         need_dw = ctx.needs_input_grad[1]
         # Keep only what the requested gradients read: dX needs W, dW needs X.
         ctx.save_for_backward(x if need_dw else None, weight, z if entry.keep != "none" else None)
@@ -609,16 +618,22 @@ class Conv2dFunction(torch.autograd.Function):
         entry, needs = ctx.entry, ctx.needs_input_grad[:3]
         planned = entry.backward
         if planned is not None and planned.fits(dy, needs):
-            return (*planned(dy, x, weight, saved), None)
+            dx, dw, db, dz = planned(dy, x, weight, saved)
+            return dx, dw, db, dz if ctx.needs_input_grad[3] else None, None
         if x is None:  # dX alone: only the shape and layout of x matter
             shape, strides, dtype, device = ctx.x_meta
             x = torch.empty_strided(shape, strides, dtype=dtype, device=device)
         if is_interpreter() and dy.dtype == torch.bfloat16:
-            grads = conv2d_backward_upcast(dy, x, weight, saved, entry.act_id, *entry.pairs,
-                                           *needs, groups=entry.groups)  # fmt: skip
+            dx, dw, db, dz = _upcast(_grads, dy, x, weight, saved, entry, needs)
         else:
-            grads, plan = _backward(dy, x, weight, saved, entry.act_id, *entry.pairs, needs,
-                                    direct, entry.groups)  # fmt: skip
+            (dx, dw, db, dz), plan = _backward(dy, x, weight, saved, entry.act_id, *entry.pairs,
+                                               needs, direct, entry.groups)  # fmt: skip
             if plan is not None and entry.key is not None:
                 entry.backward = plan
-        return (*grads, None)
+        return dx, dw, db, dz if ctx.needs_input_grad[3] else None, None
+
+
+def _grads(dy, x, weight, saved, entry: Training, needs) -> tuple:
+    """(dX, dW, db, dZ) of a training entry's call, unplanned."""
+    return _backward(dy, x, weight, saved, entry.act_id, *entry.pairs, needs, direct,
+                     entry.groups)[0]  # fmt: skip

@@ -441,8 +441,10 @@ def conv2d(
     residual: a tensor of the output's shape, dtype and device, added before the activation
     (a ResNet block's act(conv(x) + b + shortcut)). Fused into the epilogue of the 1x1 GEMM
     (a 1x1, stride-1, unpadded conv between NHWC tensors, direct call, no gradient needed, the
-    residual in the output's layout); every other call adds it in torch after the conv, which
-    gives the same values and, where an input needs one, the gradients through torch's ops.
+    residual in the output's layout, no upcast) whether or not a gradient is needed; every other
+    call adds it after the conv, in the same values. Where an input needs a gradient the sum and
+    the activation stay inside the conv's autograd Function, whose backward hands the residual
+    dZ = dY·act'(Z), the tensor the conv's own backward starts from.
 
     groups: any int dividing C and K, with weight (K, C / groups, R, S): 1; grouped (grouped.py:
     an implicit GEMM with the groups on the grid); depthwise (groups = C, K a multiple of C: a
@@ -515,29 +517,27 @@ def check_trainable(groups: int, channels: int | None) -> None:
 def _trainable(x, weight, bias, stride, padding, dilation, activation, groups, residual=None):
     """conv2d through backward.Conv2dFunction, after the forward's own checks (once per call
     key: the key's backward.Training entry, kept in _TRAINING). A residual is checked against
-    the entry's output size before any work, then added by torch's ops after the conv, and
-    the activation after it."""
+    the entry's output size before any work; the Function adds it (in the 1x1 GEMM's epilogue
+    where conv2d_forward fuses it) and takes its gradient."""
     from kernels.conv.backward import Conv2dFunction, Training
 
-    conv_act = activation if residual is None else None
     try:
-        key = _plan_key(x, weight, bias, stride, padding, dilation, conv_act, groups)
+        key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups, residual)
     except (AttributeError, TypeError):
         key = None  # the checks below say what is wrong, or the call goes unplanned
     entry = None if key is None else _TRAINING.get(key)
     if entry is None:
         stride_hw, padding_hw, dilation_hw, pq, _ = _check(
-            x, weight, bias, stride, padding, dilation, conv_act, groups
+            x, weight, bias, stride, padding, dilation, activation, groups
         )
         check_trainable(groups, x.shape[-3])
+        if residual is not None:
+            check_residual(residual, x, weight.shape[0], pq)
         entry = Training(None if x.dim() == 3 else key, (stride, padding, dilation),
-                         (stride_hw, padding_hw, dilation_hw), pq, conv_act, groups)  # fmt: skip
+                         (stride_hw, padding_hw, dilation_hw), pq, activation, groups)  # fmt: skip
         if key is not None:
             _TRAINING.put(key, entry)
-    if residual is not None:
-        check_residual(residual, x, weight.shape[0], entry.pq)
     if x.dim() == 3:
-        y = Conv2dFunction.apply(x.unsqueeze(0), weight, bias, entry).squeeze(0)
-    else:
-        y = Conv2dFunction.apply(x, weight, bias, entry)
-    return y if residual is None else add_residual(y, residual, activation)
+        r = None if residual is None else residual.unsqueeze(0)
+        return Conv2dFunction.apply(x.unsqueeze(0), weight, bias, r, entry).squeeze(0)
+    return Conv2dFunction.apply(x, weight, bias, residual, entry)
