@@ -235,16 +235,20 @@ def test_llm_shapes_on_gpu(x_shape, out_features, activation, dtype_name):
     check_backward(x, weight, bias, activation, dtype_name)
 
 
-@pytest.mark.parametrize("programs", [1024, 3])  # single blocks; row loops with several splits
+# (DZ_PROGRAMS, DB_MAX_SPLITS): single blocks; row loops with several splits; row loops to keep
+# the row-splits at most 2
+@pytest.mark.parametrize("programs, max_splits", [(1024, 512), (3, 512), (1024, 2)])
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu"])
-@pytest.mark.parametrize("M, N", [(1, 1), (97, 300), (130, 7), (33, 513)])
-def test_activation_backward_dz_db(M, N, activation, programs, monkeypatch, device):
+@pytest.mark.parametrize("M, N", [(1, 1), (97, 300), (130, 7), (33, 513), (300, 64)])
+def test_activation_backward_dz_db(M, N, activation, programs, max_splits, monkeypatch, device):
     """dZ = dY * act'(Z) and db = column sums of dZ (as stored) against float64, on odd shapes,
     with one block per program and with several blocks per program and row-splits (the fp32
-    partial rows then summed by column_sum_kernel); the same inputs give the same db bits."""
+    partial rows then summed by partial_sum), narrow blocks for narrow N; the same inputs give
+    the same db bits."""
     import torch.nn.functional as F
 
     monkeypatch.setattr(backward, "DZ_PROGRAMS", programs)
+    monkeypatch.setattr(backward, "DB_MAX_SPLITS", max_splits)
     gen = torch.Generator().manual_seed(12)
     dtype = torch.bfloat16
     z = torch.randn(M, N, generator=gen).to(device=device, dtype=dtype)
@@ -263,12 +267,26 @@ def test_activation_backward_dz_db(M, N, activation, programs, monkeypatch, devi
 
 
 def test_dz_rows():
-    """Rows per dZ + db program: whole DZ_BLOCK_M blocks, one block a program up to DZ_PROGRAMS
-    blocks, then as many blocks a program as keep the program count near DZ_PROGRAMS."""
-    rows_per_block = backward.DZ_BLOCK_M
-    assert backward.dz_rows(7, 300) == rows_per_block
-    for M, N in [(2048, 4096), (16384, 4096), (100000, 700)]:
+    """Rows per dZ + db program: whole blocks of dz_block's rows, one block a program up to
+    DZ_PROGRAMS blocks, then as many blocks a program as keep the program count near
+    DZ_PROGRAMS; with db, at most DB_MAX_SPLITS row-splits, which partial_sum's one block
+    covers. The block keeps DZ_BLOCK elements, narrowed to N's power of two (a conv's 64
+    channels), never below 16 columns."""
+    assert backward.dz_block(4096) == (backward.DZ_BLOCK // 512, 512)
+    assert backward.dz_block(64) == (backward.DZ_BLOCK // 64, 64)
+    assert backward.dz_block(7) == (backward.DZ_BLOCK // 16, 16)
+    assert backward.dz_rows(7, 300) == backward.dz_block(300)[0]
+    assert backward.DB_MAX_SPLITS <= backward.PARTIAL_BLOCK_M
+    assert backward.SUM_MAX_SPLITS <= backward.PARTIAL_BLOCK_M
+    for M, N in [(2048, 4096), (16384, 4096), (100000, 700), (100352, 64), (6272, 256)]:
+        block_m, block_n = backward.dz_block(N)
         rows = backward.dz_rows(M, N)
-        programs = -(-M // rows) * -(-N // backward.DZ_BLOCK_N)
-        assert rows % rows_per_block == 0
-        assert backward.DZ_PROGRAMS // 2 <= programs <= 2 * backward.DZ_PROGRAMS
+        programs = -(-M // rows) * -(-N // block_n)
+        assert rows % block_m == 0
+        if -(-M // block_m) * -(-N // block_n) <= backward.DZ_PROGRAMS:
+            assert rows == block_m
+        else:
+            assert backward.DZ_PROGRAMS // 2 <= programs <= 2 * backward.DZ_PROGRAMS
+        rows_db = backward.dz_rows(M, N, need_db=True)
+        assert rows_db % block_m == 0 and rows_db >= rows
+        assert -(-M // rows_db) <= backward.DB_MAX_SPLITS

@@ -25,14 +25,26 @@ from kernels.matmul import GELU, GELU_TANH, GELU_TANH_CUBIC, RELU, SILU, SQRT_2_
 
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1/sqrt(2·pi), the normal density's scale
 
-# activation_backward_kernel's blocks: DZ_BLOCK_M x DZ_BLOCK_N (16-byte vector loads along N),
+# activation_backward_kernel's blocks: DZ_BLOCK elements, DZ_BLOCK_N columns (16-byte vector
+# loads along N) or N's power of two where narrower, by DZ_BLOCK / that many rows (dz_block);
 # DZ_NUM_WARPS warps; each program covers as few rows as keep the program count near
-# DZ_PROGRAMS (a 2-D grid of single blocks up to that size). Evidence: docs/kernels/matmul.md,
-# "Shipped design".
-DZ_BLOCK_M = 8
+# DZ_PROGRAMS (a 2-D grid of single blocks up to that size), and with db at most DB_MAX_SPLITS
+# row-splits, so partial_sum's one pass over them is a single block. A fixed 8 x 512 block
+# left a conv's 64-channel dZ 7/8 masked lanes: 29.7 us where Inductor took 9.2, and 1046
+# row-splits, whose second pass, one 64-column program stepping through them, took 26 us more
+# (H100, the 32x256x56x56 bottleneck; docs/kernels/conv.md, "Backward (training)"). Evidence
+# for the wide block: docs/kernels/matmul.md, "Shipped design".
+DZ_BLOCK = 4096
 DZ_BLOCK_N = 512
 DZ_NUM_WARPS = 4
 DZ_PROGRAMS = 1024  # ~8 per SM on an H100
+DB_MAX_SPLITS = 512
+# partial_sum's block: the fp32 row-split sums of a first pass (at most PARTIAL_BLOCK_M rows:
+# DB_MAX_SPLITS, SUM_MAX_SPLITS) in one step of a tall, narrow block, so the programs along N
+# wait on one load each, not on one per 64 rows
+PARTIAL_BLOCK_M = 512
+PARTIAL_BLOCK_N = 16
+PARTIAL_NUM_WARPS = 8
 # column_sum_kernel's block (64 columns: 128-byte rows of 16-bit x) and how many programs the
 # first pass aims at, by the rows each adds up (a multiple of SUM_BLOCK_M): about 8 an SM on an
 # H100, each with its loads in flight. A fixed 512 rows a program left 2048x4096 (the mlp's db
@@ -145,9 +157,21 @@ def _rows_for(M: int, N: int, block_m: int, block_n: int, programs: int) -> int:
     return block_m * max(1, blocks // programs)
 
 
-def dz_rows(M: int, N: int) -> int:
-    """Rows per activation_backward_kernel program: a multiple of DZ_BLOCK_M."""
-    return _rows_for(M, N, DZ_BLOCK_M, DZ_BLOCK_N, DZ_PROGRAMS)
+def dz_block(N: int) -> tuple[int, int]:
+    """activation_backward_kernel's (BLOCK_M, BLOCK_N) for N columns: DZ_BLOCK elements, at most
+    DZ_BLOCK_N wide, no wider than N's power of two (at least 16: one 32-byte sector of bf16)."""
+    block_n = min(DZ_BLOCK_N, max(16, triton.next_power_of_2(N)))
+    return DZ_BLOCK // block_n, block_n
+
+
+def dz_rows(M: int, N: int, need_db: bool = False) -> int:
+    """Rows per activation_backward_kernel program: a multiple of dz_block's BLOCK_M, enough for
+    at most DB_MAX_SPLITS row-splits where db's partial sums are taken."""
+    block_m, block_n = dz_block(N)
+    rows = _rows_for(M, N, block_m, block_n, DZ_PROGRAMS)
+    if need_db:
+        rows = max(rows, block_m * cdiv(cdiv(M, block_m), DB_MAX_SPLITS))
+    return rows
 
 
 # Direct launches' Steps by (kernel, shapes, strides, dtype, device, alignments, flags): the
@@ -176,20 +200,21 @@ def activation_backward(dy, z, act_id, need_db, launch):
         if db is not None:
             db.zero_()
         return dz, db
-    rows = dz_rows(M, N)
+    rows = dz_rows(M, N, need_db)
     splits = cdiv(M, rows)
     partial = None
     if need_db:
         partial = db if splits == 1 else dy.new_empty((splits, N), dtype=torch.float32)
+    block_m, block_n = dz_block(N)
 
     def make():
         return Step(
-            launch(activation_backward_kernel), (cdiv(N, DZ_BLOCK_N), splits),
+            launch(activation_backward_kernel), (cdiv(N, block_n), splits),
             (M, N, rows,
              dy.stride(0), dy.stride(1), z.stride(0), z.stride(1), dz.stride(0), dz.stride(1),
              partial.stride(0) if partial is not None and partial.dim() == 2 else 0),
-            dict(ACTIVATION=act_id, COLUMN_SUMS=need_db, BLOCK_M=DZ_BLOCK_M,
-                 BLOCK_N=DZ_BLOCK_N, num_warps=DZ_NUM_WARPS),
+            dict(ACTIVATION=act_id, COLUMN_SUMS=need_db, BLOCK_M=block_m, BLOCK_N=block_n,
+                 num_warps=DZ_NUM_WARPS),
         )  # fmt: skip
 
     def key():
@@ -198,7 +223,7 @@ def activation_backward(dy, z, act_id, need_db, launch):
 
     _planned(launch, key, make)(dy, z, dz, partial)
     if need_db and splits > 1:
-        _launch_column_sum(partial, db, splits, launch)
+        partial_sum(partial, db, launch)
     return dz, db
 
 
@@ -211,24 +236,34 @@ def sum_rows(M: int, N: int) -> int:
     return max(_rows_for(M, N, SUM_BLOCK_M, SUM_BLOCK_N, SUM_PROGRAMS), narrow)
 
 
-def _launch_column_sum(x, out, rows_per_program, launch):
-    """Column sums of each rows_per_program rows of x (M, N): out is (N,) or (splits, N)."""
+def _launch_column_sum(x, out, rows_per_program, launch,
+                       blocks=(SUM_BLOCK_M, SUM_BLOCK_N, 4)):  # fmt: skip
+    """Column sums of each rows_per_program rows of x (M, N): out is (N,) or (splits, N).
+    blocks: the kernel's (BLOCK_M, BLOCK_N, num_warps)."""
     M, N = x.shape
+    block_m, block_n, warps = blocks
 
     def make():
-        grid = (cdiv(N, SUM_BLOCK_N), max(1, cdiv(M, rows_per_program)))
+        grid = (cdiv(N, block_n), max(1, cdiv(M, rows_per_program)))
         return Step(
             launch(column_sum_kernel), grid,
             (M, N, rows_per_program, x.stride(0), x.stride(1),
              out.stride(0) if out.dim() == 2 else 0),
-            dict(BLOCK_M=SUM_BLOCK_M, BLOCK_N=SUM_BLOCK_N),
+            dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps),
         )  # fmt: skip
 
     def key():
         return ("sum", x.shape, x.stride(), x.dtype, out.shape, out.dtype, x.device,
-                x.data_ptr() % 16, rows_per_program)  # fmt: skip
+                x.data_ptr() % 16, rows_per_program, blocks)  # fmt: skip
 
     _planned(launch, key, make)(x, out)
+
+
+def partial_sum(partial, out, launch):
+    """out (N,) = the column sums of a first pass's fp32 row-split sums (splits, N), in one
+    launch of tall, narrow blocks (PARTIAL_BLOCK_M x PARTIAL_BLOCK_N)."""
+    blocks = (PARTIAL_BLOCK_M, PARTIAL_BLOCK_N, PARTIAL_NUM_WARPS)
+    _launch_column_sum(partial, out, partial.shape[0], launch, blocks)
 
 
 def column_sum(x, launch):
@@ -245,5 +280,5 @@ def column_sum(x, launch):
         return out
     partial = torch.empty((splits, N), device=x.device, dtype=torch.float32)
     _launch_column_sum(x, partial, rows, launch)
-    _launch_column_sum(partial, out, splits, launch)
+    partial_sum(partial, out, launch)
     return out
