@@ -290,3 +290,30 @@ def test_dz_rows():
         rows_db = backward.dz_rows(M, N, need_db=True)
         assert rows_db % block_m == 0 and rows_db >= rows
         assert -(-M // rows_db) <= backward.DB_MAX_SPLITS
+
+
+@pytest.mark.parametrize("M, N, need_db", [(300, 64, True), (97, 300, False), (5, 7, True)])
+def test_dz_plan_repeats_activation_backward(M, N, need_db, monkeypatch, device):
+    """The DzPlan a keyed call returns gives that call's bits on new tensors with no key (row
+    splits and the partial sum included), and tensors in other strides go through the keyed
+    path instead of the plan's launches."""
+    monkeypatch.setattr(backward, "DZ_PROGRAMS", 3)
+    gen = torch.Generator().manual_seed(21)
+    relu = ACTIVATIONS["relu"]
+
+    def inputs():
+        return [torch.randn(M, N, generator=gen).to(device=device, dtype=torch.bfloat16)
+                for _ in range(2)]  # fmt: skip
+
+    dy, z = inputs()
+    _, _, plan = backward.planned_activation_backward(dy, z, relu, need_db, direct)
+    assert plan is not None and (plan.sum_step is not None) == (need_db and plan.splits > 1)
+    dy, z = inputs()
+    want = backward.activation_backward(dy, z, relu, need_db, direct)
+    got = plan(dy, z)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None and w is None) or torch.equal(g, w)
+    wide = torch.empty(M, N + 3, device=device, dtype=torch.bfloat16)[:, :N].copy_(dy)
+    got = plan(wide, z)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None and w is None) or torch.equal(g, w)

@@ -52,7 +52,7 @@ from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
 from kernels.conv.dispatch import _channels_last_output, _new_output, conv2d_forward, design_step
 from kernels.conv.wgrad import planned_wgrad
 from kernels.conv.wgrad import run as run_wgrad
-from kernels.linear.backward import activation_backward, column_sum
+from kernels.linear.backward import column_sum, planned_activation_backward
 from kernels.matmul.dispatch import fused_matmul
 
 RELU = ACTIVATIONS["relu"]
@@ -396,13 +396,19 @@ def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
         _DEPTHWISE_DGRAD.put(key, plan)
 
 
-def _dz(dy, saved, act_id: int, need_db: bool, launch):
-    """dZ = dY·act'(Z) for an NHWC dy, as an NHWC (N, K, P, Q) tensor, and db where asked for."""
+def _dz(dy, saved, act_id: int, need_db: bool, launch, plan=None):
+    """dZ = dY·act'(Z) for an NHWC dy, as an NHWC (N, K, P, Q) tensor, db where asked for, and
+    the activation backward's DzPlan (None without an activation, or unplanned). plan: that
+    DzPlan from an earlier call of this key, run instead of a keyed call."""
     if act_id == NONE:
-        return dy, (column_sum(_rows(dy), launch) if need_db else None)
-    dz2d, db = activation_backward(_rows(dy), _rows(_nhwc(saved)), act_id, need_db, launch)
+        return dy, (column_sum(_rows(dy), launch) if need_db else None), None
+    if plan is None:
+        dz2d, db, plan = planned_activation_backward(_rows(dy), _rows(_nhwc(saved)), act_id,
+                                                     need_db, launch)  # fmt: skip
+    else:
+        dz2d, db = plan(_rows(dy), _rows(_nhwc(saved)))
     N, K, P, Q = dy.shape
-    return dz2d.view(N, P, Q, K).permute(0, 3, 1, 2), db
+    return dz2d.view(N, P, Q, K).permute(0, 3, 1, 2), db, plan
 
 
 def _dx_dw(dz, weight, need_dx, need_dw, gemm_dx, overlap, dgrad, wgrad, new_dx, new_dw, launch):
@@ -463,7 +469,7 @@ def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, la
     no key (else None)."""
     need_dx, need_dw, need_db = needs
     nhwc_dy = as_matrix(dy)
-    dz, db = _dz(dy if nhwc_dy else _nhwc(dy), saved, act_id, need_db, launch)
+    dz, db, dz_plan = _dz(dy if nhwc_dy else _nhwc(dy), saved, act_id, need_db, launch)
     if groups != 1:  # depthwise (the only grouping that trains): depthwise.py's stencils
         dx = dw = None
         if need_dx:
@@ -495,8 +501,9 @@ def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, la
                     lambda: _new_output(x, *x.shape[1:]), new_dw, launch)  # fmt: skip
     plan = None
     if planned and made.get("dgrad", True) is not None and made.get("wgrad", True) is not None:
-        plan = Backward(dy.stride(), nhwc_dy, needs, act_id, gemm_dx, overlap, made.get("dgrad"),
-                        made.get("wgrad"), None if dx is None or gemm_dx else _layout(dx),
+        plan = Backward(dy.stride(), nhwc_dy, needs, act_id, dz_plan, gemm_dx, overlap,
+                        made.get("dgrad"), made.get("wgrad"),
+                        None if dx is None or gemm_dx else _layout(dx),
                         None if dw is None else _layout(dw))  # fmt: skip
     return (dx, dw, db, dz), plan
 
@@ -516,6 +523,7 @@ class Backward(NamedTuple):
     nhwc_dy: bool  # that dY is an (N·P·Q, K) matrix (else an NHWC copy is taken)
     needs: tuple  # (need_dx, need_dw, need_db)
     act_id: int
+    dz_plan: object  # the activation backward's DzPlan, or None
     gemm_dx: bool  # dX by the 1x1 GEMM (which keeps its own plan)
     overlap: bool  # dW beside dX on a side stream, where the stream allows
     dgrad: _Dgrad | None
@@ -531,7 +539,7 @@ class Backward(NamedTuple):
         need_dx, need_dw, need_db = self.needs
         if not self.nhwc_dy:
             dy = dy.contiguous(memory_format=torch.channels_last)
-        dz, db = _dz(dy, saved, self.act_id, need_db, direct)
+        dz, db, _ = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan)
         dgrad, wgrad = self.dgrad, self.wgrad
         dx, dw = _dx_dw(
             dz, weight, need_dx, need_dw, self.gemm_dx, self.overlap,

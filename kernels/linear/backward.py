@@ -12,8 +12,13 @@ Functions:
                                      strides..., ACTIVATION, COLUMN_SUMS, BLOCK_M, BLOCK_N)
     column_sum_kernel[grid](x_ptr, out_ptr, M, N, rows_per_program, strides..., BLOCK_M, BLOCK_N)
     activation_backward(dy, z, act_id, need_db, launch) -> (dz, db | None)
+    planned_activation_backward(...) -> (dz, db | None, DzPlan | None): the same, and its plan
+    DzPlan(dy, z) -> (dz, db | None): a key's launches again, with no key
     column_sum(x, launch) -> (N,) sums of x's columns
+    partial_sum(partial, out, launch): out = the column sums of row-split partial sums
 """
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -191,15 +196,52 @@ def _planned(launch, key, make) -> Step:
     return step
 
 
+class DzPlan(NamedTuple):
+    """activation_backward's launches for one key (dY's and Z's strides among it), run with no
+    key, no row arithmetic and no plan lookup: a caller that keeps a whole backward's plan
+    (kernels.conv.backward.Backward) holds one. Tensors in other strides than the plan's go
+    through activation_backward."""
+
+    act_id: int
+    need_db: bool
+    strides: tuple  # (dY's, Z's) it was made for
+    splits: int  # db's row-splits (1: the step writes db itself)
+    step: Step
+    sum_step: Step | None  # partial_sum's launch where splits > 1
+
+    def __call__(self, dy, z):
+        if (dy.stride(), z.stride()) != self.strides:
+            return activation_backward(dy, z, self.act_id, self.need_db, direct)
+        M, N = dy.shape
+        dz = dy.new_empty_strided((M, N), (N, 1))
+        if not self.need_db:
+            self.step(dy, z, dz, None)
+            return dz, None
+        db = dy.new_empty_strided((N,), (1,))
+        if self.sum_step is None:
+            self.step(dy, z, dz, db)
+        else:
+            partial = dy.new_empty((self.splits, N), dtype=torch.float32)
+            self.step(dy, z, dz, partial)
+            self.sum_step(partial, db)
+        return dz, db
+
+
 def activation_backward(dy, z, act_id, need_db, launch):
     """(dZ, db | None): dZ = dY * act'(Z), with db = column sums of dZ fused in when need_db."""
+    return planned_activation_backward(dy, z, act_id, need_db, launch)[:2]
+
+
+def planned_activation_backward(dy, z, act_id, need_db, launch):
+    """activation_backward's (dZ, db | None), and for a direct call outside a trace the DzPlan
+    that repeats it (else None)."""
     M, N = dy.shape
     dz = dy.new_empty_strided((M, N), (N, 1))
     db = dy.new_empty_strided((N,), (1,)) if need_db else None
     if dz.numel() == 0:
         if db is not None:
             db.zero_()
-        return dz, db
+        return dz, db, None
     rows = dz_rows(M, N, need_db)
     splits = cdiv(M, rows)
     partial = None
@@ -221,10 +263,13 @@ def activation_backward(dy, z, act_id, need_db, launch):
         return ("dz", dy.shape, dy.stride(), z.stride(), dy.dtype, z.dtype, dy.device,
                 dy.data_ptr() % 16, z.data_ptr() % 16, act_id, need_db, rows)  # fmt: skip
 
-    _planned(launch, key, make)(dy, z, dz, partial)
-    if need_db and splits > 1:
-        partial_sum(partial, db, launch)
-    return dz, db
+    step = _planned(launch, key, make)
+    step(dy, z, dz, partial)
+    sum_step = partial_sum(partial, db, launch) if need_db and splits > 1 else None
+    plan = None
+    if launch is direct and not torch.compiler.is_compiling():
+        plan = DzPlan(act_id, need_db, (dy.stride(), z.stride()), splits, step, sum_step)
+    return dz, db, plan
 
 
 def sum_rows(M: int, N: int) -> int:
@@ -256,14 +301,16 @@ def _launch_column_sum(x, out, rows_per_program, launch,
         return ("sum", x.shape, x.stride(), x.dtype, out.shape, out.dtype, x.device,
                 x.data_ptr() % 16, rows_per_program, blocks)  # fmt: skip
 
-    _planned(launch, key, make)(x, out)
+    step = _planned(launch, key, make)
+    step(x, out)
+    return step
 
 
-def partial_sum(partial, out, launch):
+def partial_sum(partial, out, launch) -> Step:
     """out (N,) = the column sums of a first pass's fp32 row-split sums (splits, N), in one
-    launch of tall, narrow blocks (PARTIAL_BLOCK_M x PARTIAL_BLOCK_N)."""
+    launch of tall, narrow blocks (PARTIAL_BLOCK_M x PARTIAL_BLOCK_N); returns that launch."""
     blocks = (PARTIAL_BLOCK_M, PARTIAL_BLOCK_N, PARTIAL_NUM_WARPS)
-    _launch_column_sum(partial, out, partial.shape[0], launch, blocks)
+    return _launch_column_sum(partial, out, partial.shape[0], launch, blocks)
 
 
 def column_sum(x, launch):
