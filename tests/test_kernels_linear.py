@@ -317,3 +317,7 @@ def test_dz_plan_repeats_activation_backward(M, N, need_db, monkeypatch, device)
     got = plan(wide, z)
     for g, w in zip(got, want, strict=True):
         assert (g is None and w is None) or torch.equal(g, w)
+    got = plan(dy[: M - 1], z[: M - 1])  # fewer rows, the same strides
+    want = backward.activation_backward(dy[: M - 1], z[: M - 1], relu, need_db, direct)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None and w is None) or torch.equal(g, w)

@@ -199,18 +199,18 @@ def _planned(launch, key, make) -> Step:
 class DzPlan(NamedTuple):
     """activation_backward's launches for one key (dY's and Z's strides among it), run with no
     key, no row arithmetic and no plan lookup: a caller that keeps a whole backward's plan
-    (kernels.conv.backward.Backward) holds one. Tensors in other strides than the plan's go
-    through activation_backward."""
+    (kernels.conv.backward.Backward) holds one. Tensors in another shape or other strides than
+    the plan's go through activation_backward."""
 
     act_id: int
     need_db: bool
-    strides: tuple  # (dY's, Z's) it was made for
+    layout: tuple  # (dY's shape, dY's strides, Z's strides) it was made for
     splits: int  # db's row-splits (1: the step writes db itself)
     step: Step
     sum_step: Step | None  # partial_sum's launch where splits > 1
 
     def __call__(self, dy, z):
-        if (dy.stride(), z.stride()) != self.strides:
+        if (dy.shape, dy.stride(), z.stride()) != self.layout:
             return activation_backward(dy, z, self.act_id, self.need_db, direct)
         M, N = dy.shape
         dz = dy.new_empty_strided((M, N), (N, 1))
@@ -268,7 +268,8 @@ def planned_activation_backward(dy, z, act_id, need_db, launch):
     sum_step = partial_sum(partial, db, launch) if need_db and splits > 1 else None
     plan = None
     if launch is direct and not torch.compiler.is_compiling():
-        plan = DzPlan(act_id, need_db, (dy.stride(), z.stride()), splits, step, sum_step)
+        plan = DzPlan(act_id, need_db, (dy.shape, dy.stride(), z.stride()), splits, step,
+                      sum_step)  # fmt: skip
     return dz, db, plan
 
 
