@@ -656,19 +656,24 @@ def test_residual_trains(case, activation):
         REFERENCE_ACTIVATIONS[activation](ref).backward(dy.double())
         for got, want in zip(leaves, ref_leaves, strict=True):
             assert relative_error(got.grad, want.grad) < budget(torch.float32), (case, step)
-    # the shortcut: residual=x, a square 1x1 conv, and an unbatched one
+    # the shortcut: residual=x, a square 1x1 conv, an unbatched one, and bf16 (upcast on the
+    # CPU)
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, 24, 5, 6, generator=g).to(DEVICE)
     x = x.contiguous(memory_format=torch.channels_last)
     w = (torch.randn(24, 24, 1, 1, generator=g) / 24**0.5).to(DEVICE)
     w = w.contiguous(memory_format=torch.channels_last)
-    for xs in (x, x[0]):
-        leaf, wl = xs.clone().requires_grad_(), w.clone().requires_grad_()
+    # (bf16 without relu: a bf16 output near 0 may take the other side of relu's mask than the
+    # float64 reference's, a gradient difference of a whole dY there)
+    cases = [(x, torch.float32), (x[0], torch.float32)]
+    for xs, dt in cases + ([] if activation == "relu" else [(x, torch.bfloat16)]):
+        leaf, wl = [t.to(dt, copy=True).requires_grad_() for t in (xs, w)]
         conv2d(leaf, wl, activation=activation, residual=leaf).sum().backward()
-        rl, rw = xs.double().requires_grad_(), w.double().requires_grad_()
+        rl, rw = [t.detach().double().requires_grad_() for t in (leaf, wl)]
         REFERENCE_ACTIVATIONS[activation](F.conv2d(rl, rw) + rl).sum().backward()
-        assert relative_error(leaf.grad, rl.grad) < budget(torch.float32)
-        assert relative_error(wl.grad, rw.grad) < budget(torch.float32)
+        assert leaf.grad.dtype == dt
+        assert relative_error(leaf.grad, rl.grad) < budget(dt)
+        assert relative_error(wl.grad, rw.grad) < budget(dt)
 
 
 def test_residual_bad_input_is_refused(monkeypatch):
