@@ -440,9 +440,9 @@ def conv2d(
 
     residual: a tensor of the output's shape, dtype and device, added before the activation
     (a ResNet block's act(conv(x) + b + shortcut)). Fused into the epilogue of the 1x1 GEMM
-    (a 1x1, stride-1, unpadded conv between NHWC tensors, direct call, no gradient needed, the
-    residual in the output's layout, no upcast) whether or not a gradient is needed; every other
-    call adds it after the conv, in the same values. Where an input needs a gradient the sum and
+    (a 1x1, stride-1, unpadded conv between NHWC tensors, direct call, the residual in the
+    output's layout, no upcast) whether or not a gradient is needed; every other call adds it
+    after the conv, in the same values. Where an input needs a gradient the sum and
     the activation stay inside the conv's autograd Function, whose backward hands the residual
     dZ = dY·act'(Z), the tensor the conv's own backward starts from.
 
