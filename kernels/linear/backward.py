@@ -212,19 +212,22 @@ class DzPlan(NamedTuple):
     def __call__(self, dy, z):
         if (dy.shape, dy.stride(), z.stride()) != self.layout:
             return activation_backward(dy, z, self.act_id, self.need_db, direct)
-        M, N = dy.shape
-        dz = dy.new_empty_strided((M, N), (N, 1))
-        if not self.need_db:
-            self.step(dy, z, dz, None)
-            return dz, None
-        db = dy.new_empty_strided((N,), (1,))
-        if self.sum_step is None:
-            self.step(dy, z, dz, db)
-        else:
-            partial = dy.new_empty((self.splits, N), dtype=torch.float32)
-            self.step(dy, z, dz, partial)
+        dz, db, partial = _dz_outputs(dy, self.need_db, self.splits)
+        self.step(dy, z, dz, partial)
+        if self.sum_step is not None:
             self.sum_step(partial, db)
         return dz, db
+
+
+def _dz_outputs(dy, need_db: bool, splits: int):
+    """(dZ, db, where the kernel writes db's sums) for dY (M, N): dZ row-major, db (N,) or None,
+    the sums into db itself for one row-split, else into an fp32 (splits, N) for partial_sum."""
+    M, N = dy.shape
+    dz = dy.new_empty_strided((M, N), (N, 1))
+    if not need_db:
+        return dz, None, None
+    db = dy.new_empty_strided((N,), (1,))
+    return dz, db, db if splits == 1 else dy.new_empty((splits, N), dtype=torch.float32)
 
 
 def activation_backward(dy, z, act_id, need_db, launch):
@@ -236,17 +239,14 @@ def planned_activation_backward(dy, z, act_id, need_db, launch):
     """activation_backward's (dZ, db | None), and for a direct call outside a trace the DzPlan
     that repeats it (else None)."""
     M, N = dy.shape
-    dz = dy.new_empty_strided((M, N), (N, 1))
-    db = dy.new_empty_strided((N,), (1,)) if need_db else None
-    if dz.numel() == 0:
+    if dy.numel() == 0:
+        dz, db, _ = _dz_outputs(dy, need_db, 1)
         if db is not None:
             db.zero_()
         return dz, db, None
     rows = dz_rows(M, N, need_db)
     splits = cdiv(M, rows)
-    partial = None
-    if need_db:
-        partial = db if splits == 1 else dy.new_empty((splits, N), dtype=torch.float32)
+    dz, db, partial = _dz_outputs(dy, need_db, splits)
     block_m, block_n = dz_block(N)
 
     def make():
