@@ -305,19 +305,17 @@ def test_dz_plan_repeats_activation_backward(M, N, need_db, monkeypatch, device)
         return [torch.randn(M, N, generator=gen).to(device=device, dtype=torch.bfloat16)
                 for _ in range(2)]  # fmt: skip
 
+    def assert_same(got, want):
+        for g, w in zip(got, want, strict=True):
+            assert (g is None and w is None) or torch.equal(g, w)
+
     dy, z = inputs()
     _, _, plan = backward.planned_activation_backward(dy, z, relu, need_db, direct)
     assert plan is not None and (plan.sum_step is not None) == (need_db and plan.splits > 1)
     dy, z = inputs()
     want = backward.activation_backward(dy, z, relu, need_db, direct)
-    got = plan(dy, z)
-    for g, w in zip(got, want, strict=True):
-        assert (g is None and w is None) or torch.equal(g, w)
+    assert_same(plan(dy, z), want)
     wide = torch.empty(M, N + 3, device=device, dtype=torch.bfloat16)[:, :N].copy_(dy)
-    got = plan(wide, z)
-    for g, w in zip(got, want, strict=True):
-        assert (g is None and w is None) or torch.equal(g, w)
-    got = plan(dy[: M - 1], z[: M - 1])  # fewer rows, the same strides
+    assert_same(plan(wide, z), want)
     want = backward.activation_backward(dy[: M - 1], z[: M - 1], relu, need_db, direct)
-    for g, w in zip(got, want, strict=True):
-        assert (g is None and w is None) or torch.equal(g, w)
+    assert_same(plan(dy[: M - 1], z[: M - 1]), want)  # fewer rows, the same strides
