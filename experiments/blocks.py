@@ -2,7 +2,8 @@
 our single-op kernels pay a launch and a round trip through memory for each op.
 
 Each block is an nn.Module that calls the registered ops on `self.ops` (experiments/registry.py)
-plus plain torch for what no op covers (attention's scale; the bottleneck's shortcut is conv2d's
+plus plain torch for what no op covers (attention's scale, where the namespace's softmax has no
+`scale=` as ours has: eager's, the peers'; the bottleneck's shortcut is conv2d's
 `residual`, added before the last relu: the 1x1 GEMM's epilogue in mode=triton, torch elsewhere),
 so every mode runs the same forward with only the namespace swapped: eager, torchscript and the
 compile modes see torch ops (Inductor may fuse them, or rewrite attention into one
@@ -18,6 +19,7 @@ Blocks:
                 relu; fwd and fwd_bwd (the shortcut's gradient is the last conv's dZ)
 """
 
+import inspect
 import math
 
 import torch
@@ -95,16 +97,38 @@ register(OpSpec(
 # ---------------------------------------------------------------------------------------------
 # attention: softmax((q @ k^T) * scale) @ v over (batch, heads, seq, head_dim)
 # ---------------------------------------------------------------------------------------------
+def takes_scale(softmax) -> bool:
+    """Whether an ops namespace's softmax takes `scale=` (ours and our custom op's: the scale
+    fused into its load; torch's and the peers' take none)."""
+    try:
+        return "scale" in inspect.signature(softmax).parameters
+    except (TypeError, ValueError):  # a builtin without a signature (torch.softmax)
+        return False
+
+
 class Attention(nn.Module):
     def __init__(self, ops, head_dim):
         super().__init__()
         self.ops = ops
         self.scale = head_dim**-0.5
 
+    @property
+    def ops(self):
+        return self._ops
+
+    @ops.setter
+    def ops(self, ops):
+        # decided where the namespace is set (workloads.with_ops swaps it on a copy), not in
+        # forward: no signature look-up in a timed call or under a compiler's trace
+        self._ops = ops
+        self.fused_scale = takes_scale(ops.softmax)
+
     def forward(self, q, k, v):
+        scores = self.ops.matmul(q, k.transpose(-2, -1))
+        if self.fused_scale:  # no pass over the scores for the scale, either way
+            return self.ops.matmul(self.ops.softmax(scores, -1, scale=self.scale), v)
         # the pattern Inductor's attention rewrite looks for (fx_passes/fuse_attention.py)
-        scores = self.ops.matmul(q, k.transpose(-2, -1)) * self.scale
-        return self.ops.matmul(self.ops.softmax(scores, -1), v)
+        return self.ops.matmul(self.ops.softmax(scores * self.scale, -1), v)
 
 
 class AttentionWorkload(BlockWorkload):

@@ -45,7 +45,7 @@ from kernels.linear import check_linear_args, linear_backward, linear_forward
 from kernels.matmul import matmul_impl
 from kernels.matmul.dispatch import matmul_batched, matmul_grads, matmul_nd
 from kernels.softmax import softmax_backward, softmax_forward
-from kernels.softmax.dispatch import cast_input
+from kernels.softmax.dispatch import cast_input, check_scale
 
 _INTERPRETED = is_interpreter()
 _register = torch.library.custom_op if _INTERPRETED else triton_op
@@ -211,23 +211,23 @@ torch.library.register_autograd("kbench::linear_fwd", _linear_backward, setup_co
 
 
 @_define("kbench::softmax_fwd")
-def softmax_fwd_op(x: Tensor, dim: int) -> Tensor:
-    return softmax_forward(x, dim, launch=_launch)
+def softmax_fwd_op(x: Tensor, dim: int, scale: float = 1.0) -> Tensor:
+    return softmax_forward(x, dim, scale=scale, launch=_launch)
 
 
 @_define("kbench::softmax_bwd")
-def softmax_bwd_op(y: Tensor, dy: Tensor, dim: int) -> Tensor:
-    return softmax_backward(y, dy, dim, launch=_launch)
+def softmax_bwd_op(y: Tensor, dy: Tensor, dim: int, scale: float = 1.0) -> Tensor:
+    return softmax_backward(y, dy, dim, scale=scale, launch=_launch)
 
 
 def _softmax_setup(ctx, inputs, output):
     ctx.save_for_backward(output)
-    ctx.dim = inputs[1]
+    ctx.dim, ctx.scale = inputs[1], inputs[2] if len(inputs) > 2 else 1.0
 
 
 def _softmax_backward(ctx, dy):
     (y,) = ctx.saved_tensors
-    return torch.ops.kbench.softmax_bwd(y, dy, ctx.dim), None
+    return torch.ops.kbench.softmax_bwd(y, dy, ctx.dim, ctx.scale), None, None
 
 
 torch.library.register_autograd(
@@ -352,7 +352,8 @@ def matmul(a, b):
     return torch.ops.kbench.matmul(a, b)  # 2-D, or a batched b (the op's one launch)
 
 
-def softmax(x, dim=-1, dtype=None):
+def softmax(x, dim=-1, dtype=None, *, scale=None):
+    scale = check_scale(scale)  # softmax(x * scale), fused as kernels.softmax's
     if dtype is not None:  # torch.softmax's dtype=: x cast first (checked as kernels.softmax does)
         x = cast_input(x, dtype)
-    return torch.ops.kbench.softmax_fwd(x, dim)
+    return torch.ops.kbench.softmax_fwd(x, dim, scale)

@@ -159,6 +159,51 @@ def test_gradient_through_autograd(shape, dim, dtype_name, row_path, device):
     assert_close_to_float64(dx, dx_ref, dtype_name)
 
 
+@NAN_ROW
+@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("scale", [0.0884, 3.0, -1.5, 0.0])
+def test_scale_in_every_row_path(scale, dtype_name, row_path, device):
+    """softmax(x, scale=s) against float64 softmax(x·s), and its gradient s·y·(dy - Σ y·dy),
+    through autograd: rows in one tile and past it (split, online), over the last dim of a
+    strided view and over dim 0, odd sizes. A positive scale keeps the -inf runs and the large
+    values; zero and negative ones take random rows (masked lanes keep their fill)."""
+    dtype = DTYPES[dtype_name]
+    for shape, dim in (((7, 301), -1), ((3, 1501), -1), ((301, 5), 0)):
+        if scale > 0:
+            base = rows_with_extremes((shape[0], 2 * shape[1]), dtype, device, dim)
+        else:
+            base = (torch.randn(shape[0], 2 * shape[1], device=device) * 3).to(dtype)
+        x = base[:, ::2].detach().requires_grad_()  # columns two apart
+        y = softmax(x, dim, scale=scale)
+        x64 = x.detach().double()
+        assert_close_to_float64(y, torch.softmax(x64 * scale, dim), dtype_name)
+        dy = torch.randn_like(y)
+        (dx,) = torch.autograd.grad(y, x, dy)
+        y64, dy64 = y.detach().double(), dy.double()
+        dx_ref = scale * y64 * (dy64 - (y64 * dy64).sum(dim, keepdim=True))
+        if scale == 0:  # uniform rows whatever x is: no gradient
+            assert (dx == 0).all()
+        else:
+            assert_close_to_float64(dx, dx_ref, dtype_name)
+        # the same rows again unscaled: a scale is part of what a call's plan is kept under
+        assert_close_to_float64(softmax(x.detach(), dim), torch.softmax(x64, dim), dtype_name)
+
+
+def test_scale_through_the_custom_op(device):
+    """kernels.ops.softmax's scale=, forward and gradient, as kernels.softmax's."""
+    import kernels.ops
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(6, 45, generator=g) * 2).to(device).requires_grad_()
+    y = kernels.ops.softmax(x, -1, scale=0.25)
+    y64 = torch.softmax(x.detach().double() * 0.25, -1)
+    assert_close_to_float64(y, y64, "fp32")
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    dx_ref = 0.25 * y64 * (dy.double() - (y64 * dy.double()).sum(-1, keepdim=True))
+    assert_close_to_float64(dx, dx_ref, "fp32")
+
+
 def test_scalar_empty_and_reference(device):
     x = torch.randn((), device=device)
     assert softmax(x, 0).item() == 1.0 and softmax(x, -1).shape == ()
@@ -198,6 +243,10 @@ def test_bad_inputs(device):
         softmax_backward(x, torch.randn(4, 6, device=device), -1)
     with pytest.raises(TypeError, match="dtype"):
         softmax_backward(x, x.half(), -1)
+    for bad, error in (("2", TypeError), (True, TypeError), (torch.tensor(2.0), TypeError),
+                       (float("inf"), ValueError), (float("nan"), ValueError)):  # fmt: skip
+        with pytest.raises(error, match="scale must be"):
+            softmax(x, -1, scale=bad)
     with pytest.raises(ValueError, match="tile of 4 columns for rows of 5"):
         dispatch._forward(x, -1, direct, Config("tile", 1, 4, 1))
     with pytest.raises(ValueError, match="unknown softmax design"):

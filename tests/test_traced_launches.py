@@ -79,6 +79,7 @@ def _cases():
         "linear-activation-pass": lambda: ops.linear(rand(1030, 24), rand(40, 24), rand(40),
                                                      "gelu"),
         "softmax": lambda: ops.softmax(rand(6, 100), -1),
+        "softmax-scaled": lambda: ops.softmax(rand(6, 100), -1, scale=0.125),
         "softmax-long-rows": lambda: ops.softmax(rand(2, 70000), -1),
         "conv-1x1": lambda: ops.conv2d(x4, w1, None, [1, 1], [0, 0], [1, 1], 1),
         "conv-3x3-s2": lambda: ops.conv2d(x4, w3, None, [2, 2], [1, 1], [1, 1], 1,

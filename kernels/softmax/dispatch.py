@@ -380,12 +380,12 @@ def _tuned_config(key: tuple, make_candidates, run, what: str) -> Config:
 # ---------------------------------------------------------------------------------------------
 # Launching
 # ---------------------------------------------------------------------------------------------
-def _plan_key(moved: list[torch.Tensor], backward: bool) -> tuple:
+def _plan_key(moved: list[torch.Tensor], backward: bool, scale: float = 1.0) -> tuple:
     """What a launch's plan depends on: the rows' shapes and strides (the pick, the grid, the
-    index hints), dtype and device, and each tensor's 16-byte alignment (Triton's
-    specialization of a pointer)."""
+    index hints), dtype and device, each tensor's 16-byte alignment (Triton's specialization of
+    a pointer), and the scale (an argument the plan passes)."""
     first = moved[0]
-    return (backward, first.dtype, first.device, first.shape,
+    return (backward, first.dtype, first.device, first.shape, scale,
             *[(t.stride(), t.data_ptr() % 16) for t in moved])  # fmt: skip
 
 
@@ -527,11 +527,12 @@ def _launch_smem(launch, moved, backward, rows, strides, config: Config) -> Alte
 
 
 def _launch_rows(
-    launch: Launcher, moved: list[torch.Tensor], backward: bool, config: Config | None = None
+    launch: Launcher, moved: list[torch.Tensor], backward: bool, config: Config | None = None,
+    scale: float = 1.0,
 ) -> Step | None:
     """Launch the forward or backward over the rows of `moved` (inputs, then the output),
-    with `config`, or the pick (and the first call's choice) where None. Returns the launch's
-    plan (a Step over `moved`) where it has one."""
+    with `config`, or the pick (and the first call's choice) where None; softmax(x·scale) and
+    its gradient. Returns the launch's plan (a Step over `moved`) where it has one."""
     n_cols = moved[0].shape[-1]
     if moved[0].numel() == 0:
         return None
@@ -540,8 +541,8 @@ def _launch_rows(
     if launch is direct and gpu_info(device) is not None:
         # a given config (the first call's timing of candidates) keeps its own plan, so each
         # timed call takes the armed launch, not the JIT's: a host path far under the timer's lead
-        plan_key = _plan_key(moved, backward) if config is None else (
-            _plan_key(moved, backward), config)
+        plan_key = _plan_key(moved, backward, scale) if config is None else (
+            _plan_key(moved, backward, scale), config)
         plan = _PLANS.get(plan_key)
         if plan is not None and plan(*moved) is not False:  # False: a coop/smem plan declined
             return plan
@@ -580,9 +581,11 @@ def _launch_rows(
             config = _tuned_config(
                 (device, moved[0].dtype, n_cols, next_power_of_2(rows)),
                 candidates,
-                lambda c: _launch_rows(launch, moved, False, c),
+                lambda c: _launch_rows(launch, moved, False, c, scale),
                 f"forward {str(moved[0].dtype).removeprefix('torch.')} {rows} x {n_cols}",
             )
+    if scale != 1.0 and config.design in ("coop", "split2", "smem"):
+        return _launch_scaled_apart(launch, moved, backward, scale)
     if config.design in ("coop", "split2"):
         made = launch_split(launch, moved, backward, (rows_outer, rows_inner), strides, config)
         return _keep_alternating(plan_key, made)
@@ -599,12 +602,13 @@ def _launch_rows(
                 num_warps=config.num_warps)  # fmt: skip
     if not backward:
         meta.update(_index_hints(config, (rows_outer, rows_inner), strides, n_cols))
+    meta["SCALED"] = scale != 1.0
     if config.design == "tile":
         kernel = softmax_backward_tile_kernel if backward else softmax_tile_kernel
-        args = (rows_inner, n_cols, row_blocks, *flat_strides)
+        args = (rows_inner, n_cols, row_blocks, *flat_strides, scale)
     else:
         kernel = softmax_backward_online_kernel if backward else softmax_online_kernel
-        args = (rows_inner, n_cols, *flat_strides)
+        args = (rows_inner, n_cols, *flat_strides, scale)
         if not backward:
             # the first read asks L2 to keep the row for the second, which then drops it
             policy = "evict_first" if config.evict else ""
@@ -614,8 +618,24 @@ def _launch_rows(
     return _launch_planned(launch, kernel, row_blocks, moved, args, meta, plan_key)
 
 
+def _launch_scaled_apart(launch, moved, backward: bool, scale: float) -> None:
+    """The long-row designs (coop, split2, smem) with a scale: they take none, so the forward
+    reads x·scale made first in fp32 and writes an fp32 y that is then cast into the output (as
+    exact as the fused product), and the backward scales its dx after; passes more over the
+    rows, and no plan (a plan launches on the tensors as given). The tile and online designs
+    fuse it (tile._scaled)."""
+    if backward:
+        _launch_rows(launch, moved, True)
+        moved[-1].mul_(scale)
+    else:
+        x, y = moved
+        y32 = torch.empty(y.shape, device=y.device, dtype=torch.float32)
+        _launch_rows(launch, [x.to(torch.float32, copy=True).mul_(scale), y32], False)
+        y.copy_(y32)
+
+
 def _launch_moved(inputs: list[torch.Tensor], dim: int, backward: bool, launch: Launcher,
-                  config: Config | None, front_key=None) -> torch.Tensor:  # fmt: skip
+                  config: Config | None, front_key=None, scale: float = 1.0) -> torch.Tensor:
     """The output of the forward or backward over `dim` of `inputs` (checked, dim normalized):
     dim moved last (as they are where it is last: no views to make, host time as _PLANS),
     a row-major output, the launch, and the output with dim moved back. With a front_key, a
@@ -623,7 +643,7 @@ def _launch_moved(inputs: list[torch.Tensor], dim: int, backward: bool, launch: 
     last = dim == inputs[0].dim() - 1
     moved = [t if last else t.movedim(dim, -1) for t in inputs]
     out = torch.empty(moved[0].shape, device=moved[0].device, dtype=moved[0].dtype)
-    step = _launch_rows(launch, [*moved, out], backward, config)
+    step = _launch_rows(launch, [*moved, out], backward, config, scale)
     if step is not None and last and front_key is not None:
         _FRONT.put(front_key, (step, tuple(out.shape), out.stride()))
     return out if last else out.movedim(-1, dim)
@@ -635,36 +655,36 @@ def _launch_moved(inputs: list[torch.Tensor], dim: int, backward: bool, launch: 
 _FRONT = PlanCache()
 
 
-def _forward_key(x, dim) -> tuple | None:
+def _forward_key(x, dim, scale) -> tuple | None:
     if torch.compiler.is_compiling():
         return None
     try:
-        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, dim)
+        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16, dim, scale)
     except AttributeError:
         return None  # not a tensor: the checks say so
 
 
-def _backward_key(y, dy, dim) -> tuple | None:
+def _backward_key(y, dy, dim, scale) -> tuple | None:
     if torch.compiler.is_compiling():
         return None
     try:
         return (y.shape, y.stride(), dy.shape, dy.stride(), y.dtype, dy.dtype, y.device,
-                dy.device, y.data_ptr() % 16, dy.data_ptr() % 16, dim)  # fmt: skip
+                dy.device, y.data_ptr() % 16, dy.data_ptr() % 16, dim, scale)  # fmt: skip
     except AttributeError:
         return None
 
 
 def _forward(x: torch.Tensor, dim: int, launch: Launcher, config: Config | None,
-             front_key=None) -> torch.Tensor:  # fmt: skip
+             front_key=None, scale: float = 1.0) -> torch.Tensor:  # fmt: skip
     check_tensor("x", x)
     dim = _normalize_dim(dim, x.dim(), tuple(x.shape))
     if x.dim() == 0:
-        return _forward(x.unsqueeze(0), 0, launch, config).squeeze(0)
-    return _launch_moved([x], dim, False, launch, config, front_key)
+        return _forward(x.unsqueeze(0), 0, launch, config, scale=scale).squeeze(0)
+    return _launch_moved([x], dim, False, launch, config, front_key, scale)
 
 
 def _backward(y, dy, dim, launch: Launcher, config: Config | None,
-              front_key=None) -> torch.Tensor:  # fmt: skip
+              front_key=None, scale: float = 1.0) -> torch.Tensor:  # fmt: skip
     check_tensor("y", y)
     check_tensor("dy", dy)
     check_same({"y": y, "dy": dy})
@@ -672,13 +692,28 @@ def _backward(y, dy, dim, launch: Launcher, config: Config | None,
         raise ValueError(f"dy has shape {tuple(dy.shape)} but y has {tuple(y.shape)}")
     dim = _normalize_dim(dim, y.dim(), tuple(y.shape))
     if y.dim() == 0:
-        return _backward(y.unsqueeze(0), dy.unsqueeze(0), 0, launch, config).squeeze(0)
-    return _launch_moved([y, dy], dim, True, launch, config, front_key)
+        y, dy = y.unsqueeze(0), dy.unsqueeze(0)
+        return _backward(y, dy, 0, launch, config, scale=scale).squeeze(0)
+    return _launch_moved([y, dy], dim, True, launch, config, front_key, scale)
 
 
-def softmax_forward(x: torch.Tensor, dim: int, *, launch: Launcher = direct) -> torch.Tensor:
-    """torch.softmax(x, dim) without autograd; the output is a view of a row-major buffer."""
-    key = _forward_key(x, dim) if launch is direct else None
+def check_scale(scale) -> float:
+    """softmax's scale= as a float: None is 1; a finite real number, not a tensor or a bool."""
+    if scale is None:
+        return 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a real number, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def softmax_forward(x: torch.Tensor, dim: int, *, scale: float = 1.0,
+                    launch: Launcher = direct) -> torch.Tensor:  # fmt: skip
+    """torch.softmax(x * scale, dim) without autograd, the product taken in fp32 on the way in
+    (not written out; rows longer than ONE_PASS_MAX_ELEMS: _launch_scaled_apart); the output is
+    a view of a row-major buffer. scale is a float, as check_scale returns it."""
+    key = _forward_key(x, dim, scale) if launch is direct else None
     if key is not None:
         plan = _FRONT.get(key)
         if plan is not None:
@@ -686,14 +721,15 @@ def softmax_forward(x: torch.Tensor, dim: int, *, launch: Launcher = direct) -> 
             out = x.new_empty_strided(shape, strides)
             if step(x, out) is not False:  # False: a coop/smem plan declined
                 return out
-    return _forward(x, dim, launch, None, key)
+    return _forward(x, dim, launch, None, key, scale)
 
 
 def softmax_backward(
-    y: torch.Tensor, dy: torch.Tensor, dim: int, *, launch: Launcher = direct
+    y: torch.Tensor, dy: torch.Tensor, dim: int, *, scale: float = 1.0,
+    launch: Launcher = direct,
 ) -> torch.Tensor:
-    """Gradient of softmax_forward: dx = y * (dy - sum(y * dy, dim)), y being its output."""
-    key = _backward_key(y, dy, dim) if launch is direct else None
+    """Gradient of softmax_forward: dx = scale * y * (dy - sum(y * dy, dim)), y its output."""
+    key = _backward_key(y, dy, dim, scale) if launch is direct else None
     if key is not None:
         plan = _FRONT.get(key)
         if plan is not None:
@@ -701,7 +737,7 @@ def softmax_backward(
             out = dy.new_empty_strided(shape, strides)
             if step(y, dy, out) is not False:
                 return out
-    return _backward(y, dy, dim, launch, None, key)
+    return _backward(y, dy, dim, launch, None, key, scale)
 
 
 def cast_input(x, dtype) -> torch.Tensor:
@@ -717,28 +753,34 @@ def cast_input(x, dtype) -> torch.Tensor:
 
 class _Softmax(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, dim):
-        y = softmax_forward(x, dim)
+    def forward(ctx, x, dim, scale):
+        y = softmax_forward(x, dim, scale=scale)
         ctx.save_for_backward(y)
-        ctx.dim = dim
+        ctx.dim, ctx.scale = dim, scale
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        return softmax_backward(y, dy, ctx.dim), None
+        return softmax_backward(y, dy, ctx.dim, scale=ctx.scale), None, None
 
 
-def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
+            scale: float | None = None) -> torch.Tensor:  # fmt: skip
     """torch.softmax(x, dim, dtype=dtype): fp32 math inside, differentiable once. The output has
     x's dtype, or `dtype` where given: as in torch, x is cast to it first (a separate copy;
     fp16, bf16 or fp32).
 
+    scale: softmax(x * scale), the product taken in fp32 as x is read (attention's 1/sqrt(d)),
+    and scale·y·(dy - Σ y·dy) in the backward, so neither pass writes x * scale out. torch has
+    no such argument; any finite real number, None for 1.
+
     A row that is entirely -inf gives NaN, as torch does; -inf entries in other rows give 0.
     """
+    scale = check_scale(scale)
     if dtype is not None:
         x = cast_input(x, dtype)
     if getattr(x, "requires_grad", False) and torch.is_grad_enabled():
-        return _Softmax.apply(x, dim)
-    return softmax_forward(x, dim)  # no graph to record: no autograd.Function to pass through
+        return _Softmax.apply(x, dim, scale)
+    return softmax_forward(x, dim, scale=scale)  # no graph to record: no autograd.Function

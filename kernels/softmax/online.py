@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels.softmax.tile import _columns, _exp_shifted, _load_in, _store_out, _tile_rows
+from kernels.softmax.tile import _columns, _exp_shifted, _load_in, _scaled, _store_out, _tile_rows
 
 
 @triton.jit
@@ -39,6 +39,8 @@ def softmax_online_kernel(
     rows_inner, n_cols,
     x_stride_outer, x_stride_inner, x_stride_col,
     y_stride_outer, y_stride_inner, y_stride_col,
+    # softmax(x·scale): scale is read only where SCALED (scale != 1), applied at both reads
+    scale, SCALED: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     # the first read keeps x in L2 for the second (FIRST_POLICY), which may drop it (POLICY)
     FIRST_POLICY: tl.constexpr, POLICY: tl.constexpr, EXP2: tl.constexpr,
@@ -73,7 +75,7 @@ def softmax_online_kernel(
         for start in tl.range(0, end, BLOCK_COLS, num_stages=1):
             ok = row_ok & (start + cols < n_cols)
             x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, FIRST_POLICY, EVEN)
-            x = x.to(tl.float32)
+            x = _scaled(x.to(tl.float32), scale, ok, SCALED, EVEN)
             new_max = _max_nan(lane_max, x)
             shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # as below
             lane_sum = (lane_sum * _lane_exp(lane_max - shift, LIBDEVICE)
@@ -90,7 +92,7 @@ def softmax_online_kernel(
         for start in tl.range(0, end, BLOCK_COLS, num_stages=1):
             ok = row_ok & (start + cols < n_cols)
             x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, FIRST_POLICY, EVEN)
-            x = x.to(tl.float32)
+            x = _scaled(x.to(tl.float32), scale, ok, SCALED, EVEN)
             new_max = tl.maximum(row_max, tl.max(x, axis=1))
             # Until a row has seen a finite value, shift by 0 rather than -inf: exp(-inf - 0) =
             # 0 keeps the sum at 0, where exp(-inf - -inf) would poison it with NaN.
@@ -104,11 +106,12 @@ def softmax_online_kernel(
     for start in tl.range(0, end, BLOCK_COLS, num_stages=1):
         ok = row_ok & (start + cols < n_cols)
         x = _load_in(x_rows + (start + cols) * x_stride_col, ok, fill, POLICY, EVEN)
+        x = _scaled(x.to(tl.float32), scale, ok, SCALED, EVEN)
         if INDUCTOR:  # a true division, as Inductor's
-            y = _lane_exp(x.to(tl.float32) - row_max[:, None], LIBDEVICE)
+            y = _lane_exp(x - row_max[:, None], LIBDEVICE)
             y = y / row_sum[:, None]
         else:
-            y = _exp_shifted(x.to(tl.float32), row_max, EXP2) * inv_sum[:, None]
+            y = _exp_shifted(x, row_max, EXP2) * inv_sum[:, None]
         y = y.to(y_ptr.dtype.element_ty)
         _store_out(y_rows + (start + cols) * y_stride_col, y, ok, STORE_POLICY, EVEN)
 
@@ -120,6 +123,7 @@ def softmax_backward_online_kernel(
     y_stride_outer, y_stride_inner, y_stride_col,
     dy_stride_outer, dy_stride_inner, dy_stride_col,
     dx_stride_outer, dx_stride_inner, dx_stride_col,
+    scale, SCALED: tl.constexpr,  # as the tile backward's
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):  # fmt: skip
     outer, inner, row_ok = _tile_rows(tl.program_id(0), rows_inner, BLOCK_ROWS)
@@ -141,5 +145,7 @@ def softmax_backward_online_kernel(
         y = tl.load(y_rows + (start + cols) * y_stride_col, mask=ok, other=0.0)
         dy = tl.load(dy_rows + (start + cols) * dy_stride_col, mask=ok, other=0.0)
         dx = y.to(tl.float32) * (dy.to(tl.float32) - row_dot[:, None])
+        if SCALED:
+            dx = dx * scale
         tl.store(dx_rows + (start + cols) * dx_stride_col, dx.to(dx_ptr.dtype.element_ty),
                  mask=ok)  # fmt: skip

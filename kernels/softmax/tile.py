@@ -10,6 +10,7 @@ Functions:
     _tile_rows, _columns    tile index -> row indices and their mask; the column arange
     _load_in, _store_out    loads and stores, unmasked where EVEN
     _exp_shifted            exp(x - shift) in the three forms Config.exp2 names
+    _scaled                 x·scale where SCALED (softmax's scale=), masked lanes kept as filled
     softmax_tile_kernel             forward, a program a tile
     softmax_backward_tile_kernel    backward: dx = y * (dy - sum(y * dy))
 """
@@ -88,6 +89,18 @@ def _exp_shifted(x, shift, EXP2: tl.constexpr):
 
 
 @triton.jit
+def _scaled(x, scale, ok, SCALED: tl.constexpr, EVEN: tl.constexpr):
+    """x·scale where SCALED (softmax's scale=: the product never goes through memory). Masked
+    lanes keep their fill: a scale of 0 or below would turn -inf into NaN or +inf."""
+    if SCALED:
+        if EVEN:
+            x = x * scale
+        else:  # masked lanes times 1: their fill, with no NaN made on the way
+            x = x * tl.where(ok, scale, 1.0)
+    return x
+
+
+@triton.jit
 def softmax_tile_kernel(
     x_ptr, y_ptr,
     # sizes: rows are indexed (outer, inner), inner < rows_inner; each is n_cols long; n_tiles,
@@ -96,6 +109,8 @@ def softmax_tile_kernel(
     # strides, in elements: outer row dim, inner row dim, column
     x_stride_outer, x_stride_inner, x_stride_col,
     y_stride_outer, y_stride_inner, y_stride_col,
+    # softmax(x·scale): scale is read only where SCALED (scale != 1)
+    scale, SCALED: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     # EVEN: n_cols == BLOCK_COLS and rows_inner % BLOCK_ROWS == 0 (no masks); INT32: every
     # offset fits in 32 bits (otherwise int64, so that column × stride cannot overflow when
@@ -117,6 +132,7 @@ def softmax_tile_kernel(
     fill = tl.where(row_ok, -float("inf"), 0.0)
     ok = row_ok & col_ok
     x = _load_in(x_rows + cols * x_stride_col, ok, fill, "", EVEN).to(tl.float32)
+    x = _scaled(x, scale, ok, SCALED, EVEN)
     # A row of only -inf gives -inf - -inf = NaN everywhere, as torch.softmax does.
     exp = _exp_shifted(x, tl.max(x, axis=1), 0)
     y = (exp * (1.0 / tl.sum(exp, axis=1))[:, None]).to(y_ptr.dtype.element_ty)
@@ -130,6 +146,8 @@ def softmax_backward_tile_kernel(
     y_stride_outer, y_stride_inner, y_stride_col,
     dy_stride_outer, dy_stride_inner, dy_stride_col,
     dx_stride_outer, dx_stride_inner, dx_stride_col,
+    # the gradient of softmax(x·scale): scale·y·(dy - Σ y·dy), scaled where SCALED
+    scale, SCALED: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):  # fmt: skip
     cols = tl.arange(0, BLOCK_COLS).to(tl.int64)[None, :]
@@ -145,4 +163,6 @@ def softmax_backward_tile_kernel(
         dy = tl.load(dy_rows + cols * dy_stride_col, mask=mask, other=0.0)
         y, dy = y.to(tl.float32), dy.to(tl.float32)
         dx = y * (dy - tl.sum(y * dy, axis=1)[:, None])
+        if SCALED:
+            dx = dx * scale
         tl.store(dx_rows + cols * dx_stride_col, dx.to(dx_ptr.dtype.element_ty), mask=mask)
