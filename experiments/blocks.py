@@ -2,8 +2,8 @@
 our single-op kernels pay a launch and a round trip through memory for each op.
 
 Each block is an nn.Module that calls the registered ops on `self.ops` (experiments/registry.py)
-plus plain torch for what no op covers (attention's scale, where the namespace's softmax has no
-`scale=` as ours has: eager's, the peers'; the bottleneck's shortcut is conv2d's
+plus plain torch for what no op covers (attention's scale, where neither the namespace's softmax
+takes `scale=` (ours) nor its matmul `alpha=` (quack's); the bottleneck's shortcut is conv2d's
 `residual`, added before the last relu: the 1x1 GEMM's epilogue in mode=triton, torch elsewhere),
 so every mode runs the same forward with only the namespace swapped: eager, torchscript and the
 compile modes see torch ops (Inductor may fuse them, or rewrite attention into one
@@ -97,12 +97,12 @@ register(OpSpec(
 # ---------------------------------------------------------------------------------------------
 # attention: softmax((q @ k^T) * scale) @ v over (batch, heads, seq, head_dim)
 # ---------------------------------------------------------------------------------------------
-def takes_scale(softmax) -> bool:
-    """Whether an ops namespace's softmax takes `scale=` (ours and our custom op's: the scale
-    fused into its load; torch's and the peers' take none)."""
+def takes(function, keyword: str) -> bool:
+    """Whether `function` has a parameter named `keyword` (False for a builtin with no
+    signature, as torch.softmax)."""
     try:
-        return "scale" in inspect.signature(softmax).parameters
-    except (TypeError, ValueError):  # a builtin without a signature (torch.softmax)
+        return keyword in inspect.signature(function).parameters
+    except (TypeError, ValueError):
         return False
 
 
@@ -118,17 +118,23 @@ class Attention(nn.Module):
 
     @ops.setter
     def ops(self, ops):
-        # decided where the namespace is set (workloads.with_ops swaps it on a copy), not in
-        # forward: no signature look-up in a timed call or under a compiler's trace
+        # Where the scale goes, with no pass over the scores of its own where a kernel takes
+        # it: our softmax's load (scale=), or a peer GEMM's epilogue (quack's alpha=); else a
+        # multiply, the pattern Inductor's attention rewrite looks for. Decided where the
+        # namespace is set (workloads.with_ops swaps it on a copy), not in a timed call or
+        # under a compiler's trace.
         self._ops = ops
-        self.fused_scale = takes_scale(ops.softmax)
+        self.scale_in = ("softmax" if takes(ops.softmax, "scale")
+                         else "matmul" if takes(ops.matmul, "alpha") else None)  # fmt: skip
 
     def forward(self, q, k, v):
-        scores = self.ops.matmul(q, k.transpose(-2, -1))
-        if self.fused_scale:  # no pass over the scores for the scale, either way
-            return self.ops.matmul(self.ops.softmax(scores, -1, scale=self.scale), v)
-        # the pattern Inductor's attention rewrite looks for (fx_passes/fuse_attention.py)
-        return self.ops.matmul(self.ops.softmax(scores * self.scale, -1), v)
+        ops, kt = self.ops, k.transpose(-2, -1)
+        if self.scale_in == "softmax":
+            return ops.matmul(ops.softmax(ops.matmul(q, kt), -1, scale=self.scale), v)
+        if self.scale_in == "matmul":
+            return ops.matmul(ops.softmax(ops.matmul(q, kt, alpha=self.scale), -1), v)
+        # as fx_passes/fuse_attention.py matches it
+        return ops.matmul(ops.softmax(ops.matmul(q, kt) * self.scale, -1), v)
 
 
 class AttentionWorkload(BlockWorkload):

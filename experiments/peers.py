@@ -265,7 +265,11 @@ def _quack_ops() -> dict[str, Callable]:
         _require_last_dim(x, dim, "quack-kernels")
         return quack.softmax(_rows(x)).view(x.shape)  # it takes (M, N) only
 
-    return {"matmul": _batched(gemm, gemm), "linear": linear, "softmax": softmax}
+    def matmul(a, b, *, alpha=1.0):  # alpha·(a @ b) in its epilogue: attention's scale
+        product = functools.partial(gemm, alpha=alpha)
+        return _batched(product, product)(a, b)
+
+    return {"matmul": matmul, "linear": linear, "softmax": softmax}
 
 
 def _quack_direct() -> dict[str, Callable]:
@@ -288,8 +292,17 @@ def _quack_direct() -> dict[str, Callable]:
     return {"softmax": softmax}
 
 
-def _quack_gemm_limits(job: JobFacts) -> str | None:
+def _quack_dtype_limits(job: JobFacts) -> str | None:
     return "fp32 operands: its GEMMs take fp16/bf16 (or fp8)" if job.dtype == "fp32" else None
+
+
+def _quack_gemm_limits(job: JobFacts) -> str | None:
+    if job.pass_name == "fwd_bwd":
+        where = f" (in {job.block})" if job.block else ""
+        return (f"matmul{where} with pass=fwd_bwd: its GEMM (quack.gemm_interface.gemm, the "
+                "custom op quack::gemm) has no backward registered, so its output does not "
+                "require grad")  # fmt: skip
+    return _quack_dtype_limits(job)
 
 
 def _quack_linear_limits(job: JobFacts) -> str | None:
@@ -301,7 +314,7 @@ def _quack_linear_limits(job: JobFacts) -> str | None:
             f"linear+{activation} with pass=fwd_bwd: its fused activation's output is not "
             "differentiable (LinearActFunc's postact)"
         )
-    return _quack_gemm_limits(job)
+    return _quack_dtype_limits(job)
 
 
 PEERS = {

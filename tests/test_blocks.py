@@ -202,23 +202,29 @@ def test_each_block_calls_its_ops_with_the_fused_epilogues(name):
     assert recorder.calls == expected
 
 
-def test_attention_fuses_the_scale_where_the_softmax_takes_it():
-    """Our softmax and its custom op take scale= (the scale in their load); torch's and the
-    peers' do not, so those modules multiply the scores first, the pattern Inductor rewrites.
-    Swapping the namespace on a copy (with_ops, as the harness does) decides it again, and
-    both forms give eager's output."""
+def test_attention_puts_the_scale_where_a_kernel_takes_it():
+    """Our softmax and its custom op take scale= (the scale in their load), a peer's GEMM may
+    take alpha= (quack's epilogue), torch's ops neither: those modules multiply the scores,
+    the pattern Inductor rewrites. Swapping the namespace on a copy (with_ops, as the harness
+    does) decides it again, and every form gives eager's output."""
     _, workload = _workload("attention")
     shape = workload.parse_shape(EXTRA_SHAPES["attention"])
     generator = torch.Generator(device=DEVICE).manual_seed(6)
     eager = _eager(workload, shape, torch.float32, generator)
-    assert not eager.fused_scale and not blocks.takes_scale(torch.softmax)
+    assert eager.scale_in is None and not blocks.takes(torch.softmax, "scale")
     inputs = workload.make_inputs(shape, torch.float32, DEVICE, generator)
     expected = eager(*inputs)
-    for ops in (triton_ops(), registry.namespace("triton_compiled")):
-        ours = with_ops(eager, ops)
-        assert ours.fused_scale and not eager.fused_scale
-        assert relative_error(ours(*inputs), expected) < tolerance("fp32", False)
-    assert not with_ops(eager, Recorder()).fused_scale  # a peer's wrapper: softmax(x, dim)
+
+    def matmul_alpha(a, b, *, alpha=1.0):
+        return torch.matmul(a, b) * alpha
+
+    alpha_ops = copy.copy(eager_ops())
+    alpha_ops.matmul = matmul_alpha
+    for ops, where in ((triton_ops(), "softmax"), (registry.namespace("triton_compiled"),
+                       "softmax"), (alpha_ops, "matmul"), (Recorder(), None)):  # fmt: skip
+        module = with_ops(eager, ops)
+        assert module.scale_in == where and eager.scale_in is None
+        assert relative_error(module(*inputs), expected) < tolerance("fp32", False)
 
 
 def test_weights_are_scaled_by_fan_in_so_activations_keep_unit_variance():

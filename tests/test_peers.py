@@ -105,6 +105,8 @@ def test_peers_are_coloured_apart_from_the_other_modes():
         (["kernel=attention", "mode=liger"], "it has no matmul kernel"),  # a block: every op
         (["kernel=softmax", "mode=liger", "kernel.dim=0"], "softmax over dim 0"),
         (["kernel=matmul", "mode=quack", "dtype=fp32"], "fp32 operands"),
+        (["kernel=matmul", "mode=quack", "pass=fwd_bwd"], "has no backward registered"),
+        (["kernel=attention", "mode=quack", "pass=fwd_bwd"], "matmul (in attention) with pass"),
         (["kernel=linear", "mode=quack", "pass=fwd_bwd"], "linear+gelu with pass=fwd_bwd"),
         (["kernel=mlp", "mode=quack", "pass=fwd_bwd"], "linear+activation (in mlp) with pass"),
         (["kernel=softmax", "mode=liger", "mode.kind=peer_direct", "mode.name=liger-direct",
@@ -252,9 +254,9 @@ def aten_quack() -> types.ModuleType:
         assert x.dim() == 2, "quack.softmax takes (M, N)"
         return torch.softmax(x, -1)
 
-    def gemm(a, b):
+    def gemm(a, b, alpha=1.0):
         assert a.dim() == b.dim() and a.dim() in (2, 3), "gemm takes (M, K) or (L, M, K)"
-        return torch.matmul(a, b)
+        return torch.matmul(a, b) * alpha
 
     def linear_act_func(x, weight, activation, bias, store_preact):
         assert not store_preact
@@ -307,7 +309,8 @@ def test_the_flaggems_adapter_with_aten_twins(compose_job, monkeypatch, override
         ["kernel=linear"],  # gelu: the fused-epilogue path, forward
         ["kernel=linear", "kernel.activation=none", "pass=fwd_bwd"],
         ["kernel=softmax", "pass=fwd_bwd"],
-        ["kernel=attention", "pass=fwd_bwd"],  # (batch, heads, ...) flattened to what it takes
+        # (batch, heads, ...) flattened to what it takes; the scale as the GEMM's alpha
+        ["kernel=attention"],
         ["kernel=mlp"],
     ],
     ids=lambda o: "-".join(v.split("=")[1] for v in o),
