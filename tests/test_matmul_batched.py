@@ -14,7 +14,7 @@ from kernels.matmul import dispatch, matmul
 from kernels.matmul.batched import batched_views, merged_stride
 from kernels.matmul.dispatch import batched_plan
 from kernels.matmul.pointer import matmul_kernel
-from kernels.matmul.tma import DECODE_TILE, LARGE_TILE, WAVE_TILES
+from kernels.matmul.tma import DECODE_TILE, HEAD_TILE, LARGE_TILE, WAVE_TILES
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HOPPER = (9, 0)
@@ -138,8 +138,11 @@ def test_plan_per_key(device):
      ((1, 17, 40), (3, 40, 24), True, 132),
      ((40,), (2, 3, 40, 24), False, 132),
      ((2, 1, 17, 40), (1, 3, 40, 24), False, 132),
-     ((2, 130, 72), (2, 72, 264), True, 1)],
-    ids=["bmm", "bhmk", "a-2d-masked-store", "a-batch-1", "a-1d", "outer", "subtiled"],
+     ((2, 130, 72), (2, 72, 264), True, 1),
+     ((2, 136, 128), (2, 128, 40), True, 132),
+     ((2, 136, 200), (2, 200, 24), False, 132)],
+    ids=["bmm", "bhmk", "a-2d-masked-store", "a-batch-1", "a-1d", "outer", "subtiled",
+         "head-tile-qk", "head-tile-pv"],
 )  # fmt: skip
 def test_hopper_tma(a_shape, b_shape, b_transposed, sms, dtype_name, device):
     """16-bit operands TMA can read take the batched host-descriptor kernel (3-D descriptors
@@ -185,13 +188,17 @@ def meta(*shape, dtype=torch.bfloat16):
 
 
 def test_batched_dispatch():
-    """The tile counts every matrix: attention's 64 products of 1024 x 1024 take the 128x256
-    tile where one alone takes 128x64; fp32 and an unaligned batch stride take the pointer
-    kernel; without TMA, the pointer kernel."""
+    """Attention's batched products (a head dim of 128 as K or N) take the head tile, one of
+    them alone the wave-time pick (128x64); other batched products count every matrix's tiles
+    (8 products of 1024 x 512 x 1024: the 128x256 tile); fp32 and an unaligned batch stride
+    take the pointer kernel; without TMA, the pointer kernel."""
     qk = (meta(64, 1024, 128), meta(64, 1024, 128).transpose(-1, -2))
+    pv = (meta(64, 1024, 1024), meta(64, 1024, 128))
     with pretend_gpu(HOPPER, 132):
-        assert batched_plan(*qk) == ("tma_host_desc", 1, LARGE_TILE)
+        assert batched_plan(*qk) == batched_plan(*pv) == ("tma_host_desc", 1, HEAD_TILE)
         assert dispatch.plan(qk[0][0], qk[1][0]) == ("tma_host_desc", 1, WAVE_TILES[2])
+        wide = batched_plan(meta(8, 1024, 512), meta(8, 512, 1024))
+        assert wide == ("tma_host_desc", 1, LARGE_TILE)
         decode = batched_plan(meta(8, 16, 512), meta(8, 512, 4096))
         assert decode == ("tma_host_desc", 1, DECODE_TILE)
         assert batched_plan(*(t.float() for t in qk)) == ("pointer", 1, None)

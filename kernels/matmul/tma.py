@@ -123,6 +123,13 @@ WAVE_TILES = [
 ]
 WAVE_SPEED = {(128, 256): 1.0, (128, 128): 0.85, (128, 64): 0.8, (64, 64): 0.6}
 LARGE_TILE = WAVE_TILES[0]  # what many waves take
+# A batch of products with a head dim of at most HEAD_DIM columns or reduction (attention's
+# q @ k^T, K = 128, and p @ v, N = 128) past SKINNY_M rows: 128x128 tiles with a 128-deep K
+# step, three stages. On an H100 it ran both products at 1.01-1.08x cuBLAS over 8-32 heads
+# and sequences of 1k-8k, where the wave-time pick (128x256 for q @ k^T, 128x128x64 for p @ v)
+# lost up to 8% (docs/kernels/matmul.md, "Batched products").
+HEAD_DIM = 128
+HEAD_TILE = Tile(128, 128, 128, 3, 8, False)
 GROUP_M = 8
 
 
@@ -135,6 +142,8 @@ def heuristic_tile(M: int, N: int, K: int, num_sms: int, batch: int = 1) -> Tile
         if cdiv(M, 64) * cdiv(N, 64) * batch > SKINNY_WIDE_WAVES * num_sms:
             return SKINNY_WIDE_TILE if M <= 64 else SKINNY_TALL_TILE
         return SKINNY_TILE
+    if batch > 1 and min(N, K) <= HEAD_DIM:
+        return HEAD_TILE
     widest = max(64, next_power_of_2(N))
 
     def wave_time(tile: Tile) -> float:
