@@ -93,7 +93,8 @@ def batched_plans() -> list:
 
 def test_one_launch(monkeypatch, device):
     """A batch of 2 x 3 matrices is one matmul_kernel launch, its grid every tile of every
-    matrix (the interpreter's 32x32 tile: one per 17 x 9 matrix), not a loop over the batch."""
+    matrix (the interpreter's 32x32 tile: one per 17 x 9 matrix), not a loop over the batch.
+    On a GPU the autotuner launches each of its tiles once first, each on that whole grid."""
     grids = []
     run = matmul_kernel.run
 
@@ -106,7 +107,8 @@ def test_one_launch(monkeypatch, device):
     a = randn(2, 3, 17, 33, dtype=torch.float32, device=device, gen=gen)
     b = randn(2, 3, 33, 9, dtype=torch.float32, device=device, gen=gen)
     check(a, b)
-    assert len(grids) == 1 and grids[0]({"BLOCK_M": 32, "BLOCK_N": 32}) == (6, 1)
+    assert grids and {grid({"BLOCK_M": 32, "BLOCK_N": 32}) for grid in grids} == {(6, 1)}
+    assert len(grids) == 1 or device == "cuda"
 
 
 def test_plan_per_key(device):
