@@ -341,6 +341,10 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
     progress("memory")
     record.peak_mem_mb = timing.peak_memory_mb(step, device)
     derive(job, shape, record)
+    if job.timer is not None and record.min_bytes:
+        progress("same-bytes copy")
+        record.copy_ms_same_bytes = same_bytes_copy_ms(job, record.min_bytes)
+        record.pct_copy_same_bytes = 100 * record.copy_ms_same_bytes / record.time_ms_p50
     record.stage = None
 
 
@@ -382,6 +386,28 @@ def spread(values: list[float]) -> float:
 def raise_correctness(record: Record, reason: str, worst: float):
     record.max_rel_err = worst if worst else None
     raise AssertionError(f"correctness: {reason}")
+
+
+# (device, bytes copied) -> GPU ms: same_bytes_copy_ms's readings, one per size a process
+_COPY_MS: dict = {}
+COPY_LEAD_US = 30.0  # a copy's host path is a few us: the timer's lead for it
+
+
+def same_bytes_copy_ms(job: Job, min_bytes: float) -> float:
+    """GPU ms of a device-to-device copy that reads min_bytes / 2 and writes as many, timed by
+    the job's timer as its rows are: the bandwidth roofline of a memory-bound row at its own
+    size. The 1 GiB copy of the device's peaks (pct_peak_bw) is out of reach for a kernel that
+    moves a few MB, where a copy too spends much of its time starting and draining."""
+    half = max(16, int(min_bytes) // 32 * 16)  # 16-byte multiples, as a kernel's vector loads
+    key = (str(job.device), half)
+    if key not in _COPY_MS:
+        src = torch.empty(half, dtype=torch.uint8, device=job.device).random_()
+        dst = torch.empty_like(src)
+        bench = job.bench
+        result = job.timer.measure(lambda: dst.copy_(src), bench.warmup_ms, bench.rep_ms,
+                                   lead_us=COPY_LEAD_US)  # fmt: skip
+        _COPY_MS[key] = result["p50"]
+    return _COPY_MS[key]
 
 
 def derive(job: Job, shape: dict, record: Record) -> None:

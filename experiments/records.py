@@ -78,6 +78,10 @@ class Record:
     gbps: float | None = None
     pct_peak_flops: float | None = None
     pct_peak_bw: float | None = None
+    # GPU ms of a device copy moving min_bytes (half read, half written), timed as the row was,
+    # and the row's rate as a percent of that copy's: the roofline at the row's own size
+    copy_ms_same_bytes: float | None = None
+    pct_copy_same_bytes: float | None = None
     notes: list = field(default_factory=list)  # non-fatal remarks (a timer that did not apply, ...)
     schema_version: int = SCHEMA_VERSION
 

@@ -171,3 +171,30 @@ def test_git_stamp_takes_kbench_git_sha_over_the_checkout(monkeypatch):
     assert own["git_sha"] != "0123abc" and own["git_dirty"] in (True, False, None)
     monkeypatch.setenv("KBENCH_GIT_SHA", "0123abc")
     assert git_state() == {"git_sha": "0123abc", "git_dirty": None}
+
+
+def test_same_bytes_copy_is_timed_once_a_size_by_the_jobs_timer(monkeypatch):
+    """A GPU row's bandwidth roofline at its own size: a copy reading min_bytes / 2 and writing
+    as many, through the job's timer with a copy's lead, measured once per size and device."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from experiments import measure
+
+    calls = []
+
+    class Timer:
+        def measure(self, fn, warmup_ms, rep_ms, lead_us):
+            out = fn()  # the copy: dst.copy_(src) returns dst
+            calls.append((out.numel(), out.dtype, warmup_ms, rep_ms, lead_us))
+            return {"p50": 0.004}
+
+    monkeypatch.setattr(measure, "_COPY_MS", {})
+    job = SimpleNamespace(device=torch.device("cpu"), timer=Timer(),
+                          bench=SimpleNamespace(warmup_ms=3.0, rep_ms=7.0))  # fmt: skip
+    assert measure.same_bytes_copy_ms(job, 6.4e6) == 0.004
+    assert measure.same_bytes_copy_ms(job, 6.4e6 + 8) == 0.004  # the same 16-byte size: cached
+    assert calls == [(3_200_000, torch.uint8, 3.0, 7.0, measure.COPY_LEAD_US)]
+    measure.same_bytes_copy_ms(job, 100.0)
+    assert calls[-1][0] == 48 and len(calls) == 2  # 50 bytes each way, to a 16-byte multiple

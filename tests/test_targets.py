@@ -296,12 +296,13 @@ def test_depthwise_targets_read_eager_compile_and_bandwidth():
     from analysis.targets import conv_report
 
     def dw(mode, label, speedup, pct=None, shape_set="mobilenet_v2_dw"):
+        same = None if pct is None else pct + 10  # a layer's own-size copy is slower than 1 GiB's
         return row("conv", mode, label, shape_set=shape_set, memory_format="nhwc",
-                   speedup_vs_eager=speedup, pct_peak_bw=pct,
+                   speedup_vs_eager=speedup, pct_peak_bw=pct, pct_copy_same_bytes=same,
                    shape={"n": 32, "c": 144, "h": 56, "w": 56, "k": 144, "r": 3, "s": 3})
 
     frame = records_frame([
-        dw("triton", "a", 1.4, 85.0), dw("triton", "b", 1.1, 78.0),
+        dw("triton", "a", 1.4, 85.0), dw("triton", "b", 1.1, 68.0),
         dw("default", "a", 1.2), dw("default", "b", 1.2),
         dw("max-autotune-no-cudagraphs", "a", 1.3), dw("max-autotune-no-cudagraphs", "b", 1.0),
     ])
@@ -310,10 +311,15 @@ def test_depthwise_targets_read_eager_compile_and_bandwidth():
     assert checks[f"{tag}: triton vs eager (geomean)"].value == pytest.approx((1.4 * 1.1) ** 0.5)
     best = checks[f"{tag}: triton vs best compile mode (geomean)"]
     assert best.value == pytest.approx((1.4 / 1.3 * 1.1 / 1.2) ** 0.5)
-    bandwidth = checks[f"{tag}: triton % of copy bandwidth, every layer"]
+    bandwidth = checks[f"{tag}: triton % of a same-bytes copy, every layer"]
     assert bandwidth.value == pytest.approx(78.0) and not bandwidth.passed
     assert "at b" in bandwidth.detail
     assert not any("convnext_dw" in target for target in checks)  # no rows, no checks
+    # records from before the same-bytes copy: the bar reads n/a, never a pass
+    old = records_frame([dw("triton", "a", 1.4, 85.0) | {"pct_copy_same_bytes": None}])
+    check = {c.target: c for c in conv_report(old).checks}[
+        f"{tag}: triton % of a same-bytes copy, every layer"]
+    assert math.isnan(check.value) and not check.passed and "n/a" in check.line()
 
 
 def test_batched_matmul_target_reads_the_attention_set():
