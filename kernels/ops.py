@@ -222,7 +222,7 @@ def softmax_bwd_op(y: Tensor, dy: Tensor, dim: int, scale: float = 1.0) -> Tenso
 
 def _softmax_setup(ctx, inputs, output):
     ctx.save_for_backward(output)
-    ctx.dim, ctx.scale = inputs[1], inputs[2] if len(inputs) > 2 else 1.0
+    ctx.dim, ctx.scale = inputs[1], inputs[2]  # defaults included: (x, dim, scale)
 
 
 def _softmax_backward(ctx, dy):
