@@ -446,7 +446,7 @@ def test_split_tiles():
                 for c in kept]  # fmt: skip
 
     split = prune(configs, args, B_TMA=True, SPLIT_K=2)
-    assert tiles(split) == [(64, 128, 64, 4), (128, 128, 64, 8)]
+    assert tiles(split) == [(64, 128, 64, 4), (128, 128, 64, 8), (128, 128, 64, 4)]
     wide = [t for t in IMPLICIT_TILES if t[1] >= 64]  # the 16-channel tiles: K <= 16 only
     assert len(prune(configs, args, B_TMA=True, SPLIT_K=1)) == len(wide)
     narrow = prune(configs, dict(args, C=96), B_TMA=True, SPLIT_K=1)

@@ -116,6 +116,23 @@ def test_geometry(name, channels_last, device):
     check(x, weight, bias, stride, padding, dilation, out_format=fmt)
 
 
+@pytest.mark.parametrize("tile", [(7, 7), (7, 14), (4, 7)])
+@pytest.mark.parametrize("r", [3, 7])
+def test_sliding_tiles_of_seven(tile, r, device, monkeypatch):
+    """The 7-row and 7-column sliding tiles (loop counts, not powers of 2) on a 7x7 image, where
+    they fit exactly, and on a 9x11 one, where rows and columns are left over."""
+    import triton
+
+    block_p, block_q = tile
+    config = triton.Config({"BLOCK_P": block_p, "BLOCK_Q": block_q, "BLOCK_C": 32}, num_warps=1,
+                           num_stages=1)  # fmt: skip
+    monkeypatch.setattr(conv_depthwise_sliding_kernel, "configs", [config])
+    monkeypatch.setattr(conv_depthwise_sliding_kernel, "cache", {})
+    for hw in ((7, 7), (9, 11)):
+        x, weight, bias = make_inputs((2, 40, *hw), 1, r, device=device, x_format=CHANNELS_LAST)
+        check(x, weight, bias, 1, r // 2, 1, "relu", out_format=CHANNELS_LAST)
+
+
 # (R, S), stride, top / left padding, output (P, Q) of a 9x11 input: the bottom / right padding
 # is what P, Q imply
 ASYMMETRIC = {

@@ -167,7 +167,10 @@ _TRACEABLE = traceable(conv_depthwise_kernel.configs, DEPTHWISE_KEY, conv_depthw
 # -- the sliding-window stencil (stride 1 and dilation 1 along W) ------------------------------
 # (BLOCK_P output rows, BLOCK_Q output columns, num_warps). A program's tile is one pixel by
 # BLOCK_C = 32·num_warps channels, a channel a thread: its R·S fp32 weights, BLOCK_P·S pending
-# sums and the column's input rows all sit in registers (7x7, 8 rows: about 150).
+# sums and the column's input rows all sit in registers (7x7, 8 rows: about 150). Rows and
+# columns are loop counts, not tensor dims, so they need not be powers of 2: the 7- and 14-wide
+# tiles divide the 7·2^k images of MobileNetV2 and ConvNeXt with no masked row or column step,
+# which on a 7x7 image halves the steps of a 14-wide tile (docs/kernels/conv.md, "Depthwise").
 SLIDING_TILES = [
     (8, 28, 1),
     (4, 28, 1),
@@ -176,6 +179,9 @@ SLIDING_TILES = [
     (8, 28, 2),
     (4, 56, 1),
     (2, 28, 1),
+    (7, 14, 1),
+    (7, 7, 1),
+    (4, 7, 1),
 ]
 
 

@@ -53,6 +53,12 @@ IMPLICIT_TILES = [
     (128, 128, 32, 4, 4),
     (128, 128, 64, 4, 8),
     (64, 64, 64, 4, 4),
+    # the stage-3/4 3x3s on an H200 (forced-tile probe, docs/kernels/conv.md "Small-spatial
+    # 3x3 tiles"): 128x128 at 3 stages / 4 warps for the 56x56 and 28x28 strided ones, and
+    # 128-channel steps for the 14x14 and 7x7 outputs
+    (128, 128, 64, 3, 4),
+    (128, 128, 128, 3, 8),
+    (64, 128, 128, 3, 4),
     # at most 16 output channels (the dgrad of a 3-channel stem: a 64-wide tile computes 61
     # padding channels, a 16-wide one 13); pruned wherever K is wider
     (128, 16, 64, 4, 4),
