@@ -557,6 +557,28 @@ def test_designs_on_gpu(name, design, options, one_config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+def test_every_implicit_tile_on_gpu(dtype_name, split_k, monkeypatch):
+    """Each implicit-GEMM tile alone (the autotuner would only run the winner) on the 7x7-output
+    3x3 layer, TMA weights, unsplit and split in two, against float64."""
+    from kernels.conv.common import config
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA needs a Hopper GPU")
+    x, weight, bias, stride, padding = resnet_inputs("layer4-3x3", DTYPES[dtype_name], True)
+    for tile in IMPLICIT_TILES:
+        if tile[1] < 64:  # the 16-wide tiles: at most 16 output channels
+            continue
+        monkeypatch.setattr(conv_implicit_kernel, "configs", [config(*tile)])
+        monkeypatch.setattr(conv_implicit_kernel, "cache", {}, raising=False)
+        conv = dispatch.prepare(x, weight, bias, stride, padding, 1, "relu")
+        step, scratch = implicit_step(conv, tma=True, split_k=split_k)
+        step(conv.x, conv.w2d, conv.bias, conv.y, *scratch(conv.x.device))
+        assert_close(conv.y, x, weight, bias, stride, padding, 1, "relu")
+
+
+@pytest.mark.gpu
 def test_tile_counters_are_per_stream():
     """Split-K launches on two streams may overlap, so they must not share arrival counters."""
     from kernels._common import tile_counters

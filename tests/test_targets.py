@@ -426,3 +426,27 @@ def test_bench_grids_runs_only_the_numbered_grids(tmp_path, monkeypatch, capsys)
         commands.clear()
         assert bench.main(["conv", "--grids", bad]) == 2
         assert not commands and "--grids takes grid numbers 1-7" in capsys.readouterr().err
+
+
+def test_conv_training_full_set_reads_the_core_sets_compile_rows():
+    """fwd_bwd: the resnet50 triton rows against the compile modes' resnet50_core rows, layer by
+    layer where both ran; a layer only one set has does not count."""
+
+    def train(mode, label, speedup, shape_set):
+        return row("conv", mode, label, shape_set=shape_set, memory_format="nhwc",
+                   epilogue="none", speedup_vs_eager=speedup, **{"pass": "fwd_bwd"})
+
+    frame = records_frame([
+        train("triton", "a", 0.9, "resnet50"), train("triton", "b", 0.6, "resnet50"),
+        train("triton", "c", 1.2, "resnet50"),
+        train("default", "a", 1.0, "resnet50_core"), train("default", "b", 1.0, "resnet50_core"),
+        train("max-autotune-no-cudagraphs", "b", 1.2, "resnet50_core"),
+    ])
+    checks = {c.target: c for c in conv_report(frame).checks}
+    tag = "conv bf16 resnet50 fwd_bwd"
+    assert checks[f"{tag}: triton vs eager (geomean)"].value == pytest.approx(
+        (0.9 * 0.6 * 1.2) ** (1 / 3))
+    best = checks[f"{tag}: triton vs best compile mode (geomean) "
+                  "[the resnet50_core layers' compile rows]"]
+    assert best.value == pytest.approx((0.9 / 1.0 * 0.6 / 1.2) ** 0.5)
+    assert not best.passed and "at b" in best.detail and "(2 layers)" in best.detail
