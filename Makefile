@@ -16,7 +16,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup peers experiment sweep bench study promote fuzz resume resources test test-all test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup peers experiment sweep bench study promote fuzz resume probe resources test test-all test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -65,6 +65,9 @@ resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<dat
 # machines' version): it is pip-installed once, without dependencies, into .triton-<version>/.
 TRITON ?=
 TRITON_DIR = .triton-$(TRITON)
+
+probe: $(SETUP) ## Each conv tuning config forced alone, on a GPU, against cuDNN: make probe design=implicit|depthwise [ARGS="--shapes resnet50 --splits 1,2"]
+	$(PY) -m experiments.tile_probe $(design) $(ARGS)
 
 resources: $(SETUP) ## Registers/spills/smem/PTX hash of each kernel a GPU would launch, compiled offline: make resources kernel=conv [dtype=fp16] [pass=fwd_bwd] [TRITON=3.6.0] [ARGS="--shapes resnet50 --arch 90 --sms 132"]
 	$(if $(TRITON),test -d $(TRITON_DIR)/triton || $(PY) -m pip install -q --no-deps --target $(TRITON_DIR) triton==$(TRITON))
