@@ -66,7 +66,7 @@ resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<dat
 TRITON ?=
 TRITON_DIR = .triton-$(TRITON)
 
-probe: $(SETUP) ## Each conv tuning config forced alone, on a GPU, against cuDNN: make probe design=implicit|depthwise [ARGS="--shapes resnet50 --splits 1,2"]
+probe: $(SETUP) ## Each conv tuning config forced alone, on a GPU, against cuDNN: make probe design=implicit|gemm|depthwise [ARGS="--shapes resnet50 --splits 1,2"]
 	$(PY) -m experiments.tile_probe $(design) $(ARGS)
 
 resources: $(SETUP) ## Registers/spills/smem/PTX hash of each kernel a GPU would launch, compiled offline: make resources kernel=conv [dtype=fp16] [pass=fwd_bwd] [TRITON=3.6.0] [ARGS="--shapes resnet50 --arch 90 --sms 132"]

@@ -5,12 +5,15 @@ leaves on the table.
     python -m experiments.tile_probe depthwise [--shapes mobilenet_v2_dw,convnext_dw]
     python -m experiments.tile_probe implicit [--shapes resnet50] [--splits 1,2,3,4]
         [--tile 128,128,64,3,4 ...] [--dtype bf16]
+    python -m experiments.tile_probe gemm [--shapes resnet50] [--tile 128,128,64,3,4,2 ...]
 
 `depthwise`: the sliding-window stencil's SLIDING_TILES (stride-1 layers; the tap tiles serve
 the others) plus any --tile rows,cols,warps. `implicit`: the implicit GEMM's IMPLICIT_TILES of
 64 or more channels, each at every split of --splits, on the layers with a filter wider than
 1x1 and at least 16 channels (the designs the dispatch may give them are its business: this
-times the implicit kernel whatever the plan), plus any --tile BM,BN,BK,stages,warps.
+times the implicit kernel whatever the plan), plus any --tile BM,BN,BK,stages,warps. `gemm`: the
+persistent 1x1 GEMM's GEMM_PERSISTENT_TILES on the stride-1 1x1 layers, plus any --tile
+BM,BN,BK,stages,warps,programs-per-SM.
 
 Each forced config replaces the autotuner's list, so the launch compiles and runs that config
 only; its output is checked against torch's conv of the same dtype before it is timed. Times are
@@ -189,6 +192,47 @@ def probe_implicit(shapes, dtype, device, splits=(1, 2), extra_tiles=(), out=pri
     return rows
 
 
+def probe_gemm(shapes, dtype, device, extra_tiles=(), out=print) -> list[dict]:
+    import kernels
+    from kernels.conv import dispatch, gemm
+    from kernels.conv.common import config as conv_config
+
+    kernel = gemm.conv_gemm_persistent_kernel
+    tiles = list(gemm.GEMM_PERSISTENT_TILES) + list(extra_tiles)
+    if not torch.cuda.is_available():  # the interpreter: one tile of its size
+        tiles = [(32, 32, 16, 1, 4, 1)]
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    out("layer | cuDNN | autotuned (plan) | best forced (BM, BN, BK, stages, warps, per SM) | top")
+    for shape in shapes:
+        if shape["groups"] != 1 or shape["r"] * shape["s"] != 1 or shape["stride"] != 1:
+            continue
+        x, weight = inputs(shape, dtype, device, generator)
+        ref = F.conv2d(x, weight)
+        plan = dispatch.plan(dispatch.prepare(x, weight))
+        row = {"layer": label(shape), "cudnn": gpu_us(partial(F.conv2d, x, weight)),
+               "autotuned": gpu_us(partial(kernels.conv2d, x, weight)),
+               "plan": plan.design, "tiles": {}}  # fmt: skip
+        for *tile, per_sm in tiles:
+            cfg = conv_config(*tile)
+            cfg.kwargs["PER_SM"] = per_sm
+            key = (*tile, per_sm)
+            try:
+                with forced(kernel, cfg):
+                    conv = dispatch.prepare(x, weight)
+                    step, _ = gemm.gemm_persistent_step(conv, tma=hopper)
+                    tensors = (x, conv.w2d, None, conv.y)
+                    step.once(*tensors)
+                    _check(conv.y, ref, dtype)
+                    row["tiles"][key] = gpu_us(partial(step, *tensors))
+            except Exception as exc:  # noqa: BLE001 - a config that fails is a row
+                row["tiles"][key] = f"{type(exc).__name__}: {exc}"[:160]
+        rows.append(row)
+        out(_line(row, top=6))
+    return rows
+
+
 def _line(row: dict, top: int | None = None) -> str:
     timed = sorted((us, key) for key, us in row["tiles"].items() if isinstance(us, float))
     failed = [f"{key}: {err}" for key, err in row["tiles"].items() if isinstance(err, str)]
@@ -210,7 +254,7 @@ def _tile(text: str, size: int) -> tuple[int, ...]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("design", choices=["depthwise", "implicit"])
+    parser.add_argument("design", choices=["depthwise", "implicit", "gemm"])
     parser.add_argument("--shapes", help="comma-separated conv shape sets (conf/kernel/conv.yaml)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--splits", default="1,2,3,4", help="implicit: reduction splits to try")
@@ -221,7 +265,7 @@ def main(argv=None) -> int:
     default = "mobilenet_v2_dw,convnext_dw" if args.design == "depthwise" else "resnet50"
     try:
         shapes = layers((args.shapes or default).split(","))
-        size = 3 if args.design == "depthwise" else 5
+        size = {"depthwise": 3, "implicit": 5, "gemm": 6}[args.design]
         extra = [_tile(text, size) for text in args.tile]
         splits = tuple(int(part) for part in args.splits.split(","))
     except (ValueError, argparse.ArgumentTypeError) as exc:
@@ -232,8 +276,10 @@ def main(argv=None) -> int:
     print(f"{name}; torch {torch.__version__}; {args.dtype}; µs")
     if args.design == "depthwise":
         probe_depthwise(shapes, DTYPES[args.dtype], device, extra)
-    else:
+    elif args.design == "implicit":
         probe_implicit(shapes, DTYPES[args.dtype], device, splits, extra)
+    else:
+        probe_gemm(shapes, DTYPES[args.dtype], device, extra)
     return 0
 
 

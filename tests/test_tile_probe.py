@@ -35,11 +35,20 @@ def test_implicit_runs_its_tile_on_a_strided_layer():
     assert all(isinstance(us, float) for us in rows[0]["tiles"].values()), rows[0]["tiles"]
 
 
+def test_gemm_runs_its_tile_on_a_one_by_one_layer():
+    one = {**DENSE, "r": 1, "s": 1, "stride": 1, "padding": 0}
+    rows = tile_probe.probe_gemm([DENSE, one], torch.float32, torch.device("cpu"),
+                                 out=lambda line: None)  # fmt: skip
+    assert [row["layer"] for row in rows] == ["1x16x5x6-k24-1x1"]
+    assert all(isinstance(us, float) for us in rows[0]["tiles"].values()), rows[0]["tiles"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["depthwise", "--shapes", "nope"], "unknown conv shape set 'nope'"),
         (["implicit", "--tile", "1,2"], "expected 5 comma-separated ints"),
+        (["gemm", "--tile", "1,2,3,4,5"], "expected 6 comma-separated ints"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
