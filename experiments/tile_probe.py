@@ -33,8 +33,13 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+import triton
 
+import kernels
 from experiments.resources import load_kernel_cfg
+from kernels._timing import gpu_ms_per_call
+from kernels.conv import depthwise, dispatch, gemm, implicit_gemm
+from kernels.conv.common import config as conv_config
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 1e-2}
@@ -45,8 +50,6 @@ def gpu_us(fn) -> float:
     if not torch.cuda.is_available():
         fn()
         return math.nan
-    from kernels._timing import gpu_ms_per_call
-
     fn()
     torch.cuda.synchronize()
     return 1000 * statistics.median(gpu_ms_per_call(fn, 50) for _ in range(5))
@@ -68,6 +71,38 @@ def forced(kernel, config):
         yield
     finally:
         kernel.configs, kernel.cache = saved, saved_cache
+
+
+def timed_config(kernel, config, build, ref, dtype):
+    """GPU µs of one launch of `kernel` under `config` alone (NaN off the GPU), after checking
+    its output against ref; or the error, as one line, where it fails. build() returns (step,
+    tensors, y): a kernels._launch.Step, its tensors and the output it writes."""
+    try:
+        with forced(kernel, config):
+            step, tensors, y = build()
+            step.once(*tensors)
+            _check(y, ref, dtype)
+            return gpu_us(partial(step, *tensors))
+    except Exception as exc:  # noqa: BLE001 - a config that fails is a row, not the end
+        return f"{type(exc).__name__}: {exc}"[:160]
+
+
+# Each design's launch as timed_config's build: (Step, its tensors, the output it writes)
+def _depthwise_build(x, weight, pad, y):
+    step = depthwise.depthwise_step(x, weight, None, y, (1, 1), (pad, pad), (1, 1), 0)
+    return step, (x, weight, None, y), y
+
+
+def _implicit_build(x, weight, geometry, tma, split):
+    conv = dispatch.prepare(x, weight, None, *geometry)
+    step, scratch = implicit_gemm.implicit_step(conv, tma=tma, split_k=split)
+    return step, (x, conv.w2d, None, conv.y, *scratch(x.device)), conv.y
+
+
+def _gemm_build(x, weight, tma):
+    conv = dispatch.prepare(x, weight)
+    step, _ = gemm.gemm_persistent_step(conv, tma=tma)
+    return step, (x, conv.w2d, None, conv.y), conv.y
 
 
 def layers(shape_sets: list[str]) -> list[dict]:
@@ -107,12 +142,7 @@ def _fmt(us: float) -> str:
 
 
 def probe_depthwise(shapes, dtype, device, extra_tiles=(), out=print) -> list[dict]:
-    import triton
-
-    import kernels
-    from kernels.conv import depthwise as dw
-
-    kernel = dw.conv_depthwise_sliding_kernel
+    kernel = depthwise.conv_depthwise_sliding_kernel
     tiles = [(c.kwargs["BLOCK_P"], c.kwargs["BLOCK_Q"], c.num_warps) for c in kernel.configs]
     tiles += [t for t in extra_tiles if t not in tiles]
     generator = torch.Generator().manual_seed(0)
@@ -132,28 +162,16 @@ def probe_depthwise(shapes, dtype, device, extra_tiles=(), out=print) -> list[di
         for rows_, cols, warps in tiles:
             config = triton.Config({"BLOCK_P": rows_, "BLOCK_Q": cols, "BLOCK_C": 32 * warps},
                                    num_warps=warps, num_stages=1)  # fmt: skip
-            y = torch.empty_like(ref)
-            step = dw.depthwise_step(x, weight, None, y, (1, 1), (pad, pad), (1, 1), 0)
-            try:
-                with forced(kernel, config):
-                    step.once(x, weight, None, y)
-                    _check(y, ref, dtype)
-                    row["tiles"][(rows_, cols, warps)] = gpu_us(partial(step, x, weight, None, y))
-            except Exception as exc:  # noqa: BLE001 - a config that fails is a row, not the end
-                row["tiles"][(rows_, cols, warps)] = f"{type(exc).__name__}: {exc}"[:160]
+            build = partial(_depthwise_build, x, weight, pad, torch.empty_like(ref))
+            row["tiles"][(rows_, cols, warps)] = timed_config(kernel, config, build, ref, dtype)
         rows.append(row)
         out(_line(row))
     return rows
 
 
 def probe_implicit(shapes, dtype, device, splits=(1, 2), extra_tiles=(), out=print) -> list[dict]:
-    import kernels
-    from kernels.conv import dispatch
-    from kernels.conv import implicit_gemm as ig
-    from kernels.conv.common import config as conv_config
-
-    kernel = ig.conv_implicit_kernel
-    tiles = [t for t in ig.IMPLICIT_TILES if t[1] >= 64] + list(extra_tiles)
+    kernel = implicit_gemm.conv_implicit_kernel
+    tiles = [t for t in implicit_gemm.IMPLICIT_TILES if t[1] >= 64] + list(extra_tiles)
     if torch.cuda.is_available() is False:  # the interpreter: one tile of its size, unsplit
         tiles, splits = [(32, 32, 16, 1, 4)], (1,)
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
@@ -176,27 +194,15 @@ def probe_implicit(shapes, dtype, device, splits=(1, 2), extra_tiles=(), out=pri
             for split in splits:
                 if split > 1 and steps * math.ceil(shape["c"] / tile[2]) // split < 6:
                     continue  # a split of under 6 steps: nothing left to pipeline
-                key = (*tile, split)
-                try:
-                    with forced(kernel, conv_config(*tile)):
-                        conv = dispatch.prepare(x, weight, None, *geometry)
-                        step, scratch = ig.implicit_step(conv, tma=hopper, split_k=split)
-                        tensors = (x, conv.w2d, None, conv.y, *scratch(x.device))
-                        step.once(*tensors)
-                        _check(conv.y, ref, dtype)
-                        row["tiles"][key] = gpu_us(partial(step, *tensors))
-                except Exception as exc:  # noqa: BLE001 - a config that fails is a row
-                    row["tiles"][key] = f"{type(exc).__name__}: {exc}"[:160]
+                build = partial(_implicit_build, x, weight, geometry, hopper, split)
+                row["tiles"][(*tile, split)] = timed_config(kernel, conv_config(*tile), build,
+                                                            ref, dtype)  # fmt: skip
         rows.append(row)
         out(_line(row, top=6))
     return rows
 
 
 def probe_gemm(shapes, dtype, device, extra_tiles=(), out=print) -> list[dict]:
-    import kernels
-    from kernels.conv import dispatch, gemm
-    from kernels.conv.common import config as conv_config
-
     kernel = gemm.conv_gemm_persistent_kernel
     tiles = list(gemm.GEMM_PERSISTENT_TILES) + list(extra_tiles)
     if not torch.cuda.is_available():  # the interpreter: one tile of its size
@@ -217,17 +223,8 @@ def probe_gemm(shapes, dtype, device, extra_tiles=(), out=print) -> list[dict]:
         for *tile, per_sm in tiles:
             cfg = conv_config(*tile)
             cfg.kwargs["PER_SM"] = per_sm
-            key = (*tile, per_sm)
-            try:
-                with forced(kernel, cfg):
-                    conv = dispatch.prepare(x, weight)
-                    step, _ = gemm.gemm_persistent_step(conv, tma=hopper)
-                    tensors = (x, conv.w2d, None, conv.y)
-                    step.once(*tensors)
-                    _check(conv.y, ref, dtype)
-                    row["tiles"][key] = gpu_us(partial(step, *tensors))
-            except Exception as exc:  # noqa: BLE001 - a config that fails is a row
-                row["tiles"][key] = f"{type(exc).__name__}: {exc}"[:160]
+            build = partial(_gemm_build, x, weight, hopper)
+            row["tiles"][(*tile, per_sm)] = timed_config(kernel, cfg, build, ref, dtype)
         rows.append(row)
         out(_line(row, top=6))
     return rows
