@@ -393,16 +393,27 @@ _COPY_MS: dict = {}
 COPY_LEAD_US = 30.0  # a copy's host path is a few us: the timer's lead for it
 
 
+def same_bytes_half(min_bytes: float) -> int:
+    """The bytes a same-bytes copy reads (and writes): min_bytes / 2 in 16-byte multiples, as a
+    kernel's vector loads."""
+    return max(16, int(min_bytes) // 32 * 16)
+
+
+def same_bytes_buffers(min_bytes: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(source, destination) of the copy that reads and writes same_bytes_half(min_bytes): a
+    memory-bound row's own-size roofline (also experiments.tile_probe's)."""
+    src = torch.empty(same_bytes_half(min_bytes), dtype=torch.uint8, device=device).random_()
+    return src, torch.empty_like(src)
+
+
 def same_bytes_copy_ms(job: Job, min_bytes: float) -> float:
     """GPU ms of a device-to-device copy that reads min_bytes / 2 and writes as many, timed by
     the job's timer as its rows are: the bandwidth roofline of a memory-bound row at its own
     size. The 1 GiB copy of the device's peaks (pct_peak_bw) is out of reach for a kernel that
     moves a few MB, where a copy too spends much of its time starting and draining."""
-    half = max(16, int(min_bytes) // 32 * 16)  # 16-byte multiples, as a kernel's vector loads
-    key = (str(job.device), half)
+    key = (str(job.device), same_bytes_half(min_bytes))
     if key not in _COPY_MS:
-        src = torch.empty(half, dtype=torch.uint8, device=job.device).random_()
-        dst = torch.empty_like(src)
+        src, dst = same_bytes_buffers(min_bytes, job.device)
         bench = job.bench
         result = job.timer.measure(lambda: dst.copy_(src), bench.warmup_ms, bench.rep_ms,
                                    lead_us=COPY_LEAD_US)  # fmt: skip

@@ -36,7 +36,9 @@ import torch.nn.functional as F
 import triton
 
 import kernels
+from experiments.measure import same_bytes_buffers
 from experiments.resources import load_kernel_cfg
+from experiments.workloads import make_workload, resolve_shapes
 from kernels._timing import gpu_ms_per_call
 from kernels.conv import depthwise, dispatch, gemm, implicit_gemm
 from kernels.conv.common import config as conv_config
@@ -56,10 +58,10 @@ def gpu_us(fn) -> float:
 
 
 def copy_us(nbytes: int, device) -> float:
-    """A device copy reading nbytes / 2 and writing as many: the layer's own-size roofline."""
-    src = torch.empty(max(16, nbytes // 32 * 16), dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    return gpu_us(lambda: dst.copy_(src))
+    """The harness's same-bytes copy (reads nbytes / 2, writes as many): the layer's own-size
+    roofline."""
+    src, dst = same_bytes_buffers(nbytes, device)
+    return gpu_us(partial(dst.copy_, src))
 
 
 @contextmanager
@@ -106,13 +108,13 @@ def _gemm_build(x, weight, tma):
 
 
 def layers(shape_sets: list[str]) -> list[dict]:
-    sets = load_kernel_cfg("conv", []).shape_sets
+    """The conf shape sets' layers as the harness parses them (defaults filled in, checked),
+    each once."""
+    cfg = load_kernel_cfg("conv", [])
+    workload = make_workload(cfg)
     out = []
     for name in shape_sets:
-        if name not in sets:
-            raise ValueError(f"unknown conv shape set {name!r}; choose from {sorted(sets)}")
-        for raw in sets[name]:
-            shape = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1, **dict(raw)}
+        for shape in resolve_shapes(workload, cfg, name, on_gpu=True)[1]:
             if shape not in out:
                 out.append(shape)
     return out
@@ -172,7 +174,7 @@ def probe_depthwise(shapes, dtype, device, extra_tiles=(), out=print) -> list[di
 def probe_implicit(shapes, dtype, device, splits=(1, 2), extra_tiles=(), out=print) -> list[dict]:
     kernel = implicit_gemm.conv_implicit_kernel
     tiles = [t for t in implicit_gemm.IMPLICIT_TILES if t[1] >= 64] + list(extra_tiles)
-    if torch.cuda.is_available() is False:  # the interpreter: one tile of its size, unsplit
+    if not torch.cuda.is_available():  # the interpreter: one tile of its size, unsplit
         tiles, splits = [(32, 32, 16, 1, 4)], (1,)
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
     generator = torch.Generator().manual_seed(0)

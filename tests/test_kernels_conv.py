@@ -572,10 +572,7 @@ def test_every_implicit_tile_on_gpu(dtype_name, split_k, monkeypatch):
             continue
         monkeypatch.setattr(conv_implicit_kernel, "configs", [config(*tile)])
         monkeypatch.setattr(conv_implicit_kernel, "cache", {}, raising=False)
-        conv = dispatch.prepare(x, weight, bias, stride, padding, 1, "relu")
-        step, scratch = implicit_step(conv, tma=True, split_k=split_k)
-        step(conv.x, conv.w2d, conv.bias, conv.y, *scratch(conv.x.device))
-        assert_close(conv.y, x, weight, bias, stride, padding, 1, "relu")
+        run_design(implicit_step, x, weight, bias, stride, padding, 1, tma=True, split_k=split_k)
 
 
 @pytest.mark.gpu

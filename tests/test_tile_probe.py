@@ -46,7 +46,7 @@ def test_gemm_runs_its_tile_on_a_one_by_one_layer():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["depthwise", "--shapes", "nope"], "unknown conv shape set 'nope'"),
+        (["depthwise", "--shapes", "nope"], "unknown shape set 'nope' for kernel=conv"),
         (["implicit", "--tile", "1,2"], "expected 5 comma-separated ints"),
         (["gemm", "--tile", "1,2,3,4,5"], "expected 6 comma-separated ints"),
     ],
