@@ -37,7 +37,7 @@ import triton.language as tl
 
 from kernels._common import (
     cdiv,
-    gpu_ms_per_call,
+    gpu_ms_flushed,
     is_interpreter,
     next_power_of_2,
     tile_counters,
@@ -241,11 +241,12 @@ def prune(configs, named_args, **kwargs):
 
 
 def tune_bench(kernel_call, quantiles):
-    """The autotuner's timer: GPU time per call over 20 back-to-back calls behind a sleep kernel
-    (kernels._common.gpu_ms_per_call). triton's default do_bench counts the launch path whenever
-    it outlasts the kernel, which for these 10-50 us convolutions ranks configs by Python
-    overhead rather than by speed."""
-    ms = gpu_ms_per_call(kernel_call, 20)
+    """The autotuner's timer: the median GPU time of 20 calls, each after an L2 flush, behind a
+    sleep kernel (kernels._common.gpu_ms_flushed), as the benchmark times them. Back-to-back
+    calls keep a layer's 1-13 MB of input in L2 and rank tiles by a warm-cache speed the timed
+    call never sees (docs/kernels/conv.md, "Tuned as timed"); triton's default do_bench counts
+    the launch path whenever it outlasts these 10-50 us convolutions."""
+    ms = gpu_ms_flushed(kernel_call, 20)
     return [ms for _ in quantiles] if quantiles else ms
 
 
