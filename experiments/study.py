@@ -35,6 +35,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from experiments.processes import child_env
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 EXPERIMENT = "+experiment=study"
@@ -273,7 +275,8 @@ def run_parts(study: Path, state: dict, extra: list[str], concurrent: bool) -> N
                 argv = command(study, part, extra)
                 print(" ".join(argv), file=log, flush=True)
                 running[part.name] = (part, subprocess.Popen(
-                    argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)  # fmt: skip
+                    argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=child_env()),
+                    log)  # fmt: skip
                 print(f"study: {part.name}: {part.jobs} jobs, log {log.name}", flush=True)
             while running:
                 time.sleep(2)

@@ -10,7 +10,6 @@ address, say) records its failed row itself and exits with POISONED_EXIT, and a 
 
 import collections
 import logging
-import os
 import re
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import sys
 
 from experiments.faults import POISONED_EXIT
 from experiments.measure import base_record
+from experiments.processes import child_env
 from experiments.records import JsonlWriter, read_jsonl, recorded_keys
 from experiments.tracking import redact, run_group
 
@@ -94,9 +94,9 @@ def run_isolated(plan) -> list[dict]:
         "resume=true",
         f"wandb.group={quoted(run_group(cfg.wandb.group, plan.sweep_name, cfg.name))}",
     ]
-    child_env = {**os.environ, "KBENCH_JOB_ID": plan.job_id}
+    env = child_env({"KBENCH_JOB_ID": plan.job_id})
     for _ in range(len(plan.shapes)):  # each death records a row, so this always ends
-        returncode, error = run_worker(command, child_env)
+        returncode, error = run_worker(command, env)
         missing = missing_shapes(plan)
         if returncode == 0 or not missing:
             break

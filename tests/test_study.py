@@ -345,3 +345,68 @@ def test_launcher_gpus_without_a_gpu_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "visible_gpus", lambda: 0)
     assert study.main(["--dir", str(tmp_path / "s"), "kernel=softmax", "mode=eager"]) == 2
     assert not (tmp_path / "s").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Child processes: Python's bytecode cached where the host forbids writing it beside the sources
+# ---------------------------------------------------------------------------------------------
+def test_children_cache_bytecode_under_a_prefix_where_the_host_forbids_writing_it(monkeypatch):
+    from experiments import processes
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    env = processes.child_env({"KBENCH_JOB_ID": "s/3"})
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["KBENCH_JOB_ID"] == "s/3"
+    assert env["PYTHONPYCACHEPREFIX"] == str(processes.BYTECODE_CACHE)
+    probe = [sys.executable, "-c", "import sys; print(sys.dont_write_bytecode, sys.pycache_prefix)"]
+    out = subprocess.run(probe, env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", str(processes.BYTECODE_CACHE)]
+
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", "/elsewhere")  # a prefix of the caller's is kept
+    assert processes.child_env()["PYTHONPYCACHEPREFIX"] == "/elsewhere"
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    assert "PYTHONPYCACHEPREFIX" not in processes.child_env()  # nothing to change
+
+
+def test_the_study_and_the_isolated_worker_start_their_children_with_child_env(
+    tmp_path, monkeypatch
+):
+    """The driver's multiruns (and through them every job) and an isolated job's worker get
+    processes.child_env: under PYTHONDONTWRITEBYTECODE, a bytecode prefix instead."""
+    import types
+
+    from experiments import worker
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    seen = []
+
+    class Finished:
+        returncode = 0
+
+        def __init__(self, argv, env=None, **_):
+            seen.append(env)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(study.subprocess, "Popen", Finished)
+    part = study.Part("1_inputs-fwd", ["kernel=softmax"], 1, 1.0, 1.0)
+    study.run_parts(tmp_path, {"parts": [part]}, [], concurrent=False)
+    assert part.status == "done" and "PYTHONDONTWRITEBYTECODE" not in seen[0]
+    assert seen[0]["PYTHONPYCACHEPREFIX"]
+
+    def fake_worker(command, env):  # the worker measures its one shape
+        seen.append(env)
+        row = {"config_hash": "h", "shape_label": "x", "status": "ok"}
+        (tmp_path / "results.jsonl").write_text(json.dumps(row) + "\n")
+        return 0, None
+
+    monkeypatch.setattr(worker, "run_worker", fake_worker)
+    cfg = OmegaConf.create({"wandb": {"group": None}, "name": None})
+    plan = types.SimpleNamespace(cfg=cfg, output_dir=tmp_path, job_id="s/0", sweep_name="s",
+                                 shapes=[{}], config_hash="h",
+                                 workload=types.SimpleNamespace(label=lambda shape: "x"))
+    worker.run_isolated(plan)
+    assert seen[1]["KBENCH_JOB_ID"] == "s/0" and "PYTHONDONTWRITEBYTECODE" not in seen[1]
