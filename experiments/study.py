@@ -64,12 +64,18 @@ COLD_SECONDS_PER_SHAPE = {"triton": 0.8, "triton-compiled": 1.8, "default": 0.7,
 REPLAY_SECONDS = 0.55
 FWD_BWD_FACTOR = 1.4  # triton fwd_bwd against fwd in the same records: 1.32
 BLOCK_FACTOR = 1.5  # assumed: a block calls 2-3 ops (no block is on record yet)
-# What a job costs beyond its measurement, from the bf16 study on 4 H100s (results/current/h100/
-# study): 12 s between one job's end and the next one's first log line on a GPU (submitit, the
-# isolated parent's start and imports, Hydra, the worker's start) and 9.5 s in the worker beyond
-# its wall_s (CUDA context, env stamp, the offline W&B run). With it the estimate gives that
-# study 26.2 minutes cold; it took 26.1
-JOB_OVERHEAD_S = 21.5
+# What a job costs beyond its measurement, per launcher (docs/study.md, "Per-job overhead"): a
+# 4-job slice on one H200 with the children's bytecode cached (experiments/processes.py), each
+# job's cycle less its measured work. Before the cache every process compiled torch's sources
+# again: 21.5 s a job on 4 H100s (results/current/h100/study: 12 s between jobs, 9.5 s in the
+# worker beyond wall_s), which reproduced that study's 26.1 minutes
+JOB_OVERHEAD_S = {"gpus": 9.3, "gpus_pool": 5.1}
+
+
+def job_overhead(launcher: str) -> float:
+    """Seconds a job costs beyond its measurement under `launcher` (local and slurm start a
+    process per job, as gpus does)."""
+    return JOB_OVERHEAD_S.get(launcher, JOB_OVERHEAD_S["gpus"])
 
 
 @dataclass
@@ -155,7 +161,8 @@ def plan(overrides: list[str]) -> list[Part]:
                 part_overrides = [EXPERIMENT, "hydra.sweeper.params=null", *sweeps,
                                   *(["dtype.tf32=true"] * tf32), *view_overrides,
                                   *rest]  # fmt: skip
-                warm, cold = estimate(grid, cfg.shapes, bool(cfg.bench.cudagraph_replay))
+                warm, cold = estimate(grid, cfg.shapes, bool(cfg.bench.cudagraph_replay),
+                                      job_overhead(cfg.launcher.name))
                 jobs = math.prod(len(values) for values in grid.values())
                 parts.append(Part(name, part_overrides, jobs, warm, cold))
     return parts
@@ -179,8 +186,9 @@ def peer_lacks(mode: str, op: str, dtype: str, pass_name: str) -> bool:
                for part in parts)  # fmt: skip
 
 
-def estimate(grid: dict, shapes: str, replay: bool) -> tuple[float, float]:
-    """GPU-seconds of a part's jobs: with warm caches, and on a host's first study."""
+def estimate(grid: dict, shapes: str, replay: bool, overhead: float) -> tuple[float, float]:
+    """GPU-seconds of a part's jobs, each costing `overhead` beyond its shapes: with warm caches,
+    and on a host's first study."""
     from experiments import registry
 
     warm = cold = 0.0
@@ -196,7 +204,7 @@ def estimate(grid: dict, shapes: str, replay: bool) -> tuple[float, float]:
                 base -= REPLAY_SECONDS * (1 if mode in graphs else 2)
             for dtype in grid["dtype"]:
                 for pass_name in grid["pass"]:
-                    warm, cold = warm + JOB_OVERHEAD_S, cold + JOB_OVERHEAD_S
+                    warm, cold = warm + overhead, cold + overhead
                     if peer_lacks(mode, op, dtype, pass_name):
                         continue  # skipped rows only
                     factor = block * (FWD_BWD_FACTOR if pass_name == "fwd_bwd" else 1.0)
