@@ -305,24 +305,6 @@ def test_implicit_gemm(case, channels_last, device):
     assert y.is_contiguous(memory_format=fmt)
 
 
-# Stream-K: 8 tiles of 18 steps in the interpreter (32x32 tiles, 16-channel steps, 3x3), shared
-# by 3 programs (one covers whole tiles and part of another), 5 and 7 (each tile split over two or
-# three), 200 (more programs than steps: the launch uses one a step)
-@pytest.mark.parametrize("programs", [3, 5, 7, 200])
-@pytest.mark.parametrize("tma", [False, True])
-def test_implicit_stream_k(programs, tma, device):
-    from kernels._common import _TILE_COUNTERS
-
-    geometry = ((2, 32, 7, 9), (40, 3, 3), 1, 1, 1)
-    dtype = torch.float16 if tma else torch.float32
-    x, weight, bias = make_inputs(geometry, dtype, device, channels_last=True)
-    first = run_design(implicit_step, x, weight, bias, 1, 1, 1, tma=tma, stream_k=programs)
-    for locks in _TILE_COUNTERS.values():  # each tile's last program reset its counter
-        assert int(locks.abs().sum()) == 0
-    again = run_design(implicit_step, x, weight, bias, 1, 1, 1, tma=tma, stream_k=programs)
-    assert torch.equal(first, again)  # the partials are summed in program order
-
-
 # the window design reads x through a 4-D TMA box (fp16/bf16 only, stride 1); K = 20: a
 # 40-byte output row, so the output goes by strides; K = 24: by 4-D TMA stores
 WINDOW_CASES = {

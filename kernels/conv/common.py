@@ -14,7 +14,6 @@ Functions:
     bias_activation      @triton.jit: bias + activation on the fp32 accumulator
     epilogue             @triton.jit: bias + activation, one rounding, masked store by pointers
     split_k_gather       @triton.jit: the last-arriving program of a tile sums the split partials
-    stream_k_gather      @triton.jit: the same for stream-K's partial tiles (two a program)
     tma_ok               a 2-D operand TMA can describe
     as_matrix            an (N, C, H, W) tensor is an (N·H·W, C) matrix
     output_desc          the (M, K) TMA descriptor of an NHWC output where TMA applies
@@ -27,7 +26,6 @@ Functions:
     traceable            the same jit function under a hook-free autotuner (launch=wrap_triton)
     SIZES_ONLY, CONV_KEY the implicit / flat / window kernels' unspecialised sizes and tuning key
     split_scratch        fp32 workspace and arrival counters of a split-K launch
-    stream_scratch       the same for a stream-K launch
     row_tiles            output tiles of a (BLOCK_M, BLOCK_N) config, a function of its meta
 """
 
@@ -123,30 +121,6 @@ def split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K: tl.constexpr,
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):
             acc += tl.load(base + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-        tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
-    return acc, last
-
-
-@triton.jit
-def stream_k_gather(acc, ws_ptr, lock_ptr, tile, program, first, arrivals,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Stream-K's partial tiles, summed by the last of a tile's `arrivals` programs (first, first
-    + 1, ...) to arrive, as split_k_gather does. A program holds at most two partial tiles: the
-    end of one where its steps begin (slot 0) and the start of one where they end, of which it is
-    the first program (slot 1); so the workspace is two tiles a program, and the sum runs over
-    the programs in order (deterministic)."""
-    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    size = BLOCK_M * BLOCK_N
-    own = 2 * program.to(tl.int64) + tl.where(program == first, 1, 0)
-    tl.store(ws_ptr + own * size + offs, acc, cache_modifier=".cg")
-    tl.debug_barrier()  # every thread's partial is written before the counter moves
-    count = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    last = count == arrivals - 1
-    if last:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in range(first, first + arrivals):
-            slot = (2 * j + tl.where(j == first, 1, 0)).to(tl.int64)
-            acc += tl.load(ws_ptr + slot * size + offs, cache_modifier=".cg")
         tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
     return acc, last
 
@@ -324,19 +298,6 @@ def split_scratch(kernel, split_k, tiles_of):
     def scratch(device):
         locks = tile_counters(device, tiles, minimum=4096)
         return torch.empty(ws * split_k, device=device, dtype=torch.float32), locks
-
-    return scratch
-
-
-def stream_scratch(kernel, programs, tiles_of):
-    """A stream-K launch's (fp32 workspace of two partial tiles a program, per-tile arrival
-    counters), sized for the largest of the kernel's configs, as split_scratch."""
-    tiles = max(tiles_of(cfg.kwargs) for cfg in kernel.configs)
-    ws = 2 * programs * max(cfg.kwargs["BLOCK_M"] * cfg.kwargs["BLOCK_N"] for cfg in kernel.configs)
-
-    def scratch(device):
-        locks = tile_counters(device, tiles, minimum=4096)
-        return torch.empty(ws, device=device, dtype=torch.float32), locks
 
     return scratch
 

@@ -36,8 +36,6 @@ from kernels.conv.common import (
     row_tiles,
     split_k_gather,
     split_scratch,
-    stream_k_gather,
-    stream_scratch,
     traceable,
     weight_desc,
 )
@@ -68,16 +66,50 @@ IMPLICIT_TILES = [
 ]
 
 
-@triton.jit
-def _reduce(acc, x_img, ih0, iw0, m_ok, offs_n, n_ok, w, col_n, step_lo, step_hi, C, H, W, S,
-            dil_h, dil_w, stride_xc, stride_xh, stride_xw, stride_wk,
-            DOT_PRECISION: tl.constexpr, B_TMA: tl.constexpr, BLOCK_K: tl.constexpr,
-            EVEN_C: tl.constexpr):  # fmt: skip
-    """acc plus the tile's (r, s, channel block) steps [step_lo, step_hi): one flat loop, which
-    the pipeliner can overlap (nested r / s / c loops would leave it a 1-iteration inner loop
-    when C = BLOCK_K)."""
+@autotune(configs_of(IMPLICIT_TILES), CONV_KEY)
+@triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
+@triton.jit(do_not_specialize=SIZES_ONLY)
+def conv_implicit_kernel(
+    # x: (N, C, H, W) by strides; w: packed (K, R·S·C) matrix or its TMA descriptor; y by strides
+    # or as an (M, K) TMA descriptor; ws_ptr, lock_ptr: split-K workspace and tile counters
+    x, w, bias_ptr, y, ws_ptr, lock_ptr,
+    M, N, C, H, W, K, P, Q, R, S,
+    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
+    stride_xn, stride_xc, stride_xh, stride_xw,
+    stride_wk,
+    stride_yn, stride_yk, stride_yp, stride_yq,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_C: tl.constexpr,
+):  # fmt: skip
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_N), GROUP_M)
+
+    # -- per output pixel, once: (n, p, q), the window's corner and the image's base pointer --
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    n = offs_m // (P * Q)
+    pq = offs_m - n * (P * Q)
+    p = pq // Q
+    q = pq - p * Q
+    ih0 = p * conv_stride_h - pad_h
+    iw0 = q * conv_stride_w - pad_w
+    x_img = x + n.to(tl.int64) * stride_xn  # int64: batch × image stride can pass 2^31
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < K
     offs_c = tl.arange(0, BLOCK_K)
+
+    # -- one flat loop over (r, s, channel block): a single loop the pipeliner can overlap --
     c_blocks = tl.cdiv(C, BLOCK_K)
+    steps = R * S * c_blocks
+    if SPLIT_K > 1:  # this program's share of the (r, s, c-block) steps (axis 1 is the split)
+        per_split = tl.cdiv(steps, SPLIT_K)
+        step_lo = tl.program_id(1) * per_split
+        step_hi = tl.minimum(step_lo + per_split, steps)
+    else:
+        step_lo = 0
+        step_hi = steps
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(step_lo, step_hi):
         rs = step // c_blocks
         c0 = (step - rs * c_blocks) * BLOCK_K
@@ -95,54 +127,16 @@ def _reduce(acc, x_img, ih0, iw0, m_ok, offs_n, n_ok, w, col_n, step_lo, step_hi
             a = tl.load(a_ptrs, mask=pix_ok[:, None] & (c < C)[None, :], other=0.0)
         col = rs * C + c0  # the packed weight's column of (r, s, c0)
         if B_TMA:
-            b = w.load([col_n, col]).T
+            b = w.load([pid_n * BLOCK_N, col]).T
         else:
             b_ptrs = w + offs_n[None, :] * stride_wk + (col + offs_c)[:, None]
             b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    return acc
 
-
-@triton.jit
-def _tile(x, w, bias_ptr, y, pid_m, pid_n, step_lo, step_hi, ws_ptr, lock_ptr, slot, first,
-          arrivals, M, C, H, W, K, P, Q, S,
-          conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
-          stride_xn, stride_xc, stride_xh, stride_xw, stride_wk,
-          stride_yn, stride_yk, stride_yp, stride_yq,
-          HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-          B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr,
-          STREAM_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, EVEN_C: tl.constexpr):  # fmt: skip
-    """Output tile (pid_m, pid_n)'s steps [step_lo, step_hi), then its write: directly where this
-    program holds all of the tile's steps, else through the partial tiles of the split or stream
-    gather, whose last-arriving program writes. (slot, first, arrivals): under SPLIT_K the tile's
-    index and this program's split; under STREAM_K this program, the tile's first program and
-    how many programs hold its steps."""
-    # -- per output pixel, once: (n, p, q), the window's corner and the image's base pointer --
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < M
-    n = offs_m // (P * Q)
-    pq = offs_m - n * (P * Q)
-    p = pq // Q
-    q = pq - p * Q
-    ih0 = p * conv_stride_h - pad_h
-    iw0 = q * conv_stride_w - pad_w
-    x_img = x + n.to(tl.int64) * stride_xn  # int64: batch × image stride can pass 2^31
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = _reduce(acc, x_img, ih0, iw0, m_ok, offs_n, n_ok, w, pid_n * BLOCK_N, step_lo, step_hi,
-                  C, H, W, S, dil_h, dil_w, stride_xc, stride_xh, stride_xw, stride_wk,
-                  DOT_PRECISION, B_TMA, BLOCK_K, EVEN_C)  # fmt: skip
     write = True
     if SPLIT_K > 1:  # only the last program of this tile to arrive sums the partials and writes
-        acc, write = split_k_gather(acc, ws_ptr, lock_ptr, slot, first, SPLIT_K, BLOCK_M,
-                                    BLOCK_N)  # fmt: skip
-    if STREAM_K:
-        if arrivals > 1:
-            tile = pid_m * tl.cdiv(K, BLOCK_N) + pid_n
-            acc, write = stream_k_gather(acc, ws_ptr, lock_ptr, tile, slot, first, arrivals,
-                                         BLOCK_M, BLOCK_N)  # fmt: skip
+        acc, write = split_k_gather(acc, ws_ptr, lock_ptr, tl.program_id(0), tl.program_id(1),
+                                    SPLIT_K, BLOCK_M, BLOCK_N)  # fmt: skip
     if write:
         if Y_TMA:  # y is an (M, K) matrix: one TMA store, clipped at its edges
             acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
@@ -151,69 +145,6 @@ def _tile(x, w, bias_ptr, y, pid_m, pid_n, step_lo, step_hi, ws_ptr, lock_ptr, s
             y_row = n.to(tl.int64) * stride_yn + p * stride_yp + q * stride_yq
             epilogue(acc, y, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk, HAS_BIAS,
                      ACTIVATION)  # fmt: skip
-
-
-@autotune(configs_of(IMPLICIT_TILES), CONV_KEY)
-@triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
-@triton.jit(do_not_specialize=[*SIZES_ONLY, "PROGRAMS"])
-def conv_implicit_kernel(
-    # x: (N, C, H, W) by strides; w: packed (K, R·S·C) matrix or its TMA descriptor; y by strides
-    # or as an (M, K) TMA descriptor; ws_ptr, lock_ptr: split / stream workspace, tile counters
-    x, w, bias_ptr, y, ws_ptr, lock_ptr,
-    M, N, C, H, W, K, P, Q, R, S,
-    conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
-    stride_xn, stride_xc, stride_xh, stride_xw,
-    stride_wk,
-    stride_yn, stride_yk, stride_yp, stride_yq,
-    PROGRAMS,
-    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr, STREAM_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_C: tl.constexpr,
-):  # fmt: skip
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(K, BLOCK_N)
-    steps = R * S * tl.cdiv(C, BLOCK_K)
-    if STREAM_K:
-        # Stream-K: the PROGRAMS programs (a few per SM) share the tiles' steps evenly, program g
-        # taking steps [g·T/G, (g+1)·T/G) of all T = tiles·steps in tile order, so no SM idles
-        # in a last partial wave. A tile whose steps span programs is summed by the last of them
-        # to arrive (stream_k_gather); step i belongs to program ((i + 1)·G - 1) // T.
-        g = tl.program_id(0).to(tl.int64)
-        total = (tiles_m * tiles_n).to(tl.int64) * steps
-        programs = tl.minimum(PROGRAMS, total)  # each program at least one step (else a tile
-        it = g * total // programs  # would count a program that never arrives)
-        hi = tl.minimum(g + 1, programs) * total // programs
-        while it < hi:
-            tile = (it // steps).to(tl.int32)
-            step_lo = (it - tile.to(tl.int64) * steps).to(tl.int32)
-            step_hi = tl.minimum(steps, step_lo + (hi - it)).to(tl.int32)
-            first = (((tile.to(tl.int64) * steps + 1) * programs - 1) // total).to(tl.int32)
-            last = (((tile.to(tl.int64) + 1) * steps * programs - 1) // total).to(tl.int32)
-            pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
-            _tile(x, w, bias_ptr, y, pid_m, pid_n, step_lo, step_hi, ws_ptr, lock_ptr,
-                  g.to(tl.int32), first, last - first + 1, M, C, H, W, K, P, Q, S,
-                  conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
-                  stride_xn, stride_xc, stride_xh, stride_xw, stride_wk,
-                  stride_yn, stride_yk, stride_yp, stride_yq,
-                  HAS_BIAS, ACTIVATION, DOT_PRECISION, B_TMA, Y_TMA, 1, True,
-                  BLOCK_M, BLOCK_N, BLOCK_K, EVEN_C)  # fmt: skip
-            it += step_hi - step_lo
-    else:
-        pid_m, pid_n = grouped_tile(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
-        step_lo = 0
-        step_hi = steps
-        if SPLIT_K > 1:  # this program's share of the steps (axis 1 is the split)
-            per_split = tl.cdiv(steps, SPLIT_K)
-            step_lo = tl.program_id(1) * per_split
-            step_hi = tl.minimum(step_lo + per_split, steps)
-        _tile(x, w, bias_ptr, y, pid_m, pid_n, step_lo, step_hi, ws_ptr, lock_ptr,
-              tl.program_id(0), tl.program_id(1), SPLIT_K, M, C, H, W, K, P, Q, S,
-              conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
-              stride_xn, stride_xc, stride_xh, stride_xw, stride_wk,
-              stride_yn, stride_yk, stride_yp, stride_yq,
-              HAS_BIAS, ACTIVATION, DOT_PRECISION, B_TMA, Y_TMA, SPLIT_K, False,
-              BLOCK_M, BLOCK_N, BLOCK_K, EVEN_C)  # fmt: skip
 
 
 # Traced launches tune without pruning, so each set holds only the tiles its convs can use: the
@@ -225,14 +156,12 @@ _TRACEABLE_FEW_CHANNELS = traceable(conv_implicit_kernel.configs, CONV_KEY,
                                     conv_implicit_kernel.fn)  # fmt: skip
 
 
-def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int = 1,
-                  stream_k: int = 0):
+def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int = 1):
     """(Step, scratch) of `conv` by conv_implicit_kernel; the step's tensors are (x, w2d, bias,
     y, then scratch(device): the split workspace and counters, or None, None). `tma` (Hopper,
     direct launches): the weight by TMA where C % 32 == 0 and the matrix allows it, an NHWC
-    output by TMA stores. split_k > 1 splits the reduction over grid axis 1; stream_k > 0
-    launches that many programs, which share all tiles' steps evenly (stream-K). Either needs
-    the workspace: direct launches only."""
+    output by TMA stores. split_k > 1 splits the reduction over grid axis 1 (direct launches
+    only: it needs the split workspace)."""
     w2d, y = conv.w2d, conv.y
     w_desc, b_tma = weight_desc(conv, tma and conv.C % 32 == 0)
     y_desc, y_tma = output_desc(conv, tma)
@@ -242,24 +171,18 @@ def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int 
         kernel = _TRACEABLE_FEW_CHANNELS if conv.K <= 16 else _TRACEABLE
     tiles = row_tiles(conv)
     scratch = no_scratch
-    if stream_k > 0:
-        split_k = 1
-        scratch = stream_scratch(kernel, stream_k, tiles)
-    elif split_k > 1:
+    if split_k > 1:
         scratch = split_scratch(kernel, split_k, tiles)
 
     def grid(meta):
-        if stream_k > 0:
-            return (stream_k,)
         return (tiles(meta), split_k) if split_k > 1 else (tiles(meta),)
 
     step = Step(
         launch(kernel), grid,
         (conv.M, conv.N, conv.C, conv.H, conv.W, conv.K, conv.P, conv.Q, conv.R, conv.S,
          *conv.stride, *conv.padding, *conv.dilation,
-         *conv.x.stride(), w2d.stride(0), *y.stride(), max(stream_k, 1)),
-        dict(B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, STREAM_K=stream_k > 0,
-             **conv.constexprs),
+         *conv.x.stride(), w2d.stride(0), *y.stride()),
+        dict(B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, **conv.constexprs),
         descs=[d for d in (w_desc, y_desc) if d is not None],
     )  # fmt: skip
     return step, scratch
