@@ -55,3 +55,22 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
     assert tile_probe.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_config_that_writes_nothing_fails_even_where_its_output_already_held_the_answer():
+    """The caching allocator can hand a config's output the memory of an earlier config's correct
+    one; the probe clears it first, so a launch that skips tiles cannot pass the check."""
+
+    class Idle:  # a launch that writes nothing
+        def once(self, *tensors):
+            pass
+
+        def __call__(self, *tensors):
+            pass
+
+    ref = torch.randn(1, 4, 3, 3)
+    stale = ref.clone()  # what the reused memory held
+    outcome = tile_probe.timed_config(tile_probe.implicit_gemm.conv_implicit_kernel,
+                                      tile_probe.conv_config(32, 32, 16, 1, 4),
+                                      lambda: (Idle(), (), stale), ref, torch.float32)  # fmt: skip
+    assert isinstance(outcome, str) and "AssertionError" in outcome

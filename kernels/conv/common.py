@@ -21,7 +21,7 @@ Functions:
     config, window_config, configs_of   the autotuners' triton.Config lists
     set_tma_blocks       autotune pre-hook: the TMA descriptors' block shapes of a config
     prune                autotune pruning: tiles far wider than the problem, taps TMA would cross
-    tune_bench           autotune timer: GPU time over back-to-back calls
+    tune_bench           autotune timer: GPU time of calls after an L2 flush
     autotune             triton.autotune with prune and tune_bench
     traceable            the same jit function under a hook-free autotuner (launch=wrap_triton)
     SIZES_ONLY, CONV_KEY the implicit / flat / window kernels' unspecialised sizes and tuning key
