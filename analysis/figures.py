@@ -36,7 +36,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
 from analysis.load import caption, drop_noisy, geomean, load_results  # noqa: E402
 from experiments import registry  # noqa: E402
@@ -681,6 +681,10 @@ def gpu_comparison(frame: pd.DataFrame):
         ax.set_xlim(low, high)
         ax.set_ylim(low, high)
         ax.set_aspect("equal")
+    for axis in (times.xaxis, times.yaxis):  # 1-2-5 steps in plain ms: matplotlib's own labels
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # of a log axis that
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # spans under two decades
+        axis.set_minor_locator(NullLocator())  # label the minor ticks too, and they overlap
     for axis in (speedups.xaxis, speedups.yaxis):
         low, high = speedups.get_xlim()
         axis.set_major_locator(FixedLocator([t for t in SPEEDUP_TICKS if low <= t <= high]))

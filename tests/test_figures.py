@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -363,6 +364,7 @@ def test_no_title_is_cut_off(frame, two_gpus):
     drawn = [*drawn_figures(frame), ("gpu_comparison", figures.gpu_comparison(two_gpus))]
     for name, fig in drawn:
         assert outside_the_canvas(fig) == [], name
+        assert overlapping_tick_labels(fig) == [], name
         assert [t for t in fig.texts if t.get_gid() == "cpu_mark"] == [], name  # GPU records
         plt.close(fig)
     assert set(figures.FIGURES) == {name.split(":")[0] for name, _ in drawn}
@@ -407,3 +409,38 @@ def test_save_all_reproduces_the_committed_figures_byte_for_byte(tmp_path):
             "who_wins.png"} <= set(names)
     for name in names:
         assert (tmp_path / name).read_bytes() == (COMMITTED / name).read_bytes(), name
+
+
+def overlapping_tick_labels(fig) -> list[str]:
+    """Pairs of level tick labels of one axis whose rendered boxes overlap (unreadable), as text
+    (a rotated label's box is no measure of its ink)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    clashes = []
+    for ax in fig.axes:
+        for axis, side in ((ax.xaxis, 0), (ax.yaxis, 1)):
+            low, high = sorted(ax.get_xlim() if side == 0 else ax.get_ylim())
+            ticks = [*axis.get_major_ticks(), *axis.get_minor_ticks()]
+            shown = [tick.label1 for tick in ticks
+                     if tick.label1.get_visible() and tick.label1.get_text()
+                     and tick.label1.get_rotation() == 0 and low <= tick.get_loc() <= high]
+            boxes = sorted(((t.get_window_extent(renderer), t.get_text()) for t in shown),
+                           key=lambda pair: pair[0].bounds[side])  # fmt: skip
+            for (first, a), (second, b) in zip(boxes, boxes[1:], strict=False):
+                end = first.x1 if side == 0 else first.y1
+                start = second.x0 if side == 0 else second.y0
+                if end > start + 1:  # a pixel of slack for antialiasing
+                    clashes.append(f"{a} / {b}")
+    return clashes
+
+
+def test_the_committed_h100_h200_comparison_has_readable_axes(tmp_path):
+    """The two committed studies, drawn as one H100 against H200 figure: every title on the
+    canvas and no tick label over another (the GPU-time axes span over a decade, where
+    matplotlib's own log labels collided)."""
+    for gpu in ("h100", "h200"):
+        shutil.copytree(REPO_ROOT / "results" / "current" / gpu / "study", tmp_path / gpu)
+    fig = figures.gpu_comparison(load(tmp_path))
+    assert fig is not None
+    assert outside_the_canvas(fig) == [] and overlapping_tick_labels(fig) == []
+    plt.close(fig)
