@@ -230,6 +230,18 @@ def test_the_summary_takes_the_best_mode_that_covers_every_shape(tmp_path):
     assert study_summary.main([str(tmp_path), "--check"]) == 1
 
 
+def test_within_one_percent_of_gpu_time_the_better_call_latency_is_the_best(tmp_path):
+    rows = [record("eager", s, 1.0) for s in (1, 2)]
+    rows += [record("triton", s, 1.877, 1.215) for s in (1, 2)]  # softmax training on an H200
+    rows += [record("triton-compiled", s, 1.894, 0.258) for s in (1, 2)]
+    rows += [record("default", s, 1.60, 0.9) for s in (1, 2)]
+    rows += [record("max-autotune-no-cudagraphs", s, 1.66, 0.4) for s in (1, 2)]  # 3.75% ahead
+    write_study(tmp_path, rows)
+    row = study_summary.build(tmp_path).iloc[0]
+    assert row["ours_mode"] == "triton" and row["ours_latency_speedup"] == pytest.approx(1.215)
+    assert row["compile_mode"] == "max-autotune-no-cudagraphs"  # beyond the tie: GPU time rules
+
+
 @pytest.mark.parametrize("folder", sorted((REPO_ROOT / "results" / "current").glob("*/study")),
                          ids=lambda p: p.parent.name)  # fmt: skip
 def test_a_committed_summary_is_its_records(folder):
