@@ -681,10 +681,12 @@ def gpu_comparison(frame: pd.DataFrame):
         ax.set_xlim(low, high)
         ax.set_ylim(low, high)
         ax.set_aspect("equal")
-    for axis in (times.xaxis, times.yaxis):  # 1-2-5 steps in plain ms: matplotlib's own labels
-        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))  # of a log axis that
-        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # spans under two decades
-        axis.set_minor_locator(NullLocator())  # label the minor ticks too, and they overlap
+    # GPU time in 1-2-5 steps of plain ms: on a log axis spanning under two decades matplotlib
+    # labels the minor ticks too, and those labels overlap
+    for axis in (times.xaxis, times.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_locator(NullLocator())
     for axis in (speedups.xaxis, speedups.yaxis):
         low, high = speedups.get_xlim()
         axis.set_major_locator(FixedLocator([t for t in SPEEDUP_TICKS if low <= t <= high]))

@@ -369,8 +369,9 @@ def test_on_the_gpu_launchers_the_parts_run_at_once_one_job_a_gpu(tmp_path, laun
 def test_the_estimate_prices_each_launcher_s_per_job_overhead():
     """The pool saves a process start a job, so the same plan costs less on it; the study's own
     launcher is the pool, and an unknown launcher is priced as a process per job."""
-    jobs = sum(p.jobs for p in study.plan(["kernel=softmax", "dtype=bf16"]))
-    pooled = sum(p.estimate_s for p in study.plan(["kernel=softmax", "dtype=bf16"]))
+    pool_plan = study.plan(["kernel=softmax", "dtype=bf16"])
+    jobs = sum(p.jobs for p in pool_plan)
+    pooled = sum(p.estimate_s for p in pool_plan)
     per_job = sum(p.estimate_s for p in study.plan(["kernel=softmax", "dtype=bf16",
                                                     "launcher=gpus"]))  # fmt: skip
     saved = jobs * (study.JOB_OVERHEAD_S["gpus"] - study.JOB_OVERHEAD_S["gpus_pool"])
