@@ -457,3 +457,103 @@ def test_a_training_step_captures_in_a_cuda_graph():
     torch.cuda.synchronize()
     for g, ref in zip(got, want, strict=True):
         assert torch.equal(g, ref)
+
+
+def _bias_free_step(x, w, dy, conv_args, activation=None):
+    """One training step of a bias-free conv; its (dX, dW) as new tensors (the step's own are
+    freed, so the next step's allocations may take their blocks, as in a training loop)."""
+    y = kernels.conv2d(x, w, None, *conv_args, activation=activation)
+    return [g.clone() for g in torch.autograd.grad(y, (x, w), dy)]
+
+
+def _kept_backward():
+    from kernels.conv import dispatch
+
+    (entry,) = dispatch._TRAINING.values()
+    return entry.backward
+
+
+@pytest.mark.parametrize(
+    "name, activation",
+    [("3x3-s2-odd", None), ("1x1-s1", None), ("3x3-s1", "relu"), ("5x3-s(2,3)", None)],
+)
+def test_a_kept_backward_launches_into_outputs_it_was_handed(name, activation, monkeypatch):
+    """The graphed path of a kept backward allocates dX and dW first and launches into them
+    (Backward.launch; the 1x1 dX GEMM through fused_matmul's out=), keyed by the step's
+    pointers; here every offer to graph it is declined, so the launches run as they would be
+    captured, and the gradients still match float64. A step that needs db is never offered."""
+    offered = []
+    monkeypatch.setattr(backward, "usable", lambda t: True)
+    monkeypatch.setattr(backward, "stream_key", lambda t: (0, 0))
+
+    def decline(self, key, launches, keep=tuple):
+        offered.append(key)
+        return False
+
+    monkeypatch.setattr(backward.Graphed, "__call__", decline)
+    reset_tuning()
+    generator = torch.Generator().manual_seed(30)
+    x, w, _, *conv_args = _make(GEOMETRIES[name], True, torch.float32, generator)
+    x.requires_grad_()
+    w.requires_grad_()
+    y = kernels.conv2d(x, w, None, *conv_args, activation=activation)
+    for seed in range(3):  # the first step plans; the next two are offered
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+        got = _bias_free_step(x, w, dy, conv_args, activation)
+        ref = _reference(x, w, torch.zeros(w.shape[0], device=DEVICE), *conv_args, activation, dy)
+        for g, want in zip(got, ref[1:3], strict=True):
+            assert relative_error(g, want) < budget(torch.float32)
+    # keyed by the stream, then dY, x, W, the saved output (relu) and dX, dW: their pointers
+    assert len(offered) == 2 and all(len(k) == 7 and k[0] == (0, 0) for k in offered)
+    assert offered[0][3] == w.data_ptr() and (offered[0][4] != 0) == (activation == "relu")
+    _check(kernels.conv2d, GEOMETRIES[name], True, activation, torch.float32, seed=33)
+    assert len(offered) == 2  # with db, the step ran the launches itself
+    reset_tuning()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["3x3-s2-28", "3x3-7", "1x1-7", "3x3-56"])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_a_graphed_backward_gives_the_launches_bits(name, activation, monkeypatch):
+    """Training steps on the same tensors: from the second step on the backward's launches
+    (side streams included) are one CUDA graph, captured once and then replayed, and every
+    step's gradients are the bits of the same launches run one by one."""
+    from kernels import _graphs
+
+    x, w, dy, conv_args = _training_inputs(RESNET50[name], seed=6)
+    monkeypatch.setattr(_graphs, "GRAPHS", False)
+    reset_tuning()
+    want = [_bias_free_step(x, w, dy, conv_args, activation) for _ in range(2)][-1]
+    monkeypatch.setattr(_graphs, "GRAPHS", True)
+    captures = []
+    for _ in range(8):
+        got = _bias_free_step(x, w, dy, conv_args, activation)
+        for g, ref in zip(got, want, strict=True):
+            assert torch.equal(g, ref)
+        captures.append(_kept_backward().graphed.captures)
+    # the first capture moves the step's allocations out of the caching allocator (its
+    # intermediates come from the graph's pool), so dX and dW may land on new blocks once: a
+    # second pointer set, captured in turn; from then on every step replays
+    assert 1 <= captures[-1] <= 2 and captures[-3:] == [captures[-1]] * 3
+    assert not _kept_backward().graphed.broken
+
+
+@pytest.mark.gpu
+def test_each_pointer_set_gets_its_own_graph(monkeypatch):
+    """Two dY tensors in turn: each gets graphs of its own (at most two, as above), and every
+    step replays its own dY's gradients."""
+    from kernels import _graphs
+
+    x, w, dy, conv_args = _training_inputs(RESNET50["3x3-s2-28"], seed=7)
+    dys = [dy, torch.randn_like(dy)]
+    reset_tuning()
+    monkeypatch.setattr(_graphs, "GRAPHS", False)
+    want = [_bias_free_step(x, w, d, conv_args) for d in dys]
+    monkeypatch.setattr(_graphs, "GRAPHS", True)
+    captures = []
+    for step in range(12):
+        got = _bias_free_step(x, w, dys[step % 2], conv_args)
+        for g, ref in zip(got, want[step % 2], strict=True):
+            assert torch.equal(g, ref), step
+        captures.append(_kept_backward().graphed.captures)
+    assert 2 <= captures[-1] <= 4 and captures[-4:] == [captures[-1]] * 4

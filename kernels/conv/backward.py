@@ -46,6 +46,7 @@ from kernels._common import (
     dot_precision,
     is_interpreter,
 )
+from kernels._graphs import CAPTURE, Graphed, stream_key, usable
 from kernels._launch import PlanCache, Step
 from kernels.conv.common import Conv, as_matrix
 from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
@@ -54,6 +55,7 @@ from kernels.conv.wgrad import planned_wgrad
 from kernels.conv.wgrad import run as run_wgrad
 from kernels.linear.backward import column_sum, planned_activation_backward
 from kernels.matmul.dispatch import fused_matmul
+from kernels.matmul.dispatch import planned as planned_matmul
 
 RELU = ACTIVATIONS["relu"]
 NONE = ACTIVATIONS["none"]
@@ -256,9 +258,11 @@ class _Side:
 
 def _concurrent(t: torch.Tensor) -> bool:
     """Whether launches on t's device may go to side streams: CONCURRENT, a CUDA tensor, and no
-    CUDA-graph capture under way (a capture with side streams joined into it has not been tested
-    on a GPU yet, so a captured backward runs in order)."""
-    return CONCURRENT and t.is_cuda and not torch.cuda.is_current_stream_capturing()
+    CUDA-graph capture under way but the graphed backward's own (kernels._graphs), whose graph
+    then holds the side streams' launches as parallel branches. A caller's capture runs the
+    backward in order: side streams joined into it are tested only through our own capture."""
+    return CONCURRENT and t.is_cuda and (CAPTURE.active
+                                         or not torch.cuda.is_current_stream_capturing())
 
 
 def _side(device: torch.device) -> _Side:
@@ -411,10 +415,12 @@ def _dz(dy, saved, act_id: int, need_db: bool, launch, plan=None):
     return dz2d.view(N, P, Q, K).permute(0, 3, 1, 2), db, plan
 
 
-def _dx_dw(dz, weight, need_dx, need_dw, gemm_dx, overlap, dgrad, wgrad, new_dx, new_dw, launch):
-    """dX and dW of a groups = 1 conv, each None unless asked for: dX by the 1x1 GEMM where
-    gemm_dx, else new_dx() filled by dgrad(dx); dW = wgrad(new_dw()), on a side stream beside
-    dX where `overlap` (and the stream allows: _concurrent), else after it."""
+def _dx_dw(dz, weight, need_dx, need_dw, gemm_dx, overlap, dgrad, wgrad, new_dx, new_dw, launch,
+           gemm_out=False):  # fmt: skip
+    """dX and dW of a groups = 1 conv, each None unless asked for: new_dx() filled by the 1x1
+    GEMM where gemm_dx (by a GEMM that allocates it, unless gemm_out), else by dgrad(dx);
+    dW = wgrad(new_dw()), on a side stream beside dX where `overlap` (and the stream allows:
+    _concurrent), else after it."""
     dx = dw = None
     side = None
     if overlap and _concurrent(dz):  # dW on a side stream beside dX (see CONCURRENT)
@@ -430,8 +436,12 @@ def _dx_dw(dz, weight, need_dx, need_dw, gemm_dx, overlap, dgrad, wgrad, new_dx,
         if gemm_dx:  # dX (N·H·W, C) = dZ (N·H·W, K) @ W (K, C)
             K, C = weight.shape[:2]
             N, _, H, W = dz.shape
-            dx2d = fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch)[0]
-            dx = dx2d.view(N, H, W, C).permute(0, 3, 1, 2)
+            if gemm_out:  # dX (channels_last) is the GEMM's (N·H·W, C) output
+                dx = new_dx()
+                fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch, out=_rows(dx))
+            else:
+                dx2d = fused_matmul(_rows(dz), weight.reshape(K, C), launch=launch)[0]
+                dx = dx2d.view(N, H, W, C).permute(0, 3, 1, 2)
         else:
             dx = new_dx()
             dgrad(dx)
@@ -502,9 +512,8 @@ def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, la
     plan = None
     if planned and made.get("dgrad", True) is not None and made.get("wgrad", True) is not None:
         plan = Backward(dy.stride(), nhwc_dy, needs, act_id, dz_plan, gemm_dx, overlap,
-                        made.get("dgrad"), made.get("wgrad"),
-                        None if dx is None or gemm_dx else _layout(dx),
-                        None if dw is None else _layout(dw))  # fmt: skip
+                        made.get("dgrad"), made.get("wgrad"), None if dx is None else _layout(dx),
+                        None if dw is None else _layout(dw), Graphed())  # fmt: skip
     return (dx, dw, db, dz), plan
 
 
@@ -517,7 +526,11 @@ class Backward(NamedTuple):
     (groups = 1): those plans held here, so a later backward with dY in the same layout runs
     them with no key and no slicing (Conv2dFunction keeps it in the key's Training entry).
     dY's strides are part of what it was made for: autograd hands a layer the layout its
-    consumer produced, the same each step."""
+    consumer produced, the same each step.
+
+    Where the step needs no db, and no dZ that it does not already hold (dZ is dY without an
+    activation), its launches are a sequence of fixed pointers: kernels._graphs captures them
+    as one CUDA graph once the same pointers come back, and replays that graph from then on."""
 
     dy_strides: tuple  # dY's strides it was made for
     nhwc_dy: bool  # that dY is an (N·P·Q, K) matrix (else an NHWC copy is taken)
@@ -528,17 +541,32 @@ class Backward(NamedTuple):
     overlap: bool  # dW beside dX on a side stream, where the stream allows
     dgrad: _Dgrad | None
     wgrad: object  # wgrad's plan, or None
-    dx_layout: tuple | None  # dX's (shape, strides) where dgrad writes it
+    dx_layout: tuple | None  # dX's (shape, strides)
     dw_layout: tuple | None
+    graphed: Graphed | None = None  # this backward's CUDA graphs (None: never graphed)
 
     def fits(self, dy, needs) -> bool:
         return (needs == self.needs and dy.stride() == self.dy_strides
                 and not torch.compiler.is_compiling())  # fmt: skip
 
-    def __call__(self, dy, x, weight, saved):
+    def __call__(self, dy, x, weight, saved, need_dz=True):
+        """(dX, dW, db, dZ); dZ may be None where not need_dz."""
         need_dx, need_dw, need_db = self.needs
         if not self.nhwc_dy:
             dy = dy.contiguous(memory_format=torch.channels_last)
+        if (self.graphed is not None and not need_db and (self.act_id == NONE or not need_dz)
+                and usable(dy)):  # fmt: skip
+            dx = dy.new_empty_strided(*self.dx_layout) if need_dx else None
+            dw = dy.new_empty_strided(*self.dw_layout) if need_dw else None
+            key = (stream_key(dy), dy.data_ptr(), _pointer(x), weight.data_ptr(),
+                   _pointer(saved), _pointer(dx), _pointer(dw))  # fmt: skip
+
+            def launches():
+                self.launch(dy, x, weight, saved, dx, dw)
+
+            if not self.graphed(key, launches, lambda: self.kept(dy, weight)):
+                launches()
+            return dx, dw, None, dy if self.act_id == NONE else None
         dz, db, _ = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan)
         dgrad, wgrad = self.dgrad, self.wgrad
         dx, dw = _dx_dw(
@@ -548,6 +576,29 @@ class Backward(NamedTuple):
             lambda: dz.new_empty_strided(*self.dw_layout), direct,
         )  # fmt: skip
         return dx, dw, db, dz
+
+    def launch(self, dy, x, weight, saved, dx, dw) -> None:
+        """The launches of a step with no db into dx and dw, allocated by the caller."""
+        need_dx, need_dw, _ = self.needs
+        dz = _dz(dy, saved, self.act_id, False, direct, self.dz_plan)[0]
+        dgrad, wgrad = self.dgrad, self.wgrad
+        _dx_dw(dz, weight, need_dx, need_dw, self.gemm_dx, self.overlap,
+               lambda out: _run_dgrad(dgrad, dz, weight, out),
+               lambda out: run_wgrad(wgrad, dz, x, out), lambda: dx, lambda: dw, direct,
+               gemm_out=True)  # fmt: skip
+
+    def kept(self, dy, weight) -> tuple:
+        """What a graph of this backward keeps alive beside its own: the plans it launches (the
+        1x1 dX GEMM's lives in kernels.matmul's plan cache)."""
+        gemm = None
+        if self.gemm_dx and self.needs[0]:
+            K, C = weight.shape[:2]
+            gemm = planned_matmul(_rows(dy), weight.reshape(K, C), None, NONE, False)
+        return (self.dz_plan, self.dgrad, self.wgrad, gemm)
+
+
+def _pointer(t) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
 def _upcast(backward, dy, x, weight, saved, *args, **kwargs):
@@ -626,7 +677,7 @@ class Conv2dFunction(torch.autograd.Function):
         entry, needs = ctx.entry, ctx.needs_input_grad[:3]
         planned = entry.backward
         if planned is not None and planned.fits(dy, needs):
-            dx, dw, db, dz = planned(dy, x, weight, saved)
+            dx, dw, db, dz = planned(dy, x, weight, saved, ctx.needs_input_grad[3])
             return dx, dw, db, dz if ctx.needs_input_grad[3] else None, None
         if x is None:  # dX alone: only the shape and layout of x matter
             shape, strides, dtype, device = ctx.x_meta

@@ -320,20 +320,22 @@ def fused_matmul(
     save_preact: bool = False,
     *,
     launch=direct,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """c = act(a @ b + bias) as a new contiguous (M, N) tensor of a's dtype, plus the
-    pre-activation z when save_preact. Callers check the inputs (check_matmul_args). Direct
-    calls keep their plan per _plan_key (kernels/_launch.py); traced ones (launch=wrap_triton)
-    plan every call, so torch.compile sees each kernel[grid] launch."""
+    """c = act(a @ b + bias) as a new contiguous (M, N) tensor of a's dtype (or into `out`, a
+    contiguous (M, N) tensor of a's dtype and device), plus the pre-activation z when
+    save_preact. Callers check the inputs (check_matmul_args). Direct calls keep their plan per
+    _plan_key (kernels/_launch.py); traced ones (launch=wrap_triton) plan every call, so
+    torch.compile sees each kernel[grid] launch."""
     p = _cached(a, b, bias, act_id, save_preact) if launch is direct else None
     if p is not None:
-        c = a.new_empty_strided(p.shape, p.strides)
+        c = a.new_empty_strided(p.shape, p.strides) if out is None else out
         preact = a.new_empty_strided(p.shape, p.strides) if save_preact else None
         _run(p, a, b, c, bias, preact)
         return c, preact
     M, K = a.shape
     N = b.shape[1]
-    c = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    c = torch.empty((M, N), device=a.device, dtype=a.dtype) if out is None else out
     preact = torch.empty_like(c) if save_preact else None
     if c.numel() == 0:  # an empty grid is an error on some launch paths; nothing to write anyway
         return c, preact
