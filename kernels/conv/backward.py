@@ -21,7 +21,9 @@ tiles would not).
 
 Every launch of a direct call goes through a kernels._launch.Step kept per call geometry, so a
 training step's backward after the first pays the forward's thin host path, not the JIT's; and a
-training call key keeps its whole backward (Backward), so a later step builds no plan key.
+training call key keeps its whole backward (Backward), so a later step builds no plan key. A kept
+backward with no db replays its launches as one CUDA graph once a step's pointers come back
+(kernels/_graphs.py).
 
 Functions:
     dgrad_convs      the stride-1 convs (weight taps, padding, dilation, output view) of a dgrad
@@ -217,8 +219,9 @@ def _as_view(base: torch.Tensor, view) -> torch.Tensor:
 # A planned backward on a GPU runs its independent launches on side streams: dW beside dX, and
 # a strided dgrad's phases beside each other. On the small-spatial layers each fills only part
 # of an H100 (a 7x7 phase of a 512-channel dX is 52 tiles of 128x128 for 132 SMs); together
-# they share it. Traced calls (one stream in a graph) and captured ones run in order, and so do
-# a dgrad's phases on its first call, which tunes them.
+# they share it. Traced calls (one stream in a graph) and a caller's captures run in order, and
+# so do a dgrad's phases on its first call, which tunes them; a graphed backward's own capture
+# (kernels._graphs) keeps the side streams as branches of its graph.
 CONCURRENT = True
 SIDE_STREAMS = 4  # the dgrad's phases take the first three, dW the last
 _SIDE: dict = {}
