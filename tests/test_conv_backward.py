@@ -473,15 +473,33 @@ def _kept_backward():
     return entry.backward
 
 
+def _leaf_grads(conv, tensors, conv_args, activation, dy):
+    """The gradients of (x, W, bias, residual), None for a None tensor, of act(conv(x, W) + bias
+    + residual) for dY: `conv` is kernels.conv2d or, with float64 leaves, F.conv2d."""
+    x, w, b, r = tensors
+    if conv is F.conv2d:
+        z = F.conv2d(x, w, b, *conv_args) + (0 if r is None else r)
+        y = REFERENCE_ACTIVATIONS[activation](z)
+    else:
+        y = conv(x, w, b, *conv_args, activation=activation, residual=r)
+    leaves = [t for t in tensors if t is not None]
+    grads = iter(torch.autograd.grad(y, leaves, dy.to(y.dtype)))
+    return [None if t is None else next(grads).clone() for t in tensors]
+
+
 @pytest.mark.parametrize(
-    "name, activation",
-    [("3x3-s2-odd", None), ("1x1-s1", None), ("3x3-s1", "relu"), ("5x3-s(2,3)", None)],
-)
-def test_a_kept_backward_launches_into_outputs_it_was_handed(name, activation, monkeypatch):
-    """The graphed path of a kept backward allocates dX and dW first and launches into them
-    (Backward.launch; the 1x1 dX GEMM through fused_matmul's out=), keyed by the step's
-    pointers; here every offer to graph it is declined, so the launches run as they would be
-    captured, and the gradients still match float64. A step that needs db is never offered."""
+    "name, activation, bias, residual",
+    [("3x3-s2-odd", None, False, False), ("1x1-s1", None, True, False),
+     ("3x3-s1", "relu", False, False), ("5x3-s(2,3)", None, True, True),
+     ("3x3-s1", "relu", True, True), ("1x1-s1", "relu", False, True)],
+)  # fmt: skip
+def test_a_kept_backward_launches_into_outputs_it_was_handed(name, activation, bias, residual,
+                                                             monkeypatch):  # fmt: skip
+    """The graphed path of a kept backward allocates its outputs first (dX, dW, db, and dZ
+    where the residual takes it) and launches into them (Backward.launch; the 1x1 dX GEMM
+    through fused_matmul's out=), keyed by the step's pointers. Here every offer to graph it is
+    declined, so the launches run as they would be captured, and the gradients still match
+    float64."""
     offered = []
     monkeypatch.setattr(backward, "usable", lambda t: True)
     monkeypatch.setattr(backward, "stream_key", lambda t: (0, 0))
@@ -493,46 +511,59 @@ def test_a_kept_backward_launches_into_outputs_it_was_handed(name, activation, m
     monkeypatch.setattr(backward.Graphed, "__call__", decline)
     reset_tuning()
     generator = torch.Generator().manual_seed(30)
-    x, w, _, *conv_args = _make(GEOMETRIES[name], True, torch.float32, generator)
-    x.requires_grad_()
-    w.requires_grad_()
-    y = kernels.conv2d(x, w, None, *conv_args, activation=activation)
+    x, w, b, *conv_args = _make(GEOMETRIES[name], True, torch.float32, generator)
+    y = kernels.conv2d(x, w, b, *conv_args, activation=activation)
+    r = torch.randn(y.shape, generator=generator).to(DEVICE) if residual else None
+    tensors = [x, w, b if bias else None, r]
+    for t in tensors:
+        if t is not None:
+            t.requires_grad_()
     for seed in range(3):  # the first step plans; the next two are offered
         dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
-        got = _bias_free_step(x, w, dy, conv_args, activation)
-        ref = _reference(x, w, torch.zeros(w.shape[0], device=DEVICE), *conv_args, activation, dy)
-        for g, want in zip(got, ref[1:3], strict=True):
-            assert relative_error(g, want) < budget(torch.float32)
-    # keyed by the stream, then dY, x, W, the saved output (relu) and dX, dW: their pointers
-    assert len(offered) == 2 and all(len(k) == 7 and k[0] == (0, 0) for k in offered)
-    assert offered[0][3] == w.data_ptr() and (offered[0][4] != 0) == (activation == "relu")
-    _check(kernels.conv2d, GEOMETRIES[name], True, activation, torch.float32, seed=33)
-    assert len(offered) == 2  # with db, the step ran the launches itself
+        got = _leaf_grads(kernels.conv2d, tensors, conv_args, activation, dy)
+        double = [None if t is None else t.detach().double().requires_grad_() for t in tensors]
+        want = _leaf_grads(F.conv2d, double, conv_args, activation, dy)
+        for g, ref in zip(got, want, strict=True):
+            assert (g is None) == (ref is None)
+            if g is not None:
+                assert relative_error(g, ref) < budget(torch.float32)
+    # keyed by the stream, then dY, x, W, the saved output (relu), dX, dW, db and dZ: pointers
+    assert len(offered) == 2 and all(len(k) == 9 and k[0] == (0, 0) for k in offered)
+    key = offered[0]
+    assert key[3] == w.data_ptr() and (key[4] != 0) == (activation == "relu")
+    assert (key[7] != 0) == bias and (key[8] != 0) == (residual and activation is not None)
     reset_tuning()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["3x3-s2-28", "3x3-7", "1x1-7", "3x3-56"])
-@pytest.mark.parametrize("activation", [None, "relu"])
-def test_a_graphed_backward_gives_the_launches_bits(name, activation, monkeypatch):
+@pytest.mark.parametrize("activation, extras", [(None, False), ("relu", False), ("relu", True)],
+                         ids=["plain", "relu", "relu+bias+residual"])  # fmt: skip
+def test_a_graphed_backward_gives_the_launches_bits(name, activation, extras, monkeypatch):
     """Training steps on the same tensors: from the second step on the backward's launches
     (side streams included) are one CUDA graph, captured once and then replayed, and every
-    step's gradients are the bits of the same launches run one by one."""
+    step's gradients (db and the residual's dZ too) are the bits of the same launches run one
+    by one."""
     from kernels import _graphs
 
     x, w, dy, conv_args = _training_inputs(RESNET50[name], seed=6)
+    b = r = None
+    if extras:
+        b = torch.randn(w.shape[0], device=DEVICE, dtype=w.dtype).requires_grad_()
+        r = torch.randn_like(dy).requires_grad_()
+    tensors = [x, w, b, r]
     monkeypatch.setattr(_graphs, "GRAPHS", False)
     reset_tuning()
-    want = [_bias_free_step(x, w, dy, conv_args, activation) for _ in range(2)][-1]
+    want = [_leaf_grads(kernels.conv2d, tensors, conv_args, activation, dy) for _ in range(2)][-1]
     monkeypatch.setattr(_graphs, "GRAPHS", True)
     captures = []
     for _ in range(8):
-        got = _bias_free_step(x, w, dy, conv_args, activation)
+        got = _leaf_grads(kernels.conv2d, tensors, conv_args, activation, dy)
         for g, ref in zip(got, want, strict=True):
-            assert torch.equal(g, ref)
+            assert (g is None and ref is None) or torch.equal(g, ref)
         captures.append(_kept_backward().graphed.captures)
     # the first capture moves the step's allocations out of the caching allocator (its
-    # intermediates come from the graph's pool), so dX and dW may land on new blocks once: a
+    # intermediates come from the graph's pool), so the outputs may land on new blocks once: a
     # second pointer set, captured in turn; from then on every step replays
     assert 1 <= captures[-1] <= 2 and captures[-3:] == [captures[-1]] * 3
     assert not _kept_backward().graphed.broken

@@ -403,17 +403,18 @@ def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
         _DEPTHWISE_DGRAD.put(key, plan)
 
 
-def _dz(dy, saved, act_id: int, need_db: bool, launch, plan=None):
+def _dz(dy, saved, act_id: int, need_db: bool, launch, plan=None, out=(None, None)):
     """dZ = dY·act'(Z) for an NHWC dy, as an NHWC (N, K, P, Q) tensor, db where asked for, and
     the activation backward's DzPlan (None without an activation, or unplanned). plan: that
-    DzPlan from an earlier call of this key, run instead of a keyed call."""
+    DzPlan from an earlier call of this key, run instead of a keyed call; out: with a plan, the
+    (dZ as an (N·P·Q, K) matrix, db) to write, either None to allocate it."""
     if act_id == NONE:
-        return dy, (column_sum(_rows(dy), launch) if need_db else None), None
+        return dy, (column_sum(_rows(dy), launch, out[1]) if need_db else None), None
     if plan is None:
         dz2d, db, plan = planned_activation_backward(_rows(dy), _rows(_nhwc(saved)), act_id,
                                                      need_db, launch)  # fmt: skip
     else:
-        dz2d, db = plan(_rows(dy), _rows(_nhwc(saved)))
+        dz2d, db = plan(_rows(dy), _rows(_nhwc(saved)), out)
     N, K, P, Q = dy.shape
     return dz2d.view(N, P, Q, K).permute(0, 3, 1, 2), db, plan
 
@@ -531,9 +532,9 @@ class Backward(NamedTuple):
     dY's strides are part of what it was made for: autograd hands a layer the layout its
     consumer produced, the same each step.
 
-    Where the step needs no db, and no dZ that it does not already hold (dZ is dY without an
-    activation), its launches are a sequence of fixed pointers: kernels._graphs captures them
-    as one CUDA graph once the same pointers come back, and replays that graph from then on."""
+    With every output allocated first (dX, dW, db, and dZ where the residual takes it), its
+    launches are a sequence of fixed pointers: kernels._graphs captures them as one CUDA graph
+    once the same pointers come back, and replays that graph from then on."""
 
     dy_strides: tuple  # dY's strides it was made for
     nhwc_dy: bool  # that dY is an (N·P·Q, K) matrix (else an NHWC copy is taken)
@@ -557,19 +558,23 @@ class Backward(NamedTuple):
         need_dx, need_dw, need_db = self.needs
         if not self.nhwc_dy:
             dy = dy.contiguous(memory_format=torch.channels_last)
-        if (self.graphed is not None and not need_db and (self.act_id == NONE or not need_dz)
-                and usable(dy)):  # fmt: skip
-            dx = dy.new_empty_strided(*self.dx_layout) if need_dx else None
-            dw = dy.new_empty_strided(*self.dw_layout) if need_dw else None
+        if self.graphed is not None and usable(dy):
+            out = self.outputs(dy, need_dz)
             key = (stream_key(dy), dy.data_ptr(), _pointer(x), weight.data_ptr(),
-                   _pointer(saved), _pointer(dx), _pointer(dw))  # fmt: skip
+                   _pointer(saved), *map(_pointer, out))  # fmt: skip
 
             def launches():
-                self.launch(dy, x, weight, saved, dx, dw)
+                self.launch(dy, x, weight, saved, out)
 
             if not self.graphed(key, launches, lambda: self.kept(dy, weight)):
                 launches()
-            return dx, dw, None, dy if self.act_id == NONE else None
+            dx, dw, db, dz2d = out
+            if self.act_id == NONE:
+                return dx, dw, db, dy
+            if dz2d is None:
+                return dx, dw, db, None
+            N, K, P, Q = dy.shape
+            return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
         dz, db, _ = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan)
         dgrad, wgrad = self.dgrad, self.wgrad
         dx, dw = _dx_dw(
@@ -580,10 +585,22 @@ class Backward(NamedTuple):
         )  # fmt: skip
         return dx, dw, db, dz
 
-    def launch(self, dy, x, weight, saved, dx, dw) -> None:
-        """The launches of a step with no db into dx and dw, allocated by the caller."""
-        need_dx, need_dw, _ = self.needs
-        dz = _dz(dy, saved, self.act_id, False, direct, self.dz_plan)[0]
+    def outputs(self, dy, need_dz) -> tuple:
+        """(dX, dW, db, dZ as an (N·P·Q, K) matrix), each None where the step does not return
+        it (dZ: without an activation it is dY)."""
+        need_dx, need_dw, need_db = self.needs
+        N, K, P, Q = dy.shape
+        return (dy.new_empty_strided(*self.dx_layout) if need_dx else None,
+                dy.new_empty_strided(*self.dw_layout) if need_dw else None,
+                dy.new_empty_strided((K,), (1,)) if need_db else None,
+                dy.new_empty_strided((N * P * Q, K), (K, 1))
+                if need_dz and self.act_id != NONE else None)  # fmt: skip
+
+    def launch(self, dy, x, weight, saved, out) -> None:
+        """The step's launches into `out` (outputs(): allocated by the caller)."""
+        need_dx, need_dw, need_db = self.needs
+        dx, dw, db, dz2d = out
+        dz = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan, (dz2d, db))[0]
         dgrad, wgrad = self.dgrad, self.wgrad
         _dx_dw(dz, weight, need_dx, need_dw, self.gemm_dx, self.overlap,
                lambda out: _run_dgrad(dgrad, dz, weight, out),

@@ -14,7 +14,7 @@ Functions:
     activation_backward(dy, z, act_id, need_db, launch) -> (dz, db | None)
     planned_activation_backward(...) -> (dz, db | None, DzPlan | None): the same, and its plan
     DzPlan(dy, z) -> (dz, db | None): a key's launches again, with no key
-    column_sum(x, launch) -> (N,) sums of x's columns
+    column_sum(x, launch, out) -> (N,) sums of x's columns
     partial_sum(partial, out, launch): out = the column sums of row-split partial sums
 """
 
@@ -209,24 +209,29 @@ class DzPlan(NamedTuple):
     step: Step
     sum_step: Step | None  # partial_sum's launch where splits > 1
 
-    def __call__(self, dy, z):
+    def __call__(self, dy, z, out=(None, None)):
+        """(dZ, db | None); out: (dZ, db) to write into, either None to allocate it (dZ
+        row-major (M, N), db (N,)); honoured only in the plan's own layout."""
         if (dy.shape, dy.stride(), z.stride()) != self.layout:
             return activation_backward(dy, z, self.act_id, self.need_db, direct)
-        dz, db, partial = _dz_outputs(dy, self.need_db, self.splits)
+        dz, db, partial = _dz_outputs(dy, self.need_db, self.splits, *out)
         self.step(dy, z, dz, partial)
         if self.sum_step is not None:
             self.sum_step(partial, db)
         return dz, db
 
 
-def _dz_outputs(dy, need_db: bool, splits: int):
+def _dz_outputs(dy, need_db: bool, splits: int, dz=None, db=None):
     """(dZ, db, where the kernel writes db's sums) for dY (M, N): dZ row-major, db (N,) or None,
-    the sums into db itself for one row-split, else into an fp32 (splits, N) for partial_sum."""
+    the sums into db itself for one row-split, else into an fp32 (splits, N) for partial_sum.
+    dz, db: the caller's, where it allocated them."""
     M, N = dy.shape
-    dz = dy.new_empty_strided((M, N), (N, 1))
+    if dz is None:
+        dz = dy.new_empty_strided((M, N), (N, 1))
     if not need_db:
         return dz, None, None
-    db = dy.new_empty_strided((N,), (1,))
+    if db is None:
+        db = dy.new_empty_strided((N,), (1,))
     return dz, db, db if splits == 1 else dy.new_empty((splits, N), dtype=torch.float32)
 
 
@@ -314,11 +319,12 @@ def partial_sum(partial, out, launch) -> Step:
     return _launch_column_sum(partial, out, partial.shape[0], launch, blocks)
 
 
-def column_sum(x, launch):
-    """x's column sums (N,) in x's dtype, accumulated in fp32 (a second pass over the row-splits'
-    partial sums where sum_rows splits the rows)."""
+def column_sum(x, launch, out=None):
+    """x's column sums (N,) in x's dtype (into `out` where given), accumulated in fp32 (a second
+    pass over the row-splits' partial sums where sum_rows splits the rows)."""
     M, N = x.shape
-    out = torch.empty((N,), device=x.device, dtype=x.dtype)
+    if out is None:
+        out = torch.empty((N,), device=x.device, dtype=x.dtype)
     if N == 0:
         return out
     rows = sum_rows(M, N)
