@@ -4,7 +4,8 @@ many of our launches took the JIT path and how many host TMA descriptors the arm
 during the timed calls (a planned call on pointers seen before takes neither); how many armed
 launches reached Triton's C launcher; then cProfile's top entries for four cases. Conv training
 is read through autograd and with its backward called directly (docs/kernels/conv.md); every
-training case again with autograd on the calling thread ("[calling thread]").
+training case again with autograd on the calling thread ("[calling thread]"), and conv's again
+with its backward's CUDA graphs off ("[no graphs]").
 
     python scripts/host_path_diag.py [N] [case,substrings]
     PYTHONPATH=<checkout of an older commit> python scripts/host_path_diag.py   # its kernels
@@ -144,8 +145,28 @@ def calling_thread(step):
     return call
 
 
+def ungraphed(step):
+    """The training step with the conv backward's CUDA graphs off (kernels._graphs.GRAPHS) for
+    the call: its launches one by one, as before the graphs (docs/kernels/host_path.md,
+    "Graphed backward")."""
+
+    def call():
+        from kernels import _graphs
+
+        saved, _graphs.GRAPHS = _graphs.GRAPHS, False
+        try:
+            step()
+        finally:
+            _graphs.GRAPHS = saved
+
+    return call
+
+
 for name in [n for n in cases if "fwd_bwd" in n]:
     cases[f"{name} [calling thread]"] = tuple(calling_thread(step) for step in cases[name])
+for name in [n for n in cases if n.startswith("conv fwd_bwd") and "[" not in n]:
+    ours, eager = cases[name]
+    cases[f"{name} [no graphs]"] = (ungraphed(ours), eager)
 only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
 
 
