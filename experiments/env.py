@@ -22,6 +22,7 @@ ENV_PREFIXES = (
     "TORCH_COMPILE",
     "CUDA_VISIBLE_DEVICES",
     "PYTORCH_CUDA",
+    "KBENCH_GRAPHS",
 )
 
 
@@ -147,6 +148,12 @@ def relevant_env_vars() -> dict:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
 
 
+def graphed_backward() -> bool:
+    from kernels import _graphs
+
+    return _graphs.GRAPHS
+
+
 def collect(config: dict, device: torch.device, seed: int) -> dict:
     return {
         **device_info(device),
@@ -156,6 +163,8 @@ def collect(config: dict, device: torch.device, seed: int) -> dict:
         "argv": sys.argv[1:],
         "seed": seed,
         "env_vars": relevant_env_vars(),
+        # whether our kept backwards replay as CUDA graphs (kernels._graphs; KBENCH_GRAPHS=0: no)
+        "graphed_backward": graphed_backward(),
         # the cores this job may run on (launcher=gpus pins each job to its GPU's share)
         "cpu_affinity": cpu_affinity(),
         "config": config,

@@ -26,6 +26,7 @@ ENV_KEYS = {
     "config",
     "seed",
     "env_vars",
+    "graphed_backward",
     "gpu_state_before",
     "gpu_state_after",
     "device",
