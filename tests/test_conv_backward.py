@@ -459,13 +459,6 @@ def test_a_training_step_captures_in_a_cuda_graph():
         assert torch.equal(g, ref)
 
 
-def _bias_free_step(x, w, dy, conv_args, activation=None):
-    """One training step of a bias-free conv; its (dX, dW) as new tensors (the step's own are
-    freed, so the next step's allocations may take their blocks, as in a training loop)."""
-    y = kernels.conv2d(x, w, None, *conv_args, activation=activation)
-    return [g.clone() for g in torch.autograd.grad(y, (x, w), dy)]
-
-
 def _kept_backward():
     from kernels.conv import dispatch
 
@@ -475,7 +468,9 @@ def _kept_backward():
 
 def _leaf_grads(conv, tensors, conv_args, activation, dy):
     """The gradients of (x, W, bias, residual), None for a None tensor, of act(conv(x, W) + bias
-    + residual) for dY: `conv` is kernels.conv2d or, with float64 leaves, F.conv2d."""
+    + residual) for dY: `conv` is kernels.conv2d or, with float64 leaves, F.conv2d. They come
+    back as new tensors: the step's own are freed, so the next step's allocations may take their
+    blocks, as in a training loop."""
     x, w, b, r = tensors
     if conv is F.conv2d:
         z = F.conv2d(x, w, b, *conv_args) + (0 if r is None else r)
@@ -580,11 +575,11 @@ def test_each_pointer_set_gets_its_own_graph(monkeypatch):
     dys = [dy, torch.randn_like(dy)]
     reset_tuning()
     monkeypatch.setattr(_graphs, "GRAPHS", False)
-    want = [_bias_free_step(x, w, d, conv_args) for d in dys]
+    want = [_leaf_grads(kernels.conv2d, [x, w, None, None], conv_args, None, d)[:2] for d in dys]
     monkeypatch.setattr(_graphs, "GRAPHS", True)
     captures = []
     for step in range(12):
-        got = _bias_free_step(x, w, dys[step % 2], conv_args)
+        got = _leaf_grads(kernels.conv2d, [x, w, None, None], conv_args, None, dys[step % 2])[:2]
         for g, ref in zip(got, want[step % 2], strict=True):
             assert torch.equal(g, ref), step
         captures.append(_kept_backward().graphed.captures)

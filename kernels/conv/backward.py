@@ -22,7 +22,7 @@ tiles would not).
 Every launch of a direct call goes through a kernels._launch.Step kept per call geometry, so a
 training step's backward after the first pays the forward's thin host path, not the JIT's; and a
 training call key keeps its whole backward (Backward), so a later step builds no plan key. A kept
-backward with no db replays its launches as one CUDA graph once a step's pointers come back
+backward replays its launches as one CUDA graph once a step's pointers come back
 (kernels/_graphs.py).
 
 Functions:
@@ -547,43 +547,36 @@ class Backward(NamedTuple):
     wgrad: object  # wgrad's plan, or None
     dx_layout: tuple | None  # dX's (shape, strides)
     dw_layout: tuple | None
-    graphed: Graphed | None = None  # this backward's CUDA graphs (None: never graphed)
+    graphed: Graphed  # this backward's CUDA graphs
 
     def fits(self, dy, needs) -> bool:
         return (needs == self.needs and dy.stride() == self.dy_strides
                 and not torch.compiler.is_compiling())  # fmt: skip
 
     def __call__(self, dy, x, weight, saved, need_dz=True):
-        """(dX, dW, db, dZ); dZ may be None where not need_dz."""
-        need_dx, need_dw, need_db = self.needs
+        """(dX, dW, db, dZ); dZ may be None where not need_dz. Every output is allocated before
+        the launches, which a graph replays where kernels._graphs allows, else run one by one."""
         if not self.nhwc_dy:
             dy = dy.contiguous(memory_format=torch.channels_last)
-        if self.graphed is not None and usable(dy):
-            out = self.outputs(dy, need_dz)
+        out = self.outputs(dy, need_dz)
+
+        def launches():
+            self.launch(dy, x, weight, saved, out)
+
+        if not usable(dy):
+            launches()
+        else:
             key = (stream_key(dy), dy.data_ptr(), _pointer(x), weight.data_ptr(),
                    _pointer(saved), *map(_pointer, out))  # fmt: skip
-
-            def launches():
-                self.launch(dy, x, weight, saved, out)
-
             if not self.graphed(key, launches, lambda: self.kept(dy, weight)):
                 launches()
-            dx, dw, db, dz2d = out
-            if self.act_id == NONE:
-                return dx, dw, db, dy
-            if dz2d is None:
-                return dx, dw, db, None
-            N, K, P, Q = dy.shape
-            return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
-        dz, db, _ = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan)
-        dgrad, wgrad = self.dgrad, self.wgrad
-        dx, dw = _dx_dw(
-            dz, weight, need_dx, need_dw, self.gemm_dx, self.overlap,
-            lambda dx: _run_dgrad(dgrad, dz, weight, dx), lambda dw: run_wgrad(wgrad, dz, x, dw),
-            lambda: dz.new_empty_strided(*self.dx_layout),
-            lambda: dz.new_empty_strided(*self.dw_layout), direct,
-        )  # fmt: skip
-        return dx, dw, db, dz
+        dx, dw, db, dz2d = out
+        if self.act_id == NONE:
+            return dx, dw, db, dy
+        if dz2d is None:
+            return dx, dw, db, None
+        N, K, P, Q = dy.shape
+        return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
 
     def outputs(self, dy, need_dz) -> tuple:
         """(dX, dW, db, dZ as an (N·P·Q, K) matrix), each None where the step does not return
