@@ -25,6 +25,7 @@ import triton
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: see above
 import kernels  # noqa: E402
 from experiments.host_path import wall_us  # noqa: E402  (warm-up, calls, one sync)
+from kernels import _graphs  # noqa: E402
 
 if not torch.cuda.is_available():
     sys.exit("host_path_diag: needs a CUDA GPU")
@@ -151,8 +152,6 @@ def ungraphed(step):
     "Graphed backward")."""
 
     def call():
-        from kernels import _graphs
-
         saved, _graphs.GRAPHS = _graphs.GRAPHS, False
         try:
             step()
