@@ -16,6 +16,7 @@ from kernels._common import direct, pretend_gpu
 from kernels.conv import conv2d, conv2d_forward, conv2d_reference, dispatch
 from kernels.conv.flat_reduction import conv_flat_kernel, flat_step
 from kernels.conv.gemm import (
+    GEMM_PERSISTENT_TILES,
     conv_gemm,
     conv_gemm_kernel,
     conv_gemm_persistent_kernel,
@@ -378,13 +379,16 @@ RESNET50_PLANS = {
     "layer2-3x3-s2": ((128, 56), (128, 3), 2, ("implicit", 1)),
     "layer3-3x3": ((256, 14), (256, 3), 1, ("window", 1)),  # 196 tiles: no split
     "layer3-1x1-s2": ((512, 28), (1024, 1), 2, ("implicit", 1)),
-    "layer4-3x3-s2": ((512, 14), (512, 3), 2, ("implicit", 2)),  # 100 tiles
-    "layer4-3x3": ((512, 7), (512, 3), 1, ("implicit", 2)),  # 7x7: no window
+    # 100 tiles: split in two they would spill into a second wave
+    "layer4-3x3-s2": ((512, 14), (512, 3), 2, ("implicit", 1)),
+    "layer4-3x3": ((512, 7), (512, 3), 1, ("implicit", 1)),  # 7x7: no window
+    "layer4-3x3-batch8": ((512, 7), (512, 3), 1, ("implicit", 2)),  # 28 tiles: split
 }
 
 
-def resnet_conv(layer, batch=32, dtype=torch.bfloat16, channels_last=True):
+def resnet_conv(layer, batch=None, dtype=torch.bfloat16, channels_last=True):
     (c, h), (k, r), stride, _ = RESNET50_PLANS[layer]
+    batch = batch or (8 if layer.endswith("-batch8") else 32)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.empty(batch, c, h, h, dtype=dtype).contiguous(memory_format=fmt)
     weight = torch.empty(k, c, r, r, dtype=dtype).contiguous(memory_format=fmt)
@@ -419,7 +423,9 @@ def test_dispatch_layouts_and_dtypes():
 @pytest.mark.parametrize(
     "layer, split",
     [  # ResNet-50 at batch 32 on 132 SMs: (C, output H=W, K, R) -> split
-        ((512, 7, 512, 3), 2),  # 32x512x7 3x3 (and 32x512x14 3x3 stride 2): 100 tiles
+        ((512, 7, 512, 3), 1),  # 32x512x7 3x3 (and 32x512x14 3x3 stride 2): 100 tiles, 200
+        # split: a second wave
+        ((512, 4, 512, 3), 2),  # 32 tiles: the split fits one wave
         ((256, 14, 256, 3), 1),  # 196 tiles: split 2 lost here
         ((128, 28, 128, 3), 1),  # 392 tiles: enough already
         ((64, 56, 64, 3), 1),
@@ -573,6 +579,30 @@ def test_every_implicit_tile_on_gpu(dtype_name, split_k, monkeypatch):
         monkeypatch.setattr(conv_implicit_kernel, "configs", [config(*tile)])
         monkeypatch.setattr(conv_implicit_kernel, "cache", {}, raising=False)
         run_design(implicit_step, x, weight, bias, stride, padding, 1, tma=True, split_k=split_k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp16"])
+def test_every_persistent_tile_on_gpu(dtype_name, monkeypatch):
+    """Each persistent 1x1 GEMM tile alone on a long-reduction 1x1 (1024 -> 200 channels at 14x13:
+    neither the rows nor the output channels a multiple of any tile), TMA operands, bias and
+    relu, against float64."""
+    from kernels.conv.common import config
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA needs a Hopper GPU")
+    dtype = DTYPES[dtype_name]
+    cl = torch.channels_last
+    x = torch.randn(2, 1024, 14, 13, device="cuda", dtype=dtype).contiguous(memory_format=cl)
+    weight = (torch.randn(200, 1024, 1, 1, device="cuda", dtype=dtype) / 32).contiguous(
+        memory_format=cl)
+    bias = torch.randn(200, device="cuda", dtype=dtype)
+    for *tile, per_sm in GEMM_PERSISTENT_TILES:
+        cfg = config(*tile)
+        cfg.kwargs["PER_SM"] = per_sm
+        monkeypatch.setattr(conv_gemm_persistent_kernel, "configs", [cfg])
+        monkeypatch.setattr(conv_gemm_persistent_kernel, "cache", {}, raising=False)
+        run_design(gemm_persistent_step, x, weight, bias, 1, 0, 1, tma=True)
 
 
 @pytest.mark.gpu

@@ -62,14 +62,17 @@ from kernels.conv.window import window_ok, window_step
 
 def split_k_rule(M, K, C, R, S, sms) -> int:
     """Reduction splits for an implicit / window conv of M rows, K output channels and a C·R·S
-    reduction on `sms` SMs: double the split while the 64x128 tiles times the split stay under
-    one per SM and each split keeps at least 18 steps of 64 channels, up to 2 (split 4 spilled
-    and lost everywhere). ResNet-50 at batch 32 on 132 SMs: 2 for the 7x7-output 3x3s (100 tiles,
-    512 channels), 1 elsewhere. docs/kernels/conv.md, "Shipped design"."""
+    reduction on `sms` SMs: double the split while the split launch of 64x128 tiles still fits
+    one wave and each split keeps at least 18 steps of 64 channels, up to 2 (split 4 spilled
+    and lost everywhere). A split that spills into a second wave lost to an unsplit launch of
+    the 128-channel-step tile: on an H200 the two 100-tile ResNet-50 layers (512-channel 3x3s
+    to 7x7) ran 30.0 / 30.4 us unsplit against 31.9 / 32.0 split in two. ResNet-50 at batch 32
+    on 132 SMs: 1 everywhere; 2 where a layer has at most 66 tiles (smaller batches, narrow
+    outputs). docs/kernels/conv.md, "Shipped design"."""
     tiles = cdiv(M, 64) * cdiv(K, 128)
     steps = R * S * cdiv(C, 64)
     split = 1
-    while split * 2 <= 2 and tiles * split < sms and steps // (split * 2) >= 18:
+    while split * 2 <= 2 and tiles * split * 2 <= sms and steps // (split * 2) >= 18:
         split *= 2
     return split
 
