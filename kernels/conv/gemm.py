@@ -53,7 +53,7 @@ GEMM_PERSISTENT_TILES = [
     (64, 128, 64, 4, 4, 2),
     # 128-channel steps and a 5-stage 128x128: the long-reduction 1x1s to 14x14 and 7x7 and the
     # 28x28 ones (H200, flushed: 2048x7x7 -> 512 15.6 -> 11.9 us, 1024x14x14 -> 512 18.3 ->
-    # 16.6, 512x28x28 -> 128 16.5 -> 15.0; docs/kernels/conv.md, "Long-reduction 1x1 tiles")
+    # 16.6, 512x28x28 -> 128 16.5 -> 15.0; docs/kernels/conv.md, "Long-reduction tiles")
     (64, 128, 128, 4, 4, 1),
     (128, 128, 128, 3, 8, 1),
     (128, 128, 64, 5, 8, 1),

@@ -60,7 +60,8 @@ IMPLICIT_TILES = [
     (128, 128, 128, 3, 8),
     (64, 128, 128, 3, 4),
     # 128-channel steps at 4 stages / 8 warps: the 7x7-output 512-channel 3x3s unsplit (30.0 and
-    # 30.4 us on an H200 against 31.9 and 32.0 for the best split launch)
+    # 30.4 us on an H200 against 31.9 and 32.0 for the best split launch; docs/kernels/conv.md,
+    # "Long-reduction tiles")
     (64, 128, 128, 4, 8),
     # at most 16 output channels (the dgrad of a 3-channel stem: a 64-wide tile computes 61
     # padding channels, a 16-wide one 13); pruned wherever K is wider
