@@ -319,3 +319,87 @@ def test_dz_plan_repeats_activation_backward(M, N, need_db, monkeypatch, device)
     assert_same(plan(wide, z), want)
     want = backward.activation_backward(dy[: M - 1], z[: M - 1], relu, need_db, direct)
     assert_same(plan(dy[: M - 1], z[: M - 1]), want)  # fewer rows, the same strides
+
+
+def _train_step(x, weight, bias, activation, dy, fn=linear):
+    """One step of fn (linear, or linear_reference) on leaves x, weight, bias (any of which may
+    not need a gradient): their .grad, None where not asked for."""
+    leaves = [t for t in (x, weight, bias) if t is not None]
+    for t in leaves:
+        t.grad = None
+    fn(x, weight, bias, activation).backward(dy)
+    return [None if t is None or not t.requires_grad else t.grad for t in (x, weight, bias)]
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "relu"])
+@pytest.mark.parametrize("frozen", ["none", "x", "weight", "bias"])
+def test_kept_backward_writes_outputs_allocated_first(activation, frozen, device):
+    """From a plan's second backward on, the kept backward (dispatch._Backward) allocates dX,
+    dW, db and dZ before its launches and writes them in place: every call's gradients against
+    float64, with one input's gradient off in turn, on new data each call."""
+    from kernels._common import reset_tuning
+    from kernels.linear import dispatch
+
+    reset_tuning()
+    gen = torch.Generator().manual_seed(31)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    weight, bias = randn(24, 40), randn(24)
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        t.requires_grad_(frozen != name)
+    for _ in range(4):
+        x = randn(3, 7, 40).requires_grad_(frozen != "x")
+        dy = randn(3, 7, 24)
+        got = _train_step(x, weight, bias, activation, dy)
+        ref = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, weight, bias)]
+        want = _train_step(*ref, activation, dy.double(), linear_reference)
+        for g, w in zip(got, want, strict=True):
+            assert (g is None) == (w is None)
+            if g is not None:
+                assert relative_error(g, w) < tol("fp32")
+    kept = [b for p in dispatch._PLANS.values() for b in p.backward.values()]
+    assert len(kept) == 1 and isinstance(kept[0], dispatch._Backward)
+    assert (kept[0].dz is None) == (activation is None)
+    assert kept[0].graphed.captures == 0  # no CUDA graph off the GPU
+    reset_tuning()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(16, 4096, 4096), (2048, 1024, 512)], ids=["decode", "tile"])
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_a_graphed_linear_backward_gives_the_launches_bits(shape, activation, monkeypatch):
+    """Training steps on the same tensors, bf16: from the second kept backward on, its launches
+    (dZ and db, dX, dW; split-K where the GEMM takes it) are one CUDA graph, captured once the
+    pointers repeat and then replayed, and every step's gradients are the bits of the same
+    launches run one by one."""
+    from kernels import _graphs
+    from kernels._common import reset_tuning
+    from kernels.linear import dispatch
+
+    M, N, K = shape
+    gen = torch.Generator().manual_seed(32)
+
+    def randn(*size, scale=1.0):
+        return (torch.randn(*size, generator=gen) * scale).to("cuda", torch.bfloat16)
+
+    x = randn(M, K).requires_grad_()
+    weight = randn(N, K, scale=K**-0.5).requires_grad_()
+    bias = randn(N).requires_grad_()
+    dy = randn(M, N)
+    monkeypatch.setattr(_graphs, "GRAPHS", False)
+    reset_tuning()
+    want = [_train_step(x, weight, bias, activation, dy) for _ in range(3)][-1]
+    monkeypatch.setattr(_graphs, "GRAPHS", True)
+    captures = []
+    for _ in range(12):
+        got = _train_step(x, weight, bias, activation, dy)
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
+        kept = [b for p in dispatch._PLANS.values() for b in p.backward.values()]
+        assert len(kept) == 1
+        captures.append(kept[0].graphed.captures)
+    assert 1 <= captures[-1] <= 4 and captures[-6:] == [captures[-1]] * 6
+    assert not kept[0].graphed.broken
+    reset_tuning()

@@ -50,9 +50,17 @@ from kernels._common import (
     check_tensor,
     direct,
 )
+from kernels._graphs import Graphed, stream_key, usable
 from kernels._launch import PlanCache
-from kernels.linear.backward import activation_backward, column_sum
+from kernels.linear.backward import (
+    DzPlan,
+    activation_backward,
+    column_sum,
+    planned_activation_backward,
+)
 from kernels.matmul import copies_operands, fused_matmul, planned, run_plan
+
+NONE = ACTIVATIONS["none"]
 
 
 def linear_reference(x, weight, bias=None, activation=None):
@@ -138,7 +146,8 @@ class _Planned(NamedTuple):
     act_id: int
     save_preact: bool
     has_bias: bool
-    backward: dict  # (dZ's strides and alignment, need dX, need dW) -> (dX plan, dW plan)
+    # (dY's 2-D strides and alignment, need dX, need dW, need db) -> its _Backward
+    backward: dict
 
 
 _PLANS = PlanCache()
@@ -178,6 +187,55 @@ def _row_major(shape: tuple) -> tuple:
     return tuple(reversed(strides))
 
 
+class _Backward(NamedTuple):
+    """A planned linear's backward for one dY layout: the plans of its launches (dZ and db, dX,
+    dW), run into outputs allocated before them. Those launches then depend on nothing but
+    pointers, so kernels._graphs captures them as one CUDA graph once the same pointers come
+    back and replays it from then on, as a kept conv backward does (docs/kernels/host_path.md,
+    "Graphed backward")."""
+
+    dx: object  # kernels.matmul's plan of dZ @ W, or None
+    dw: object  # ... of dZ^T @ X, or None
+    dz: DzPlan | None  # dZ = dY * act'(Z) and db; None without an activation
+    dw_layout: tuple | None  # dW's (shape, strides)
+    graphed: Graphed
+
+    def fits(self, dy2d, z) -> bool:
+        return self.dz is None or self.dz.layout == (dy2d.shape, dy2d.stride(), z.stride())
+
+    def __call__(self, p: _Planned, dy2d, x, weight, z, need_db):
+        """(dX in x's shape, dW, db), each None where not planned or asked for."""
+        act = p.act_id != NONE
+        dz = dy2d.new_empty_strided(dy2d.shape, (dy2d.shape[1], 1)) if act else None
+        db = dy2d.new_empty_strided((dy2d.shape[1],), (1,)) if need_db else None
+        dx = None if self.dx is None else dy2d.new_empty_strided(*p.x_layout)
+        dw = None if self.dw is None else dy2d.new_empty_strided(*self.dw_layout)
+
+        def launches():
+            grad = dy2d
+            if act:
+                grad = self.dz(dy2d, z, (dz, db))[0]
+            elif need_db:
+                column_sum(dy2d, direct, out=db)
+            if dx is not None:
+                run_plan(self.dx, grad, weight, None, False, p.x_layout, out=dx)
+            if dw is not None:
+                run_plan(self.dw, grad, x, None, False, out=dw)
+
+        if not usable(dy2d):
+            launches()
+        else:
+            key = (stream_key(dy2d), dy2d.data_ptr(), *map(_pointer, (x, weight, z, dz, db, dx,
+                                                                       dw)))  # fmt: skip
+            if not self.graphed(key, launches, lambda: (self.dx, self.dw, self.dz)):
+                launches()
+        return dx, dw, db
+
+
+def _pointer(t) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
 class _PlannedLinear(torch.autograd.Function):
     """_LinearFunction on a plan: x and dY as they come (the GEMMs read their memory as the
     plan's 2-D matrices), dX in x's shape."""
@@ -196,21 +254,28 @@ class _PlannedLinear(torch.autograd.Function):
         p = ctx.plan
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         need_db = need_db and p.has_bias
-        dz, db = _dz_db(dy.reshape(-1, dy.shape[-1]), z, p.act_id, need_db, direct)
-        key = (dz.stride(), dz.data_ptr() % 16, need_dx, need_dw)
-        plans = p.backward.get(key)
-        if plans is None:
-            x2d = x.reshape(-1, x.shape[-1]) if need_dw else None
-            dx, dw = _gemm_grads(dz, x2d, weight, need_dx, need_dw, direct)
-            plans = (planned(dz, weight) if need_dx else None,
-                     planned(dz.t(), x2d) if need_dw else None)  # fmt: skip
-            if (x2d is None or x2d.data_ptr() == x.data_ptr()) and not any(
-                    q is not None and copies_operands(q) for q in plans):  # fmt: skip
-                p.backward[key] = plans
-            return (None if dx is None else dx.view(x.shape)), dw, db, None
-        dx = run_plan(plans[0], dz, weight, None, False, p.x_layout)[0] if need_dx else None
-        dw = run_plan(plans[1], dz, x, None, False)[0] if need_dw else None
-        return dx, dw, db, None
+        dy2d = dy.reshape(-1, dy.shape[-1])
+        key = (dy2d.stride(), dy2d.data_ptr() % 16, need_dx, need_dw, need_db)
+        kept = p.backward.get(key)
+        if kept is not None and kept.fits(dy2d, z):
+            return *kept(p, dy2d, x, weight, z, need_db), None
+        dz_plan = None
+        if p.act_id == NONE:
+            dz, db = dy2d, (column_sum(dy2d, direct) if need_db else None)
+        else:
+            dz, db, dz_plan = planned_activation_backward(dy2d, z, p.act_id, need_db, direct)
+        x2d = x.reshape(-1, x.shape[-1]) if need_dw else None
+        dx, dw = _gemm_grads(dz, x2d, weight, need_dx, need_dw, direct)
+        plans = (planned(dz, weight) if need_dx else None,
+                 planned(dz.t(), x2d) if need_dw else None)  # fmt: skip
+        if ((x2d is None or x2d.data_ptr() == x.data_ptr())
+                and (p.act_id == NONE or dz_plan is not None)
+                and all((q is not None and not copies_operands(q)) == need
+                        for q, need in zip(plans, (need_dx, need_dw), strict=True))):  # fmt: skip
+            dw_layout = None if dw is None else (tuple(dw.shape), dw.stride())
+            p.backward[key] = _Backward(*plans, dz_plan, dw_layout, Graphed())
+        # x's shape from the plan: x itself is saved only where dW needs it
+        return (None if dx is None else dx.view(p.x_layout[0])), dw, db, None
 
 
 def linear(x, weight, bias=None, activation=None):

@@ -358,12 +358,14 @@ def copies_operands(p: _Launches) -> bool:
     return p.copy_a or p.copy_b
 
 
-def run_plan(p: _Launches, a, b, bias, save_preact: bool, layout: tuple | None = None):
+def run_plan(p: _Launches, a, b, bias, save_preact: bool, layout: tuple | None = None, out=None):
     """(c, preact | None) of plan p, where a and b may be any tensors at the planned operands'
     data pointers (a view's base, say): the launches read pointers only, the plan holding the
     strides. `layout` (shape, strides): c allocated so, as long as it is the row-major (M, N)
-    memory (say (B, T, N) for M = B·T). Callers check `copies_operands` first."""
-    c = a.new_empty_strided(*(layout or (p.shape, p.strides)))
+    memory (say (B, T, N) for M = B·T). out: c's memory, allocated by the caller in that
+    layout (a graphed backward allocates its outputs before its launches). Callers check
+    `copies_operands` first."""
+    c = a.new_empty_strided(*(layout or (p.shape, p.strides))) if out is None else out
     preact = a.new_empty_strided(p.shape, p.strides) if save_preact else None
     _run(p, a, b, c, bias, preact)
     return c, preact
