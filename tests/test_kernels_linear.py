@@ -393,13 +393,18 @@ def test_a_graphed_linear_backward_gives_the_launches_bits(shape, activation, mo
     want = [_train_step(x, weight, bias, activation, dy) for _ in range(3)][-1]
     monkeypatch.setattr(_graphs, "GRAPHS", True)
     captures = []
-    for _ in range(12):
+    for _ in range(16):
         got = _train_step(x, weight, bias, activation, dy)
         for g, w in zip(got, want, strict=True):
             assert torch.equal(g, w)
+        # a training loop holds no step's gradients past the next step: neither does this one,
+        # so the allocator can hand each step the blocks of the last
+        del got, g
         kept = [b for p in dispatch._PLANS.values() for b in p.backward.values()]
         assert len(kept) == 1
         captures.append(kept[0].graphed.captures)
-    assert 1 <= captures[-1] <= 4 and captures[-6:] == [captures[-1]] * 6
+    # as for a graphed conv backward (tests/test_conv_backward.py): the outputs may land on new
+    # blocks for a few steps after a capture moves the intermediates into the graph's pool
+    assert 1 <= captures[-1] <= 4 and captures[-6:] == [captures[-1]] * 6, captures
     assert not kept[0].graphed.broken
     reset_tuning()
