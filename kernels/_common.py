@@ -170,6 +170,13 @@ def tile_counters(device: torch.device, count: int, minimum: int = 1024) -> torc
     return counters
 
 
+def stream_tile_counters(stream: int) -> tuple[torch.Tensor, ...]:
+    """The counters tile_counters keeps for CUDA stream `stream` (a raw stream pointer), on any
+    device: what a CUDA graph captured on that stream launches with, and must keep alive
+    (kernels._graphs)."""
+    return tuple(t for (_, _, s), t in _TILE_COUNTERS.items() if s == stream)
+
+
 # ---------------------------------------------------------------------------------------------
 # Choosing a config by timing it on the GPU (conv's autotuner, softmax's first-call choice)
 # ---------------------------------------------------------------------------------------------

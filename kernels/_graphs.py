@@ -44,7 +44,7 @@ import warnings
 
 import torch
 
-from kernels._common import _TILE_COUNTERS
+from kernels._common import stream_tile_counters
 from kernels._launch import hooks_unset
 
 GRAPHS = os.environ.get("KBENCH_GRAPHS", "1") != "0"
@@ -127,8 +127,7 @@ class Graphed:
                           f"and runs launch by launch ({type(exc).__name__}: {exc})",
                           RuntimeWarning, stacklevel=3)  # fmt: skip
             return None
-        counters = tuple(t for (_, _, s), t in _TILE_COUNTERS.items()
-                         if s == capture_stream.cuda_stream)  # fmt: skip
+        counters = stream_tile_counters(capture_stream.cuda_stream)
         self.graphs[key] = (graph, (tuple(keep()), counters))
         self.captures += 1
         return graph

@@ -97,3 +97,20 @@ def test_nothing_is_graphed_off_cuda_or_when_switched_off(monkeypatch):
     assert _graphs.usable(torch.zeros(1)) is False
     monkeypatch.setattr(_graphs, "GRAPHS", False)
     assert _graphs.usable(torch.zeros(1)) is False
+
+
+def test_stream_tile_counters_are_the_streams_own():
+    """What a graph captured on a stream keeps alive: the split-K counters tile_counters holds
+    for that stream, and only those (the CPU's stand in for a stream of their own here)."""
+    from kernels._common import _TILE_COUNTERS, stream_tile_counters, tile_counters
+
+    saved = dict(_TILE_COUNTERS)
+    try:
+        _TILE_COUNTERS.clear()
+        counters = tile_counters(torch.device("cpu"), 8)
+        _TILE_COUNTERS[("cuda", 0, 1234)] = torch.zeros(4, dtype=torch.int32)
+        assert stream_tile_counters(None) == (counters,)
+        assert len(stream_tile_counters(1234)) == 1 and stream_tile_counters(99) == ()
+    finally:
+        _TILE_COUNTERS.clear()
+        _TILE_COUNTERS.update(saved)
