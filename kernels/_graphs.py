@@ -31,6 +31,10 @@ runs launch by launch.
     Graphed()(key, launches, keep)   replay key's graph and return True, or return False and
                                      leave the call to the caller (capturing first, then
                                      replaying, on the SIGHTINGS-th sighting)
+    Graphed().run(t, tensors, launches, keep)
+                                     run launches: as a graph keyed by the current stream of
+                                     t's device and the tensors' pointers where usable(t),
+                                     else (or where the graph declines) launch by launch
     usable(t)                        whether a call on t's device may use a graph now
     stream_key(t)                    the raw current stream of t's device (a key's first field)
     CAPTURE.active                   one of these captures is under way on this thread
@@ -103,6 +107,15 @@ class Graphed:
             return False
         graph.replay()
         return True
+
+    def run(self, t: torch.Tensor, tensors, launches, keep=tuple) -> None:
+        """launches(), replayed from this sequence's graph of the key (stream_key(t), then each
+        of `tensors`' data pointers, 0 for None) where usable(t) and the graph takes it."""
+        if usable(t):
+            key = (stream_key(t), *(0 if u is None else u.data_ptr() for u in tensors))
+            if self(key, launches, keep):
+                return
+        launches()
 
     def _capture(self, key, launches, keep):
         try:

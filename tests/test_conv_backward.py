@@ -495,9 +495,11 @@ def test_a_kept_backward_launches_into_outputs_it_was_handed(name, activation, b
     through fused_matmul's out=), keyed by the step's pointers. Here every offer to graph it is
     declined, so the launches run as they would be captured, and the gradients still match
     float64."""
+    from kernels import _graphs
+
     offered = []
-    monkeypatch.setattr(backward, "usable", lambda t: True)
-    monkeypatch.setattr(backward, "stream_key", lambda t: (0, 0))
+    monkeypatch.setattr(_graphs, "usable", lambda t: True)
+    monkeypatch.setattr(_graphs, "stream_key", lambda t: (0, 0))
 
     def decline(self, key, launches, keep=tuple):
         offered.append(key)

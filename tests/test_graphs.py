@@ -114,3 +114,21 @@ def test_stream_tile_counters_are_the_streams_own():
     finally:
         _TILE_COUNTERS.clear()
         _TILE_COUNTERS.update(saved)
+
+
+def test_run_keys_by_stream_and_pointers_and_runs_what_is_declined(captured, monkeypatch):
+    """Graphed.run: off the GPU the launches run as they are; where a graph may be used, the
+    key is the stream then each tensor's pointer (0 for None), the first sighting runs the
+    launches and the second replays the graph captured for it."""
+    ran = []
+    t, u = torch.zeros(2), torch.ones(3)
+    graphed = Graphed()
+    graphed.run(t, (t, None, u), lambda: ran.append(1))
+    assert ran == [1] and not captured  # CPU: not usable
+    monkeypatch.setattr(_graphs, "usable", lambda x: True)
+    monkeypatch.setattr(_graphs, "stream_key", lambda x: (0, 7))
+    for _ in range(3):
+        graphed.run(t, (t, None, u), lambda: ran.append(1), lambda: ("kept",))
+    assert ran == [1, 1]  # the second sighting captured (stand-in) and replayed
+    assert captured == [(((0, 7), t.data_ptr(), 0, u.data_ptr()), ("kept",))]
+    assert graphed.graphs[captured[0][0]][0].replays == 2

@@ -48,7 +48,7 @@ from kernels._common import (
     dot_precision,
     is_interpreter,
 )
-from kernels._graphs import CAPTURE, Graphed, stream_key, usable
+from kernels._graphs import CAPTURE, Graphed
 from kernels._launch import PlanCache, Step
 from kernels.conv.common import Conv, as_matrix
 from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
@@ -563,13 +563,8 @@ class Backward(NamedTuple):
         def launches():
             self.launch(dy, x, weight, saved, out)
 
-        if not usable(dy):
-            launches()
-        else:
-            key = (stream_key(dy), dy.data_ptr(), _pointer(x), weight.data_ptr(),
-                   _pointer(saved), *map(_pointer, out))  # fmt: skip
-            if not self.graphed(key, launches, lambda: self.kept(dy, weight)):
-                launches()
+        self.graphed.run(dy, (dy, x, weight, saved, *out), launches,
+                         lambda: self.kept(dy, weight))  # fmt: skip
         dx, dw, db, dz2d = out
         if self.act_id == NONE:
             return dx, dw, db, dy
@@ -608,10 +603,6 @@ class Backward(NamedTuple):
             K, C = weight.shape[:2]
             gemm = planned_matmul(_rows(dy), weight.reshape(K, C), None, NONE, False)
         return (self.dz_plan, self.dgrad, self.wgrad, gemm)
-
-
-def _pointer(t) -> int:
-    return 0 if t is None else t.data_ptr()
 
 
 def _upcast(backward, dy, x, weight, saved, *args, **kwargs):

@@ -50,11 +50,10 @@ from kernels._common import (
     check_tensor,
     direct,
 )
-from kernels._graphs import Graphed, stream_key, usable
+from kernels._graphs import Graphed
 from kernels._launch import PlanCache
 from kernels.linear.backward import (
     DzPlan,
-    activation_backward,
     column_sum,
     planned_activation_backward,
 )
@@ -95,16 +94,17 @@ def linear_forward(x2d, weight, bias, act_id, save_preact, *, launch=direct):
 
 
 def linear_backward(dy, x2d, weight, z, act_id, need_dx, need_dw, need_db, *, launch=direct):
-    dz, db = _dz_db(dy, z, act_id, need_db, launch)
+    dz, db, _ = _dz_db(dy, z, act_id, need_db, launch)
     dx, dw = _gemm_grads(dz, x2d, weight, need_dx, need_dw, launch)
     return dx, dw, db
 
 
 def _dz_db(dy, z, act_id, need_db, launch):
-    """(dZ = dY * act'(Z), db | None); dZ is dY itself without an activation."""
-    if act_id == ACTIVATIONS["none"]:
-        return dy, (column_sum(dy, launch) if need_db else None)
-    return activation_backward(dy, z, act_id, need_db, launch)
+    """(dZ = dY * act'(Z), db | None, the activation backward's DzPlan | None); dZ is dY itself
+    without an activation (and there is no plan)."""
+    if act_id == NONE:
+        return dy, (column_sum(dy, launch) if need_db else None), None
+    return planned_activation_backward(dy, z, act_id, need_db, launch)
 
 
 def _gemm_grads(dz, x2d, weight, need_dx, need_dw, launch):
@@ -119,7 +119,7 @@ class _LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2d, weight, bias, act_id):
-        save_preact = act_id != ACTIVATIONS["none"]
+        save_preact = act_id != NONE
         y, z = linear_forward(x2d, weight, bias, act_id, save_preact)
         need_dx, need_dw, _ = ctx.needs_input_grad[:3]
         # Keep only what the requested gradients read: dX needs W, dW needs X.
@@ -205,7 +205,7 @@ class _Backward(NamedTuple):
 
     def __call__(self, p: _Planned, dy2d, x, weight, z, need_db):
         """(dX in x's shape, dW, db), each None where not planned or asked for."""
-        act = p.act_id != NONE
+        act = self.dz is not None  # a planned activation backward exactly where there is one
         dz = dy2d.new_empty_strided(dy2d.shape, (dy2d.shape[1], 1)) if act else None
         db = dy2d.new_empty_strided((dy2d.shape[1],), (1,)) if need_db else None
         dx = None if self.dx is None else dy2d.new_empty_strided(*p.x_layout)
@@ -222,18 +222,9 @@ class _Backward(NamedTuple):
             if dw is not None:
                 run_plan(self.dw, grad, x, None, False, out=dw)
 
-        if not usable(dy2d):
-            launches()
-        else:
-            key = (stream_key(dy2d), dy2d.data_ptr(), *map(_pointer, (x, weight, z, dz, db, dx,
-                                                                       dw)))  # fmt: skip
-            if not self.graphed(key, launches, lambda: (self.dx, self.dw, self.dz)):
-                launches()
+        self.graphed.run(dy2d, (dy2d, x, weight, z, dz, db, dx, dw), launches,
+                         lambda: (self.dx, self.dw, self.dz))  # fmt: skip
         return dx, dw, db
-
-
-def _pointer(t) -> int:
-    return 0 if t is None else t.data_ptr()
 
 
 class _PlannedLinear(torch.autograd.Function):
@@ -259,11 +250,7 @@ class _PlannedLinear(torch.autograd.Function):
         kept = p.backward.get(key)
         if kept is not None and kept.fits(dy2d, z):
             return *kept(p, dy2d, x, weight, z, need_db), None
-        dz_plan = None
-        if p.act_id == NONE:
-            dz, db = dy2d, (column_sum(dy2d, direct) if need_db else None)
-        else:
-            dz, db, dz_plan = planned_activation_backward(dy2d, z, p.act_id, need_db, direct)
+        dz, db, dz_plan = _dz_db(dy2d, z, p.act_id, need_db, direct)
         x2d = x.reshape(-1, x.shape[-1]) if need_dw else None
         dx, dw = _gemm_grads(dz, x2d, weight, need_dx, need_dw, direct)
         plans = (planned(dz, weight) if need_dx else None,
@@ -307,7 +294,7 @@ def linear(x, weight, bias=None, activation=None):
     else:
         y2d, _ = linear_forward(x2d, weight, bias, act_id, save_preact=False)
     if key is not None:
-        save_preact = needs_grad and act_id != ACTIVATIONS["none"]
+        save_preact = needs_grad and act_id != NONE
         planned_call = _plan(x, x2d, weight, bias, act_id, save_preact)
         if planned_call is not None:
             _PLANS.put(key, planned_call)
