@@ -232,39 +232,59 @@ def test_a_training_step_runs_its_kept_backward(name, channels_last, activation,
     assert not dispatch._TRAINING
 
 
-def test_tap_matrices_gather_every_phase_at_once():
-    """One transposing launch serves every phase: each block is weight[:, :, rows, cols] as a
-    (C, R'·S'·K) matrix, for NCHW, channels_last and sliced weights, channel counts past one
-    tile; a planned backward keeps its gather index on the device in its plan (no host-to-device
-    copy per call, which would stall the caller)."""
+def test_flipped_taps_address_the_forward_weights_taps():
+    """A sub-conv's tap (i, j) is read at column col0 + i·col_r + j·col_s of the forward's
+    (K, R·S·C) weight matrix: the forward's tap (rows[i], cols[j]), for every phase of every
+    stride, dilation, padding and filter size the phase split covers."""
+    for size, taps, stride, pad, dil in itertools.product(
+        (5, 8, 9), (1, 2, 3, 5, 7), (1, 2, 3), (0, 1, 3), (1, 2, 3)
+    ):
+        convs, _ = dgrad_convs((size, size), (taps, taps + 1), (stride, stride), (pad, pad),
+                               (dil, dil))  # fmt: skip
+        C = 5
+        for tc in convs:
+            flip = backward._flipped(tc, taps + 1, C)
+            for i, r in enumerate(tc.rows):
+                for j, s in enumerate(tc.cols):
+                    want = (r * (taps + 1) + s) * C
+                    assert flip.col0 + i * flip.col_r + j * flip.col_s == want, (tc, i, j)
+
+
+def _dgrad_against_float64(weight, x, dy, geometry):
+    ref_x = x.detach().double().requires_grad_()
+    F.conv2d(ref_x, weight.double(), None, *geometry).backward(dy.double())
+    dx = backward.conv2d_backward(dy, x, weight, None, backward.NONE, *geometry, True, False,
+                                  False)[0]  # fmt: skip
+    err = relative_error(dx, ref_x.grad)
+    assert err < budget(dx.dtype), f"dx: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "nchw", "sliced"])
+def test_dgrad_reads_any_weight_layout_in_place(layout):
+    """The dgrad reads a channels_last weight as it lies (no copy in its plan) and a weight in
+    any other layout through a (K, R·S·C) copy per call; a phase split whose output channels
+    run past one tile (37 channels: a flipped box crosses into the next tap's columns, which
+    must feed no stored channel) matches float64 on the call that plans and the one that runs
+    the plan."""
     generator = torch.Generator().manual_seed(3)
-    convs, _ = dgrad_convs((9, 8), (3, 3), (2, 2), (1, 1), (1, 1))
-    for k, c in ((6, 5), (20, 37)):
-        full = torch.randn(k, c + 2, 3, 3, generator=generator).to(DEVICE)
-        for weight in (full[:, 1 : c + 1].contiguous(),
-                       full[:, 1 : c + 1].contiguous(memory_format=torch.channels_last),
-                       full[:, 1 : c + 1]):  # fmt: skip
-            gather = backward._tap_gather(convs, 3, k, DEVICE)
-            blocks, step = backward._tap_matrices(weight, *gather)
-            again, _ = backward._tap_matrices(weight, *gather, step)  # the kept step
-            for tc, block, block2 in zip(convs, blocks, again, strict=True):
-                taps = weight[:, :, list(tc.rows)][:, :, :, list(tc.cols)]
-                want = taps.permute(1, 2, 3, 0).reshape(c, -1)
-                assert block.shape == want.shape and block.stride(1) == 1
-                torch.testing.assert_close(block, want, rtol=0, atol=0)
-                torch.testing.assert_close(block2, want, rtol=0, atol=0)
-    reset_tuning()  # the plans, the training entries that hold them too
+    k, c = 20, 37
+    full = torch.randn(k, c + 2, 3, 3, generator=generator).to(DEVICE) / (9 * c) ** 0.5
+    weight = {"channels_last": full[:, :c].contiguous(memory_format=torch.channels_last),
+              "nchw": full[:, :c].contiguous(),
+              "sliced": full[:, 1 : c + 1]}[layout]  # fmt: skip
+    geometry = ((3, 3), (2, 2), (2, 2))  # stride 3, dilation 2: phases, gaps
+    x = torch.randn(2, c, 10, 11, generator=generator).to(DEVICE)
+    x = x.contiguous(memory_format=torch.channels_last)
+    p, q = F.conv2d(x, weight, None, *geometry).shape[2:]
+    reset_tuning()
     for seed in (8, 9):  # the second call runs the plan the first one made
-        _check(kernels.conv2d, GEOMETRIES["3x3-s3-d2"], True, "relu", torch.float32, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        dy = torch.randn(2, k, p, q, generator=gen).to(DEVICE)
+        dy = dy.contiguous(memory_format=torch.channels_last)
+        _dgrad_against_float64(weight, x, dy, geometry)
         (plan,) = backward._DGRAD.values()
-        index = plan.index
-        phases, _ = dgrad_convs((10, 11), (3, 3), (3, 3), (2, 2), (2, 2))
-        assert index.device.type == torch.device(DEVICE).type
-        assert len(plan.phases) == len(phases)
-        assert sum(w for _, w in plan.blocks) == index.numel() * 16
-        if seed == 8:
-            first = index
-    assert index is first
+        assert plan.copy_w == (layout != "channels_last")
+        assert len(plan.phases) == len(dgrad_convs((10, 11), (3, 3), *geometry)[0])
 
 
 def test_grouped_training_is_refused_before_any_work():
@@ -389,6 +409,24 @@ def test_resnet50_layers_train_on_gpu(name):
     _check(kernels.conv2d, RESNET50[name], True, None, torch.bfloat16, seed=2)
     # the same call key again: its kept Backward (no plan lookups) on new values
     _check(kernels.conv2d, RESNET50[name], True, None, torch.bfloat16, seed=3)
+
+
+# (N, C, H, W, K, ...) with output channels C that no tile width divides: the flipped weight
+# boxes (TMA on Hopper) cross into the next tap's columns on the last channel tile
+ODD_CHANNELS = {
+    "3x3-s1-14": (3, 72, 14, 14, 200, 3, 3, 1, 1, 1),
+    "3x3-s2-15": (3, 200, 15, 15, 72, 3, 3, 2, 1, 1),
+    "5x5-s1-d2-9": (2, 96, 9, 9, 136, 5, 5, 1, 4, 2),
+    "3x3-s1-7-few": (4, 40, 7, 7, 8, 3, 3, 1, 1, 1),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(ODD_CHANNELS))
+def test_flipped_weight_reads_odd_channels_on_gpu(name, dtype):
+    _check(kernels.conv2d, ODD_CHANNELS[name], True, None, dtype)
+    _check(kernels.conv2d, ODD_CHANNELS[name], True, None, dtype, seed=2)  # the kept backward
 
 
 @pytest.mark.gpu

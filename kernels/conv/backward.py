@@ -10,6 +10,10 @@ legal) and dX's size as the output size. At stride s > 1 the zero-inserted dZ wo
 only the taps r with (phase + pad - r·dil) divisible by s contribute, and they form a stride-1,
 dilation dil/gcd(dil, s) conv of dZ with that subset of the weight, written straight into the
 phase's strided view of dX (the implicit GEMM stores by strides). A phase no tap reaches is zero.
+No flipped or transposed copy of the weight is made: the window and implicit kernels read each
+sub-conv's taps in place, as boxes of the forward's (K, R·S·C) weight matrix whose rows are the
+sub-conv's reduction channels (common.FlippedTaps; a weight that is not channels_last is copied
+to that matrix, as its forward does).
 
 Depthwise convs (groups = C) train through depthwise.py's stencils: dX is the same phase split
 of depthwise convs with flipped taps, dW a per-channel reduction. Other groupings do not train.
@@ -37,22 +41,25 @@ import math
 from typing import NamedTuple
 
 import torch
-import triton
-import triton.language as tl
 
 from kernels._common import (
     ACTIVATIONS,
     TORCH_ACTIVATIONS,
-    cdiv,
     direct,
     dot_precision,
     is_interpreter,
 )
 from kernels._graphs import CAPTURE, Graphed
-from kernels._launch import PlanCache, Step
-from kernels.conv.common import Conv, as_matrix
+from kernels._launch import PlanCache
+from kernels.conv.common import Conv, FlippedTaps, as_matrix
 from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
-from kernels.conv.dispatch import _channels_last_output, _new_output, conv2d_forward, design_step
+from kernels.conv.dispatch import (
+    _channels_last_output,
+    _new_output,
+    _weight_matrix,
+    conv2d_forward,
+    design_step,
+)
 from kernels.conv.wgrad import planned_wgrad
 from kernels.conv.wgrad import run as run_wgrad
 from kernels.linear.backward import column_sum, planned_activation_backward
@@ -105,74 +112,13 @@ def dgrad_convs(hw, rs, stride, padding, dilation) -> tuple[list[TapConv], bool]
     return convs, gaps
 
 
-def _tap_gather(convs, S: int, K: int, device) -> tuple[torch.Tensor, tuple]:
-    """The gather index of every sub-conv's weight taps (a device tensor: a planned backward
-    keeps it, so no call copies from the host, whose pageable copy stalled each backward on
-    the GPU), and each sub-conv's (first column, columns) in the gathered matrix."""
-    taps = [r * S + s for tc in convs for r in tc.rows for s in tc.cols]
-    index = torch.tensor(taps, dtype=torch.int64, device=device)
-    blocks, start = [], 0
-    for tc in convs:
-        width = len(tc.rows) * len(tc.cols) * K
-        blocks.append((start, width))
-        start += width
-    return index, tuple(blocks)
-
-
-# tap_transpose_kernel's tile: 64 x 64 16-bit elements, 128-byte rows both ways (the
-# interpreter's 16 x 16 gives the tests' channel counts ragged blocks)
-TAP_BLOCK = 16 if is_interpreter() else 64
-
-
-@triton.jit
-def tap_transpose_kernel(
-    # w: the weight (K, C, R, S) by strides; index: T tap numbers r·S + s; out: (C, T·K)
-    w, index, out,
-    K, C, T, S,
-    stride_wk, stride_wc, stride_wr, stride_ws,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
-    """out[c, t·K + k] = w[k, c, r, s] for tap index[t] = r·S + s: a tile of one tap transposed
-    from its (k, c) to its (c, k) order."""
-    t = tl.program_id(2)
-    tap = tl.load(index + t)
-    offs_k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    offs_c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    base = w + (tap // S) * stride_wr + (tap % S) * stride_ws
-    mask = (offs_k[:, None] < K) & (offs_c[None, :] < C)
-    tile = tl.load(base + offs_k[:, None] * stride_wk + offs_c[None, :] * stride_wc, mask=mask)
-    dst = out + offs_c[None, :].to(tl.int64) * (T * K) + t * K + offs_k[:, None]
-    tl.store(dst, tile, mask=mask)
-
-
-def _tap_step(weight: torch.Tensor, index: torch.Tensor, launch) -> Step:
-    """The launch of tap_transpose_kernel over (weight, index, out) for this weight's layout."""
-    K, C, R, S = weight.shape
-    T = index.numel()
-    grid = (cdiv(C, TAP_BLOCK), cdiv(K, TAP_BLOCK), T)
-    return Step(launch(tap_transpose_kernel), grid, (K, C, T, S, *weight.stride()),
-                dict(BLOCK=TAP_BLOCK))  # fmt: skip
-
-
-def _tap_matrices(weight: torch.Tensor, index: torch.Tensor, blocks, step: Step | None = None,
-                  launch=direct) -> tuple[list[torch.Tensor], Step]:  # fmt: skip
-    """Each sub-conv's (C, R'·S'·K) weight matrix, whose tap (i, j) is weight[:, :, rows[i],
-    cols[j]] transposed (the dgrad's outputs are the forward's inputs), and the step that made
-    them. One launch makes them all: they are column blocks of one (C, T·K) matrix, T being
-    every sub-conv's taps, so each has a row stride of T·K (the kernels take the weight
-    matrix's row stride). A tiled transpose: torch's index_select of the permuted weight took
-    20.7 us for a 512x512x3x3 weight on an H100 (docs/kernels/conv.md, "Backward")."""
-    K, C = weight.shape[:2]
-    columns = index.numel() * K
-    matrix = weight.new_empty((C, columns))
-    if step is None:
-        step = _tap_step(weight, index, launch)
-        step.once(weight, index, matrix)
-    else:
-        step(weight, index, matrix)
-    if len(blocks) == 1:  # a stride-1 dgrad's one sub-conv: the whole matrix
-        return [matrix], step
-    return [matrix.as_strided((C, width), (columns, 1), start) for start, width in blocks], step
+def _flipped(tc: TapConv, S: int, C: int) -> FlippedTaps:
+    """Where sub-conv tap (i, j) lies in the forward's (K, R·S·C) weight matrix: the forward's
+    tap (rows[i], cols[j]), whose rows and columns step down by a constant (the stride over its
+    gcd with the dilation: _phase_taps keeps every such tap of the phase)."""
+    dr = tc.rows[0] - tc.rows[1] if len(tc.rows) > 1 else 0
+    ds = tc.cols[0] - tc.cols[1] if len(tc.cols) > 1 else 0
+    return FlippedTaps((tc.rows[0] * S + tc.cols[0]) * C, -dr * S * C, -ds * C)
 
 
 def _nhwc(t: torch.Tensor) -> torch.Tensor:
@@ -190,9 +136,7 @@ class _Dgrad(NamedTuple):
     call builds them by as_strided, with no indexing."""
 
     gaps: bool  # some phase has no tap: dX starts zeroed
-    index: torch.Tensor  # the gather index of every sub-conv's taps, on the device
-    blocks: tuple  # each sub-conv's (first column, columns) in the tap matrix (_tap_gather)
-    tap_step: Step
+    copy_w: bool  # the weight is not channels_last: its (K, R·S·C) matrix is a copy per call
     # per sub-conv: (Step, scratch, its phase of dX), the view None where it is all of dX (a
     # stride-1 dgrad's one sub-conv)
     phases: tuple
@@ -301,9 +245,8 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch) -> _Dgrad | None:
     constexprs = dict(HAS_BIAS=False, ACTIVATION=NONE, DOT_PRECISION=precision)
     phased = stride != (1, 1)
     phases = []
-    index, blocks = _tap_gather(convs, S, K, dz.device)
-    matrices, tap_step = _tap_matrices(weight, index, blocks, launch=launch)
-    for tc, w2d in zip(convs, matrices, strict=True):
+    w2d = _weight_matrix(weight)  # each sub-conv reads its taps in place (common.FlippedTaps)
+    for tc in convs:
         view = dx[:, :, tc.start[0] :: stride[0], tc.start[1] :: stride[1]]
         # A traced launch writes a phase into a tensor of its own, copied into place after:
         # Inductor stages a user kernel's output that is a strided view with a storage offset
@@ -311,34 +254,33 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch) -> _Dgrad | None:
         # H100 (an illegal address; docs/kernels/conv.md, "Backward (training)").
         y = view if planned or not phased else _new_output(view, *view.shape[1:])
         conv = Conv(dz, w2d, None, y, N, K, dz.shape[2], dz.shape[3], C, *tc.size,
-                    len(tc.rows), len(tc.cols), (1, 1), tc.padding, tc.dilation,
-                    constexprs)  # fmt: skip
+                    len(tc.rows), len(tc.cols), (1, 1), tc.padding, tc.dilation, constexprs,
+                    _flipped(tc, S, C))  # fmt: skip
         # The window design only for the one stride-1 sub-conv: on an H100 one stride-2 phase
         # (taps 2x1) through it came back partly wrong, in some images, once in four runs;
         # the implicit GEMM takes the phases until that is understood.
-        made = design_step(conv, launch, window=not phased and min(tc.padding) >= 0)
-        if made is not None:  # None: the traced one-tile GEMM, launched at once
-            step, scratch = made
-            step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
-            phases.append((step, scratch, _view_of(view, dx)))
+        step, scratch = design_step(conv, launch, window=not phased and min(tc.padding) >= 0)
+        step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
+        phases.append((step, scratch, _view_of(view, dx)))
         if y is not view:
             view.copy_(y)
-    if key is None or len(phases) != len(convs):
+    if key is None:
         return None
-    return _DGRAD.put(key, _Dgrad(gaps, index, blocks, tap_step, tuple(phases)))
+    copy_w = w2d.data_ptr() != weight.data_ptr()
+    return _DGRAD.put(key, _Dgrad(gaps, copy_w, tuple(phases)))
 
 
 def _run_dgrad(plan: _Dgrad, dz, weight, dx) -> None:
     if plan.gaps:
         dx.zero_()
-    matrices, _ = _tap_matrices(weight, plan.index, plan.blocks, plan.tap_step)
+    w2d = _weight_matrix(weight) if plan.copy_w else weight  # the same pointer as its matrix
     phases = plan.phases
     side, count = None, min(len(phases) - 1, SIDE_STREAMS - 1)
     if count > 0 and _concurrent(dz):
         side = _side(dz.device)
         side.fork(0, count)
     try:
-        for i, ((step, scratch, view), w2d) in enumerate(zip(phases, matrices, strict=True)):
+        for i, (step, scratch, view) in enumerate(phases):
             if side is not None:
                 side.use(None if i == 0 else (i - 1) % count)
             step(dz, w2d, None, _as_view(dx, view),

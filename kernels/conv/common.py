@@ -11,6 +11,9 @@ channels_last weight (K, C, R, S).
 Functions:
     conv2d_reference     F.conv2d, the float64 reference of the tests
     Conv                 one validated call: operands, sizes, epilogue constexprs
+    FlippedTaps          how a dgrad's sub-conv reads the forward's weight matrix in place
+    weight_columns       the (first, per-r, per-s) weight-matrix columns of a Conv's taps
+    weight_tile          @triton.jit: the (BLOCK_K, BLOCK_N) weight tile of one tap step
     bias_activation      @triton.jit: bias + activation on the fp32 accumulator
     epilogue             @triton.jit: bias + activation, one rounding, masked store by pointers
     split_k_gather       @triton.jit: the last-arriving program of a tile sums the split partials
@@ -56,8 +59,21 @@ def conv2d_reference(x, weight, bias, stride, padding, dilation):
     return torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation)
 
 
+class FlippedTaps(NamedTuple):
+    """How a dgrad's stride-1 sub-conv (backward.py) reads the forward's weight in place: w2d is
+    the forward's (K_fwd, R·S·C_fwd) matrix, its row the sub-conv's reduction channel and its
+    column, within tap (r, s) of the sub-conv, col0 + r·col_r + s·col_s + the output channel.
+    The sub-conv's taps are the forward's flipped, a stride apart (col_r, col_s <= 0), so no
+    transposed copy of the weight is made (docs/kernels/conv.md, "Backward (training)")."""
+
+    col0: int
+    col_r: int
+    col_s: int
+
+
 class Conv(NamedTuple):
-    """One validated conv2d call, as the designs launch it (built by dispatch.prepare)."""
+    """One validated conv2d call, as the designs launch it (built by dispatch.prepare, and by
+    backward.py for a dgrad's sub-convs)."""
 
     x: torch.Tensor  # (N, C, H, W), any strides
     w2d: torch.Tensor  # the weight as a (K, R·S·C) matrix with unit inner stride
@@ -76,10 +92,17 @@ class Conv(NamedTuple):
     padding: tuple[int, int]
     dilation: tuple[int, int]
     constexprs: dict  # HAS_BIAS, ACTIVATION, DOT_PRECISION
+    flip: FlippedTaps | None = None  # w2d is the forward's weight, read transposed (a dgrad)
 
     @property
     def M(self) -> int:
         return self.N * self.P * self.Q
+
+
+def weight_columns(conv: Conv) -> tuple[int, int, int]:
+    """(first column, columns per r, per s) of the weight taps the implicit and window kernels
+    read: the packed (K, R·S·C) matrix's (0, S·C, C), or a dgrad's FlippedTaps."""
+    return conv.flip if conv.flip is not None else (0, conv.S * conv.C, conv.C)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,6 +124,32 @@ def epilogue(acc, y_ptr, bias_ptr, y_row, offs_n, m_ok, n_ok, stride_yk,
     acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)
     y_ptrs = y_ptr + y_row[:, None] + offs_n[None, :] * stride_yk
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def weight_tile(w, r, s, c0, pid_n, offs_c, offs_n, n_ok, C, stride_wk, w_col0, w_col_r, w_col_s,
+                B_TMA: tl.constexpr, W_FLIP: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """The (BLOCK_K, BLOCK_N) weight tile of tap (r, s), reduction channels c0 + offs_c, output
+    channels pid_n·BLOCK_N + offs_n. Packed (K, R·S·C) matrix: a (BLOCK_N, BLOCK_K) box at row
+    pid_n·BLOCK_N, transposed. W_FLIP (FlippedTaps): a (BLOCK_K, BLOCK_N) box of the forward's
+    matrix at row c0 as it lies. A flipped box may run past the tap's columns into the next tap
+    (or, at the matrix's end, TMA's zero fill): those columns only feed output channels >= K,
+    which no store writes."""
+    col = w_col0 + r * w_col_r + s * w_col_s
+    c = c0 + offs_c
+    if W_FLIP:
+        if B_TMA:
+            b = w.load([c0, col + pid_n * BLOCK_N])
+        else:
+            b_ptrs = w + c[:, None] * stride_wk + (col + offs_n)[None, :]
+            b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+    else:
+        if B_TMA:
+            b = w.load([pid_n * BLOCK_N, col + c0]).T
+        else:
+            b_ptrs = w + offs_n[None, :] * stride_wk + (col + c)[:, None]
+            b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+    return b
 
 
 @triton.jit
@@ -158,10 +207,13 @@ def output_desc(conv: Conv, tma: bool):
     return (3, 3, (conv.M, conv.K), (y.stride(3), 1), (64, 64)), True
 
 
-def weight_desc(conv: Conv, tma: bool):
-    """(descriptor spec or None, B_TMA): the (K, R·S·C) weight matrix by TMA (lead slot 1) where
-    TMA applies and, for the per-tap designs, C % 32 == 0."""
+def weight_desc(conv: Conv, tma: bool, per_tap: bool = False):
+    """(descriptor spec or None, B_TMA): the weight matrix by TMA (lead slot 1) where TMA applies
+    and, for the packed matrix of the per-tap designs (per_tap), C % 32 == 0 (a flipped read's
+    box runs along output channels, whatever C is)."""
     w2d = conv.w2d
+    if per_tap and conv.flip is None and conv.C % 32:
+        tma = False
     if not (tma and tma_ok(w2d)):
         return None, False
     return (1, 1, tuple(w2d.shape), (w2d.stride(0), 1), (64, 64)), True
@@ -192,7 +244,8 @@ def set_tma_blocks(nargs):
     else:
         x_block = [nargs["BLOCK_M"], block_k]
         y_block = [nargs["BLOCK_M"], block_n]
-    for name, shape in (("x", x_block), ("w", [block_n, block_k]), ("y", y_block)):
+    w_block = [block_k, block_n] if nargs.get("W_FLIP") else [block_n, block_k]
+    for name, shape in (("x", x_block), ("w", w_block), ("y", y_block)):
         arg = nargs.get(name)
         if TensorDescriptor is not None and isinstance(arg, TensorDescriptor):
             arg.block_shape = shape
@@ -217,7 +270,7 @@ def prune(configs, named_args, **kwargs):
     c_gemm = named_args.get("C")
     # the implicit kernel's weight tile spans C only within one tap; past C it would read the
     # next tap's weights (the gemm kernel's descriptors end at C and zero-fill instead)
-    split_taps = kwargs.get("B_TMA", False) and "R" in named_args
+    split_taps = kwargs.get("B_TMA", False) and "R" in named_args and not kwargs.get("W_FLIP")
     split = kwargs.get("SPLIT_K", 1) > 1
     kept = []
     for cfg in configs:
@@ -274,7 +327,7 @@ def traceable(configs, key, fn):
 SIZES_ONLY = ["M", "N", "H", "W", "P", "Q", "pad_h", "pad_w", "dil_h", "dil_w"]
 # The autotuning key of the implicit, flat and window kernels
 CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "conv_stride_h", "conv_stride_w",
-            "dil_h", "stride_xc", "stride_yk", "B_TMA", "SPLIT_K"]  # fmt: skip
+            "dil_h", "stride_xc", "stride_yk", "B_TMA", "SPLIT_K", "W_FLIP"]  # fmt: skip
 
 
 def no_scratch(device):

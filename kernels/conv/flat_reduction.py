@@ -40,7 +40,8 @@ FLAT_TILES = [
 @autotune(configs_of(FLAT_TILES), CONV_KEY)
 @triton.jit(do_not_specialize=SIZES_ONLY)
 def conv_flat_kernel(
-    # as conv_implicit_kernel's (ws_ptr, lock_ptr, B_TMA and SPLIT_K unused: one shared launch)
+    # as conv_implicit_kernel's but the weight columns and W_FLIP (ws_ptr, lock_ptr, B_TMA and
+    # SPLIT_K unused: one shared launch)
     x, w, bias_ptr, y, ws_ptr, lock_ptr,
     M, N, C, H, W, K, P, Q, R, S,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,

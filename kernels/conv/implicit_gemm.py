@@ -37,7 +37,9 @@ from kernels.conv.common import (
     split_k_gather,
     split_scratch,
     traceable,
+    weight_columns,
     weight_desc,
+    weight_tile,
 )
 from kernels.matmul import grouped_tile
 
@@ -74,16 +76,18 @@ IMPLICIT_TILES = [
 @triton.heuristics({"EVEN_C": lambda args: args["C"] % args["BLOCK_K"] == 0})
 @triton.jit(do_not_specialize=SIZES_ONLY)
 def conv_implicit_kernel(
-    # x: (N, C, H, W) by strides; w: packed (K, R·S·C) matrix or its TMA descriptor; y by strides
-    # or as an (M, K) TMA descriptor; ws_ptr, lock_ptr: split-K workspace and tile counters
+    # x: (N, C, H, W) by strides; w: packed (K, R·S·C) matrix or its TMA descriptor (W_FLIP: the
+    # forward's matrix of a dgrad, common.FlippedTaps); y by strides or as an (M, K) TMA
+    # descriptor; ws_ptr, lock_ptr: split-K workspace and tile counters; w_col*: the columns of
+    # tap (r, s) (common.weight_columns)
     x, w, bias_ptr, y, ws_ptr, lock_ptr,
     M, N, C, H, W, K, P, Q, R, S,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
     stride_xn, stride_xc, stride_xh, stride_xw,
-    stride_wk,
+    stride_wk, w_col0, w_col_r, w_col_s,
     stride_yn, stride_yk, stride_yp, stride_yq,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr, W_FLIP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_C: tl.constexpr,
 ):  # fmt: skip
@@ -129,12 +133,8 @@ def conv_implicit_kernel(
             a = tl.load(a_ptrs, mask=pix_ok[:, None], other=0.0)
         else:
             a = tl.load(a_ptrs, mask=pix_ok[:, None] & (c < C)[None, :], other=0.0)
-        col = rs * C + c0  # the packed weight's column of (r, s, c0)
-        if B_TMA:
-            b = w.load([pid_n * BLOCK_N, col]).T
-        else:
-            b_ptrs = w + offs_n[None, :] * stride_wk + (col + offs_c)[:, None]
-            b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+        b = weight_tile(w, r, s, c0, pid_n, offs_c, offs_n, n_ok, C, stride_wk, w_col0, w_col_r,
+                        w_col_s, B_TMA, W_FLIP, BLOCK_N)  # fmt: skip
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     write = True
@@ -163,11 +163,11 @@ _TRACEABLE_FEW_CHANNELS = traceable(conv_implicit_kernel.configs, CONV_KEY,
 def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int = 1):
     """(Step, scratch) of `conv` by conv_implicit_kernel; the step's tensors are (x, w2d, bias,
     y, then scratch(device): the split workspace and counters, or None, None). `tma` (Hopper,
-    direct launches): the weight by TMA where C % 32 == 0 and the matrix allows it, an NHWC
+    direct launches): the weight by TMA where the matrix allows it (common.weight_desc), an NHWC
     output by TMA stores. split_k > 1 splits the reduction over grid axis 1 (direct launches
     only: it needs the split workspace)."""
     w2d, y = conv.w2d, conv.y
-    w_desc, b_tma = weight_desc(conv, tma and conv.C % 32 == 0)
+    w_desc, b_tma = weight_desc(conv, tma, per_tap=True)
     y_desc, y_tma = output_desc(conv, tma)
     if launch is direct:
         kernel = conv_implicit_kernel
@@ -185,8 +185,9 @@ def implicit_step(conv: Conv, *, launch=direct, tma: bool = False, split_k: int 
         launch(kernel), grid,
         (conv.M, conv.N, conv.C, conv.H, conv.W, conv.K, conv.P, conv.Q, conv.R, conv.S,
          *conv.stride, *conv.padding, *conv.dilation,
-         *conv.x.stride(), w2d.stride(0), *y.stride()),
-        dict(B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, **conv.constexprs),
+         *conv.x.stride(), w2d.stride(0), *weight_columns(conv), *y.stride()),
+        dict(B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, W_FLIP=conv.flip is not None,
+             **conv.constexprs),
         descs=[d for d in (w_desc, y_desc) if d is not None],
     )  # fmt: skip
     return step, scratch

@@ -34,7 +34,9 @@ from kernels.conv.common import (
     output_desc,
     split_k_gather,
     split_scratch,
+    weight_columns,
     weight_desc,
+    weight_tile,
     window_config,
 )
 from kernels.matmul import grouped_tile
@@ -66,10 +68,10 @@ def conv_window_kernel(
     M, N, C, H, W, K, P, Q, R, S,
     conv_stride_h, conv_stride_w, pad_h, pad_w, dil_h, dil_w,
     stride_xn, stride_xc, stride_xh, stride_xw,
-    stride_wk,
+    stride_wk, w_col0, w_col_r, w_col_s,
     stride_yn, stride_yk, stride_yp, stride_yq,
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr,
+    B_TMA: tl.constexpr, Y_TMA: tl.constexpr, SPLIT_K: tl.constexpr, W_FLIP: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -104,13 +106,8 @@ def conv_window_kernel(
         s = rs - r * S
         box = x.load([n, p0 + r * dil_h - pad_h, q0 + s * dil_w - pad_w, c0])
         a = box.reshape(BLOCK_M, BLOCK_K)
-        col = rs * C + c0
-        if B_TMA:
-            b = w.load([pid_n * BLOCK_N, col]).T
-        else:
-            c = c0 + offs_c
-            b_ptrs = w + offs_n[None, :] * stride_wk + (col + offs_c)[:, None]
-            b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
+        b = weight_tile(w, r, s, c0, pid_n, offs_c, offs_n, n_ok, C, stride_wk, w_col0, w_col_r,
+                        w_col_s, B_TMA, W_FLIP, BLOCK_N)  # fmt: skip
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     i = tl.arange(0, BLOCK_M)
@@ -143,12 +140,12 @@ def window_ok(x: torch.Tensor, stride_hw) -> bool:
 
 def window_step(conv: Conv, *, tma: bool = True, split_k: int = 1):
     """(Step, scratch) of `conv` (window_ok) by conv_window_kernel; tensors as implicit_step's.
-    x always by 4-D TMA boxes; `tma` (Hopper): the weight by TMA where C % 32 == 0 and the matrix
-    allows it, an NHWC output by 4-D TMA stores. split_k > 1 splits the reduction over grid
-    axis 1. Direct launches only (its operands are descriptors)."""
+    x always by 4-D TMA boxes; `tma` (Hopper): the weight by TMA where the matrix allows it
+    (common.weight_desc), an NHWC output by 4-D TMA stores. split_k > 1 splits the reduction
+    over grid axis 1. Direct launches only (its operands are descriptors)."""
     x, w2d, y = conv.x, conv.w2d, conv.y
     N, C, H, W = x.shape
-    w_desc, b_tma = weight_desc(conv, tma and C % 32 == 0)
+    w_desc, b_tma = weight_desc(conv, tma, per_tap=True)
     # the pre-hook sets the boxes
     descs = [(0, 0, (N, H, W, C), (x.stride(0), x.stride(2), x.stride(3), 1), (1, 8, 8, 64))]
     if w_desc is not None:
@@ -175,8 +172,9 @@ def window_step(conv: Conv, *, tma: bool = True, split_k: int = 1):
         conv_window_kernel, grid,
         (conv.M, N, C, H, W, conv.K, conv.P, conv.Q, conv.R, conv.S,
          *conv.stride, *conv.padding, *conv.dilation,
-         *x.stride(), w2d.stride(0), *y.stride()),
-        dict(B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, **conv.constexprs),
+         *x.stride(), w2d.stride(0), *weight_columns(conv), *y.stride()),
+        dict(B_TMA=b_tma, Y_TMA=y_tma, SPLIT_K=split_k, W_FLIP=conv.flip is not None,
+             **conv.constexprs),
         descs=descs,
     )  # fmt: skip
     return step, scratch
