@@ -166,6 +166,9 @@ def _as_view(base: torch.Tensor, view) -> torch.Tensor:
 # they share it. Traced calls (one stream in a graph) and a caller's captures run in order, and
 # so do a dgrad's phases on its first call, which tunes them; a graphed backward's own capture
 # (kernels._graphs) keeps the side streams as branches of its graph.
+# dW's stream has the higher priority: dW is the step's longest launch, and when its blocks and
+# the dgrad's wait for SMs together, dW's go first (on an H200 the strided 3x3s' steps ran 1.5-2.5
+# us faster so; docs/kernels/conv.md, "Backward (training)").
 CONCURRENT = True
 SIDE_STREAMS = 4  # the dgrad's phases take the first three, dW the last
 _SIDE: dict = {}
@@ -177,7 +180,8 @@ class _Side:
     of a training step already costs more than eager's, so a fork adds a few C calls."""
 
     def __init__(self, device: torch.device):
-        self.streams = [torch.cuda.Stream(device) for _ in range(SIDE_STREAMS)]
+        self.streams = [torch.cuda.Stream(device, priority=-1 if i == SIDE_STREAMS - 1 else 0)
+                        for i in range(SIDE_STREAMS)]  # fmt: skip
         self.done = [torch.cuda.Event() for _ in self.streams]
         self.forked = torch.cuda.Event()
         self.device, self.main = device, None
