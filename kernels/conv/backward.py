@@ -478,7 +478,7 @@ class Backward(NamedTuple):
     dY's strides are part of what it was made for: autograd hands a layer the layout its
     consumer produced, the same each step.
 
-    With every output allocated first (dX, dW, db, and dZ where the residual takes it), its
+    With every output allocated first (dX, dW, db, and dZ with an activation), its
     launches are a sequence of fixed pointers: kernels._graphs captures them as one CUDA graph
     once the same pointers come back, and replays that graph from then on."""
 
@@ -504,7 +504,7 @@ class Backward(NamedTuple):
         the launches, which a graph replays where kernels._graphs allows, else run one by one."""
         if not self.nhwc_dy:
             dy = dy.contiguous(memory_format=torch.channels_last)
-        out = self.outputs(dy, need_dz)
+        out = self.outputs(dy)
 
         def launches():
             self.launch(dy, x, weight, saved, out)
@@ -514,21 +514,24 @@ class Backward(NamedTuple):
         dx, dw, db, dz2d = out
         if self.act_id == NONE:
             return dx, dw, db, dy
-        if dz2d is None:
+        if not need_dz:
             return dx, dw, db, None
         N, K, P, Q = dy.shape
         return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
 
-    def outputs(self, dy, need_dz) -> tuple:
-        """(dX, dW, db, dZ as an (N·P·Q, K) matrix), each None where the step does not return
-        it (dZ: without an activation it is dY)."""
+    def outputs(self, dy) -> tuple:
+        """(dX, dW, db, dZ as an (N·P·Q, K) matrix), each None where the step does not make it
+        (dZ: without an activation it is dY). dZ is allocated here even where no residual takes
+        it: the launches then allocate nothing, so a step's allocations are the same whether
+        its graph replays or its launches run, and the pointers come back (docs/kernels/conv.md,
+        "Backward (training)")."""
         need_dx, need_dw, need_db = self.needs
         N, K, P, Q = dy.shape
         return (dy.new_empty_strided(*self.dx_layout) if need_dx else None,
                 dy.new_empty_strided(*self.dw_layout) if need_dw else None,
                 dy.new_empty_strided((K,), (1,)) if need_db else None,
                 dy.new_empty_strided((N * P * Q, K), (K, 1))
-                if need_dz and self.act_id != NONE else None)  # fmt: skip
+                if self.act_id != NONE else None)  # fmt: skip
 
     def launch(self, dy, x, weight, saved, out) -> None:
         """The step's launches into `out` (outputs(): allocated by the caller)."""
