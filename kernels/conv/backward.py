@@ -167,8 +167,8 @@ def _as_view(base: torch.Tensor, view) -> torch.Tensor:
 # so do a dgrad's phases on its first call, which tunes them; a graphed backward's own capture
 # (kernels._graphs) keeps the side streams as branches of its graph.
 # dW's stream has the higher priority: dW is the step's longest launch, and when its blocks and
-# the dgrad's wait for SMs together, dW's go first (on an H200 the strided 3x3s' steps ran 1.5-2.5
-# us faster so; docs/kernels/conv.md, "Backward (training)").
+# the dgrad's wait for SMs together, dW's should go first (docs/kernels/conv.md, "The dgrad's
+# weight in place").
 CONCURRENT = True
 SIDE_STREAMS = 4  # the dgrad's phases take the first three, dW the last
 _SIDE: dict = {}
