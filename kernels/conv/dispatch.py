@@ -89,17 +89,17 @@ def plan(conv: Conv, launch: Launcher = direct) -> Plan:
     fewer than C channels a tap) takes grouped.py, whatever else holds (conv2d_forward sends
     depthwise convs to their stencil before planning). A dgrad's sub-conv (conv.flip) takes
     the window or implicit design, the two that read a flipped weight in place."""
-    flipped = conv.flip is not None  # a dgrad's sub-conv: the per-tap designs read it in place
-    if not flipped and conv_groups(conv) != 1:
-        return Plan("grouped", False, 1)
     info = gpu_info(conv.x.device)
     is_direct = launch is direct
     hopper = TensorDescriptor is not None and info is not None and info.capability >= (9, 0)
     tma = hopper and is_direct
-    if not flipped and is_gemm(conv):
-        return Plan("gemm_persistent" if is_direct else "gemm", tma, 1)
-    if not flipped and conv.C < 16:
-        return Plan("flat", tma, 1)
+    if conv.flip is None:  # a dgrad's sub-conv skips these: only the per-tap designs read it
+        if conv_groups(conv) != 1:
+            return Plan("grouped", False, 1)
+        if is_gemm(conv):
+            return Plan("gemm_persistent" if is_direct else "gemm", tma, 1)
+        if conv.C < 16:
+            return Plan("flat", tma, 1)
     big_enough = conv.P * conv.Q >= 196 and (conv.R, conv.S) != (1, 1) and conv.C % 64 == 0
     window = tma and big_enough and window_ok(conv.x, conv.stride)
     split = 1
