@@ -464,7 +464,9 @@ def test_side_streams_give_the_serial_bits(name, monkeypatch):
     ordered after them: the gradients are read at once, with no synchronisation."""
     x, w, dy, (stride, pad, dil) = _training_inputs(RESNET50[name], seed=4)
     grads = {}
-    for concurrent in (False, True, True):  # the first call plans, the others run the plan
+    # the first call plans (with dW beside it, the 7x7 dgrad splits: dispatch.split_k_rule), the
+    # others run that plan, in order and then on the side streams
+    for concurrent in (True, False, True):
         monkeypatch.setattr(backward, "CONCURRENT", concurrent)
         y = kernels.conv2d(x, w, None, stride, pad, dil)
         grads[concurrent] = [g.clone() for g in torch.autograd.grad(y, (x, w), dy)]
@@ -596,12 +598,14 @@ def test_a_graphed_backward_gives_the_launches_bits(name, activation, extras, mo
         got = _leaf_grads(kernels.conv2d, tensors, conv_args, activation, dy)
         for g, ref in zip(got, want, strict=True):
             assert (g is None and ref is None) or torch.equal(g, ref)
+        del got  # as a training loop's zero_grad frees the gradients before the next step
         captures.append(_kept_backward().graphed.captures)
     # a capture moves the step's intermediates out of the caching allocator (into the graph's
-    # pool), so the next steps' outputs may land on other blocks until the allocator settles:
-    # a few pointer sets, each captured in turn (on an H200 the 4 outputs of a step with bias
-    # and residual took up to 6 steps); from then on every step replays
-    assert 1 <= captures[-1] <= 4 and captures[-6:] == [captures[-1]] * 6
+    # pool), so the next steps' outputs may land on other blocks: the allocator cycles through a
+    # few pointer sets, each captured the second time it comes (on an H200 the 4 outputs of a
+    # step with bias and residual took up to 6 steps to settle, and a relu step at 512x7x7 met
+    # a set it had seen once again at its 16th step), and the other steps replay
+    assert 1 <= captures[-1] <= 4 and captures[-1] - captures[7] <= 1
     assert not _kept_backward().graphed.broken
 
 

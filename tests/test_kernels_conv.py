@@ -421,22 +421,26 @@ def test_dispatch_layouts_and_dtypes():
 
 
 @pytest.mark.parametrize(
-    "layer, split",
-    [  # ResNet-50 at batch 32 on 132 SMs: (C, output H=W, K, R) -> split
-        ((512, 7, 512, 3), 1),  # 32x512x7 3x3 (and 32x512x14 3x3 stride 2): 100 tiles, 200
-        # split: a second wave
-        ((512, 4, 512, 3), 2),  # 32 tiles: the split fits one wave
-        ((256, 14, 256, 3), 1),  # 196 tiles: split 2 lost here
-        ((128, 28, 128, 3), 1),  # 392 tiles: enough already
-        ((64, 56, 64, 3), 1),
-        ((1024, 7, 2048, 1), 1),  # strided 1x1 to 7x7: 400 tiles
-        ((512, 7, 64, 3), 2),  # 25 tiles: still 2 at most
-        ((64, 7, 64, 3), 1),  # 9 reduction steps: too few to split
+    "layer, split, beside",
+    [  # ResNet-50 at batch 32 on 132 SMs: (C, output H=W, K, R) -> split, and the split of
+        # the same conv beside another launch (a dgrad beside dW)
+        ((512, 7, 512, 3), 1, 4),  # 32x512x7 3x3 (and 32x512x14 3x3 stride 2): 100 tiles, 200
+        # split: a second wave; beside dW the split's short programs pack around dW's
+        ((512, 4, 512, 3), 2, 4),  # 32 tiles: the split fits one wave
+        ((256, 14, 256, 3), 1, 1),  # 196 tiles: split 2 lost here, beside dW too
+        ((128, 28, 128, 3), 1, 1),  # 392 tiles: enough already
+        ((64, 56, 64, 3), 1, 1),
+        ((1024, 7, 2048, 1), 1, 1),  # strided 1x1 to 7x7: 400 tiles
+        ((512, 7, 64, 3), 2, 4),  # 25 tiles: still 2 at most alone
+        ((64, 7, 64, 3), 1, 1),  # 9 reduction steps: too few to split
+        ((128, 7, 512, 3), 1, 1),  # 18 steps: each split would keep fewer
+        ((256, 7, 512, 3), 1, 2),  # 36 steps: two splits of 18
     ],
 )
-def test_split_k_rule(layer, split):
+def test_split_k_rule(layer, split, beside):
     c, hw, k, r = layer
     assert dispatch.split_k_rule(32 * hw * hw, k, c, r, r, sms=132) == split
+    assert dispatch.split_k_rule(32 * hw * hw, k, c, r, r, sms=132, beside=True) == beside
 
 
 def test_split_tiles():

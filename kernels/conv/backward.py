@@ -223,21 +223,22 @@ def _side(device: torch.device) -> _Side:
     return side
 
 
-def _dgrad_key(dz, weight, dx, stride, padding, dilation) -> tuple:
+def _dgrad_key(dz, weight, dx, stride, padding, dilation, beside) -> tuple:
     return (dz.shape, dz.stride(), dx.shape, dx.stride(), weight.shape, weight.stride(),
             dz.dtype, dz.device, dz.data_ptr() % 16, dx.data_ptr() % 16, stride, padding,
-            dilation, torch._C._get_cudnn_allow_tf32())  # fmt: skip
+            dilation, torch._C._get_cudnn_allow_tf32(), beside)  # fmt: skip
 
 
-def _dgrad(dz, weight, dx, stride, padding, dilation, launch) -> _Dgrad | None:
+def _dgrad(dz, weight, dx, stride, padding, dilation, launch, beside=False) -> _Dgrad | None:
     """Fill dx (N, C, H, W, allocated) with the dgrad of dz (N, K, P, Q); return the plan this
-    geometry's direct calls run (None for traced launches)."""
+    geometry's direct calls run (None for traced launches). beside: dW runs beside it on a side
+    stream, so a one-phase dgrad of few tiles splits its reduction (dispatch.split_k_rule)."""
     N, C, H, W = dx.shape
     K, _, R, S = weight.shape
     planned = launch is direct and not torch.compiler.is_compiling()
     key = None
     if planned:
-        key = _dgrad_key(dz, weight, dx, stride, padding, dilation)
+        key = _dgrad_key(dz, weight, dx, stride, padding, dilation, beside)
         plan = _DGRAD.get(key)
         if plan is not None:
             _run_dgrad(plan, dz, weight, dx)
@@ -263,7 +264,8 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch) -> _Dgrad | None:
         # The window design only for the one stride-1 sub-conv: on an H100 one stride-2 phase
         # (taps 2x1) through it came back partly wrong, in some images, once in four runs;
         # the implicit GEMM takes the phases until that is understood.
-        step, scratch = design_step(conv, launch, window=not phased and min(tc.padding) >= 0)
+        step, scratch = design_step(conv, launch, window=not phased and min(tc.padding) >= 0,
+                                    beside=beside and len(convs) == 1)  # fmt: skip
         step(dz, w2d, None, y, *(() if scratch is None else scratch(dz.device)))
         phases.append((step, scratch, _view_of(view, dx)))
         if y is not view:
@@ -368,7 +370,8 @@ def _dz(dy, saved, act_id: int, need_db: bool, launch, plan=None, out=(None, Non
 def _dx_dw(dz, weight, need_dx, need_dw, gemm_dx, overlap, dgrad, wgrad, new_dx, new_dw, launch,
            gemm_out=False):  # fmt: skip
     """dX and dW of a groups = 1 conv, each None unless asked for: new_dx() filled by the 1x1
-    GEMM where gemm_dx (by a GEMM that allocates it, unless gemm_out), else by dgrad(dx);
+    GEMM where gemm_dx (by a GEMM that allocates it, unless gemm_out), else by dgrad(dx,
+    beside) (beside: dW runs on a side stream beside it);
     dW = wgrad(new_dw()), on a side stream beside dX where `overlap` (and the stream allows:
     _concurrent), else after it."""
     dx = dw = None
@@ -394,7 +397,7 @@ def _dx_dw(dz, weight, need_dx, need_dw, gemm_dx, overlap, dgrad, wgrad, new_dx,
                 dx = dx2d.view(N, H, W, C).permute(0, 3, 1, 2)
         else:
             dx = new_dx()
-            dgrad(dx)
+            dgrad(dx, side is not None)
     if side is not None:
         side.join(SIDE_STREAMS - 1, 1)
     elif need_dw:
@@ -445,8 +448,8 @@ def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, la
     planned = launch is direct and not torch.compiler.is_compiling()
     made = {}
 
-    def dgrad(dx):
-        made["dgrad"] = _dgrad(dz, weight, dx, stride, padding, dilation, launch)
+    def dgrad(dx, beside):
+        made["dgrad"] = _dgrad(dz, weight, dx, stride, padding, dilation, launch, beside)
 
     def wgrad(dw):
         made["wgrad"] = planned_wgrad(dz, x, (R, S), stride, padding, dilation, launch=launch,
@@ -540,7 +543,7 @@ class Backward(NamedTuple):
         dz = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan, (dz2d, db))[0]
         dgrad, wgrad = self.dgrad, self.wgrad
         _dx_dw(dz, weight, need_dx, need_dw, self.gemm_dx, self.overlap,
-               lambda out: _run_dgrad(dgrad, dz, weight, out),
+               lambda out, _beside: _run_dgrad(dgrad, dz, weight, out),
                lambda out: run_wgrad(wgrad, dz, x, out), lambda: dx, lambda: dw, direct,
                gemm_out=True)  # fmt: skip
 

@@ -60,7 +60,7 @@ from kernels.conv.implicit_gemm import implicit_step
 from kernels.conv.window import window_ok, window_step
 
 
-def split_k_rule(M, K, C, R, S, sms) -> int:
+def split_k_rule(M, K, C, R, S, sms, beside: bool = False) -> int:
     """Reduction splits for an implicit / window conv of M rows, K output channels and a C·R·S
     reduction on `sms` SMs: double the split while the split launch of 64x128 tiles still fits
     one wave and each split keeps at least 18 steps of 64 channels, up to 2 (split 4 spilled
@@ -68,11 +68,17 @@ def split_k_rule(M, K, C, R, S, sms) -> int:
     the 128-channel-step tile: on an H200 the two 100-tile ResNet-50 layers (512-channel 3x3s
     to 7x7) ran 30.0 / 30.4 us unsplit against 31.9 / 32.0 split in two. ResNet-50 at batch 32
     on 132 SMs: 1 everywhere; 2 where a layer has at most 66 tiles (smaller batches, narrow
-    outputs). docs/kernels/conv.md, "Shipped design"."""
+    outputs). docs/kernels/conv.md, "Shipped design".
+
+    beside: the conv shares the GPU with another launch (a dgrad beside its dW). Then a launch
+    of fewer tiles than SMs splits up to 4 ways, spilling past the wave: its programs, each a
+    whole launch long unsplit, shorten, and the other launch's programs fill the SMs around
+    them (docs/kernels/conv.md, "A split dgrad beside dW")."""
     tiles = cdiv(M, 64) * cdiv(K, 128)
     steps = R * S * cdiv(C, 64)
+    most, wave = (4, 4 * sms) if beside and tiles < sms else (2, sms)
     split = 1
-    while split * 2 <= 2 and tiles * split * 2 <= sms and steps // (split * 2) >= 18:
+    while split * 2 <= most and tiles * split * 2 <= wave and steps // (split * 2) >= 18:
         split *= 2
     return split
 
@@ -83,8 +89,9 @@ class Plan(NamedTuple):
     split_k: int  # reduction splits (window and implicit only)
 
 
-def plan(conv: Conv, launch: Launcher = direct) -> Plan:
-    """The design, TMA use and reduction split for `conv` (see the module docstring). Traced
+def plan(conv: Conv, launch: Launcher = direct, beside: bool = False) -> Plan:
+    """The design, TMA use and reduction split for `conv` (see the module docstring; beside: as
+    split_k_rule's). Traced
     launches take the hook-free pointer kernels, unsplit. A grouped conv (its weight matrix has
     fewer than C channels a tap) takes grouped.py, whatever else holds (conv2d_forward sends
     depthwise convs to their stencil before planning). A dgrad's sub-conv (conv.flip) takes
@@ -104,7 +111,7 @@ def plan(conv: Conv, launch: Launcher = direct) -> Plan:
     window = tma and big_enough and window_ok(conv.x, conv.stride)
     split = 1
     if is_direct and info is not None:
-        split = split_k_rule(conv.M, conv.K, conv.C, conv.R, conv.S, info.sms)
+        split = split_k_rule(conv.M, conv.K, conv.C, conv.R, conv.S, info.sms, beside)
     return Plan("window" if window else "implicit", tma, split)
 
 
@@ -126,10 +133,12 @@ def _design_step(conv: Conv, chosen: Plan, launch: Launcher):
     return implicit_step(conv, launch=launch, tma=chosen.tma, split_k=chosen.split_k)
 
 
-def design_step(conv: Conv, launch: Launcher = direct, *, window: bool = True):
-    """_design_step of plan(conv); window=False keeps the window design out (the dgrad's
-    negative paddings would start its TMA boxes past the image, which its tiling assumes not)."""
-    chosen = plan(conv, launch)
+def design_step(conv: Conv, launch: Launcher = direct, *, window: bool = True,
+                beside: bool = False):  # fmt: skip
+    """_design_step of plan(conv, launch, beside); window=False keeps the window design out (the
+    dgrad's negative paddings would start its TMA boxes past the image, which its tiling
+    assumes not)."""
+    chosen = plan(conv, launch, beside)
     if chosen.design == "window" and not window:
         chosen = chosen._replace(design="implicit")
     return _design_step(conv, chosen, launch)
