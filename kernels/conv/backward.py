@@ -276,7 +276,9 @@ def _dgrad(dz, weight, dx, stride, padding, dilation, launch, beside=False) -> _
     return _DGRAD.put(key, _Dgrad(gaps, copy_w, tuple(phases)))
 
 
-def _run_dgrad(plan: _Dgrad, dz, weight, dx) -> None:
+def _run_dgrad(plan: _Dgrad, dz, weight, dx, workspaces=None) -> None:
+    """plan's launches; workspaces: each split phase's split-K workspace, in phase order (new
+    per call where None)."""
     if plan.gaps:
         dx.zero_()
     w2d = _weight_matrix(weight) if plan.copy_w else weight  # the same pointer as its matrix
@@ -285,15 +287,23 @@ def _run_dgrad(plan: _Dgrad, dz, weight, dx) -> None:
     if count > 0 and _concurrent(dz):
         side = _side(dz.device)
         side.fork(0, count)
+    given = iter([None] * len(phases) if workspaces is None else workspaces)
     try:
         for i, (step, scratch, view) in enumerate(phases):
             if side is not None:
                 side.use(None if i == 0 else (i - 1) % count)
-            step(dz, w2d, None, _as_view(dx, view),
-                 *(() if scratch is None else scratch(dz.device)))  # fmt: skip
+            # the counters are the phase's stream's (tile_counters), so taken on that stream
+            workspace = next(given) if _ws(scratch) else None
+            extra = () if scratch is None else scratch(dz.device, workspace)
+            step(dz, w2d, None, _as_view(dx, view), *extra)
     finally:
         if side is not None:  # what the phases read and wrote is the main stream's again
             side.join(0, count)
+
+
+def _ws(scratch) -> int:
+    """fp32 elements of a dgrad phase's split-K workspace (common.split_scratch; 0 unsplit)."""
+    return getattr(scratch, "numel", 0)
 
 
 # depthwise dgrad launches of direct calls, per geometry: (gaps, tap index, [(TapConv, [Step
@@ -481,9 +491,9 @@ class Backward(NamedTuple):
     dY's strides are part of what it was made for: autograd hands a layer the layout its
     consumer produced, the same each step.
 
-    With every output allocated first (dX, dW, db, and dZ with an activation), its
-    launches are a sequence of fixed pointers: kernels._graphs captures them as one CUDA graph
-    once the same pointers come back, and replays that graph from then on."""
+    With every output allocated first (dX, dW, db, dZ with an activation, and the split-K
+    workspaces), its launches are a sequence of fixed pointers: kernels._graphs captures them
+    as one CUDA graph once the same pointers come back, and replays that graph from then on."""
 
     dy_strides: tuple  # dY's strides it was made for
     nhwc_dy: bool  # that dY is an (N·P·Q, K) matrix (else an NHWC copy is taken)
@@ -512,9 +522,9 @@ class Backward(NamedTuple):
         def launches():
             self.launch(dy, x, weight, saved, out)
 
-        self.graphed.run(dy, (dy, x, weight, saved, *out), launches,
+        self.graphed.run(dy, (dy, x, weight, saved, *out[:4], *out[4]), launches,
                          lambda: self.kept(dy, weight))  # fmt: skip
-        dx, dw, db, dz2d = out
+        dx, dw, db, dz2d = out[:4]
         if self.act_id == NONE:
             return dx, dw, db, dy
         if not need_dz:
@@ -523,28 +533,36 @@ class Backward(NamedTuple):
         return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
 
     def outputs(self, dy) -> tuple:
-        """(dX, dW, db, dZ as an (N·P·Q, K) matrix), each None where the step does not make it
-        (dZ: without an activation it is dY). dZ is allocated here even where no residual takes
-        it: the launches then allocate nothing, so a step's allocations are the same whether
-        its graph replays or its launches run, and the pointers come back (docs/kernels/conv.md,
-        "Backward (training)")."""
+        """(dX, dW, db, dZ as an (N·P·Q, K) matrix, the split-K workspaces), each output None
+        where the step does not make it (dZ: without an activation it is dY); the workspaces:
+        (dW's, if its reduction splits, then each split dgrad phase's). dZ and the workspaces
+        are allocated here even where nothing outside the step reads them: the launches then
+        allocate nothing, so a step's allocations are the same whether its graph replays or its
+        launches run, and the pointers come back (docs/kernels/conv.md, "Backward (training)")."""
         need_dx, need_dw, need_db = self.needs
         N, K, P, Q = dy.shape
+        sizes = []
+        if need_dw and self.wgrad.reduce is not None:
+            sizes.append(self.wgrad.workspace)
+        if need_dx and self.dgrad is not None:
+            sizes += [_ws(s) for _, s, _ in self.dgrad.phases if _ws(s)]
         return (dy.new_empty_strided(*self.dx_layout) if need_dx else None,
                 dy.new_empty_strided(*self.dw_layout) if need_dw else None,
                 dy.new_empty_strided((K,), (1,)) if need_db else None,
-                dy.new_empty_strided((N * P * Q, K), (K, 1))
-                if self.act_id != NONE else None)  # fmt: skip
+                dy.new_empty_strided((N * P * Q, K), (K, 1)) if self.act_id != NONE else None,
+                tuple(dy.new_empty((n,), dtype=torch.float32) for n in sizes))  # fmt: skip
 
     def launch(self, dy, x, weight, saved, out) -> None:
         """The step's launches into `out` (outputs(): allocated by the caller)."""
         need_dx, need_dw, need_db = self.needs
-        dx, dw, db, dz2d = out
+        dx, dw, db, dz2d, ws = out
         dz = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan, (dz2d, db))[0]
         dgrad, wgrad = self.dgrad, self.wgrad
+        split_dw = need_dw and wgrad.reduce is not None
+        dw_ws, dx_ws = (ws[0], ws[1:]) if split_dw else (None, ws)
         _dx_dw(dz, weight, need_dx, need_dw, self.gemm_dx, self.overlap,
-               lambda out, _beside: _run_dgrad(dgrad, dz, weight, out),
-               lambda out: run_wgrad(wgrad, dz, x, out), lambda: dx, lambda: dw, direct,
+               lambda out, _beside: _run_dgrad(dgrad, dz, weight, out, dx_ws),
+               lambda out: run_wgrad(wgrad, dz, x, out, dw_ws), lambda: dx, lambda: dw, direct,
                gemm_out=True)  # fmt: skip
 
     def kept(self, dy, weight) -> tuple:

@@ -330,16 +330,20 @@ CONV_KEY = ["N", "C", "H", "W", "K", "P", "Q", "R", "S", "conv_stride_h", "conv_
             "dil_h", "stride_xc", "stride_yk", "B_TMA", "SPLIT_K", "W_FLIP"]  # fmt: skip
 
 
-def no_scratch(device):
+def no_scratch(device, workspace=None):
     """The (workspace, counters) of an unsplit launch: none."""
     return None, None
+
+
+no_scratch.numel = 0
 
 
 def split_scratch(kernel, split_k, tiles_of):
     """A function of the device giving a split-K launch's (fp32 workspace for every tile's
     SPLIT_K partial tiles, per-tile arrival counters: kernels._common.tile_counters, cached per
     stream, zero between calls). Sized for the largest grid any of the kernel's configs can
-    launch (tiles_of(meta): that config's tile count); the workspace is new each call."""
+    launch (tiles_of(meta): that config's tile count); the workspace is new each call, or the
+    caller's (`workspace`, `numel` fp32 elements: a kept backward allocates it with its outputs)."""
     tiles = ws = 0
     for cfg in kernel.configs:
         meta = cfg.kwargs
@@ -348,10 +352,13 @@ def split_scratch(kernel, split_k, tiles_of):
         tiles = max(tiles, count)
         ws = max(ws, count * block_m * meta["BLOCK_N"])
 
-    def scratch(device):
+    def scratch(device, workspace=None):
         locks = tile_counters(device, tiles, minimum=4096)
-        return torch.empty(ws * split_k, device=device, dtype=torch.float32), locks
+        if workspace is None:
+            workspace = torch.empty(ws * split_k, device=device, dtype=torch.float32)
+        return workspace, locks
 
+    scratch.numel = ws * split_k
     return scratch
 
 

@@ -407,12 +407,14 @@ def _plan_key(dz, x, kernel_rs, stride, padding, dilation, split_k) -> tuple:
     return key
 
 
-def run(plan: _Plan, dz, x, dw) -> torch.Tensor:
-    """dw from a plan's launches: straight into dw, or split partials then their sum."""
+def run(plan: _Plan, dz, x, dw, ws=None) -> torch.Tensor:
+    """dw from a plan's launches: straight into dw, or split partials (into ws, plan.workspace
+    fp32 elements, new where None) then their sum."""
     if plan.reduce is None:
         plan.main(dz, x, dw, dw)
     else:
-        ws = x.new_empty((plan.workspace,), dtype=torch.float32)
+        if ws is None:
+            ws = x.new_empty((plan.workspace,), dtype=torch.float32)
         plan.main(dz, x, dw, ws)
         plan.reduce(ws, dw)
     return dw
