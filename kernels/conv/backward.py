@@ -287,13 +287,13 @@ def _run_dgrad(plan: _Dgrad, dz, weight, dx, workspaces=None) -> None:
     if count > 0 and _concurrent(dz):
         side = _side(dz.device)
         side.fork(0, count)
-    given = iter([None] * len(phases) if workspaces is None else workspaces)
+    given = iter(workspaces or ())
     try:
         for i, (step, scratch, view) in enumerate(phases):
             if side is not None:
                 side.use(None if i == 0 else (i - 1) % count)
             # the counters are the phase's stream's (tile_counters), so taken on that stream
-            workspace = next(given) if _ws(scratch) else None
+            workspace = next(given, None) if _ws(scratch) else None
             extra = () if scratch is None else scratch(dz.device, workspace)
             step(dz, w2d, None, _as_view(dx, view), *extra)
     finally:
@@ -532,6 +532,11 @@ class Backward(NamedTuple):
         N, K, P, Q = dy.shape
         return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
 
+    @property
+    def splits_dw(self) -> bool:
+        """dW's reduction splits, so its workspace leads outputs()'s."""
+        return self.needs[1] and self.wgrad.reduce is not None
+
     def outputs(self, dy) -> tuple:
         """(dX, dW, db, dZ as an (N·P·Q, K) matrix, the split-K workspaces), each output None
         where the step does not make it (dZ: without an activation it is dY); the workspaces:
@@ -542,7 +547,7 @@ class Backward(NamedTuple):
         need_dx, need_dw, need_db = self.needs
         N, K, P, Q = dy.shape
         sizes = []
-        if need_dw and self.wgrad.reduce is not None:
+        if self.splits_dw:
             sizes.append(self.wgrad.workspace)
         if need_dx and self.dgrad is not None:
             sizes += [_ws(s) for _, s, _ in self.dgrad.phases if _ws(s)]
@@ -558,8 +563,7 @@ class Backward(NamedTuple):
         dx, dw, db, dz2d, ws = out
         dz = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan, (dz2d, db))[0]
         dgrad, wgrad = self.dgrad, self.wgrad
-        split_dw = need_dw and wgrad.reduce is not None
-        dw_ws, dx_ws = (ws[0], ws[1:]) if split_dw else (None, ws)
+        dw_ws, dx_ws = (ws[0], ws[1:]) if self.splits_dw else (None, ws)
         _dx_dw(dz, weight, need_dx, need_dw, self.gemm_dx, self.overlap,
                lambda out, _beside: _run_dgrad(dgrad, dz, weight, out, dx_ws),
                lambda out: run_wgrad(wgrad, dz, x, out, dw_ws), lambda: dx, lambda: dw, direct,

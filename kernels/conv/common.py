@@ -335,9 +335,6 @@ def no_scratch(device, workspace=None):
     return None, None
 
 
-no_scratch.numel = 0
-
-
 def split_scratch(kernel, split_k, tiles_of):
     """A function of the device giving a split-K launch's (fp32 workspace for every tile's
     SPLIT_K partial tiles, per-tile arrival counters: kernels._common.tile_counters, cached per

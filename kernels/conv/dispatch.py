@@ -91,11 +91,11 @@ class Plan(NamedTuple):
 
 def plan(conv: Conv, launch: Launcher = direct, beside: bool = False) -> Plan:
     """The design, TMA use and reduction split for `conv` (see the module docstring; beside: as
-    split_k_rule's). Traced
-    launches take the hook-free pointer kernels, unsplit. A grouped conv (its weight matrix has
-    fewer than C channels a tap) takes grouped.py, whatever else holds (conv2d_forward sends
-    depthwise convs to their stencil before planning). A dgrad's sub-conv (conv.flip) takes
-    the window or implicit design, the two that read a flipped weight in place."""
+    split_k_rule's). Traced launches take the hook-free pointer kernels, unsplit. A grouped
+    conv (its weight matrix has fewer than C channels a tap) takes grouped.py, whatever else
+    holds (conv2d_forward sends depthwise convs to their stencil before planning). A dgrad's
+    sub-conv (conv.flip) takes the window or implicit design, the two that read a flipped
+    weight in place."""
     info = gpu_info(conv.x.device)
     is_direct = launch is direct
     hopper = TensorDescriptor is not None and info is not None and info.capability >= (9, 0)
