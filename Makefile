@@ -103,9 +103,9 @@ notebooks: $(SETUP) ## Execute analysis/notebooks/*.py against RESULTS into outp
 dashboard: $(SETUP) ## Build the W&B workspace: make dashboard ENTITY=me [PROJECT=...] [ARGS=--dry-run]
 	$(PY) -m analysis.dashboard $(if $(ENTITY),--entity $(ENTITY)) $(if $(PROJECT),--project $(PROJECT)) $(ARGS)
 
-wheelhouse: ## Wheels of every dependency but torch/triton for PYTHON_VERSION/PLATFORM (offline clusters)
+wheelhouse: ## Wheels of every dependency but torch/torchvision/triton for PYTHON_VERSION/PLATFORM (offline clusters)
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
-	grep -vE '^(torch|triton)\b' requirements.txt > $(WHEELHOUSE)/requirements.txt
+	grep -vE '^(torch|torchvision|triton)\b' requirements.txt > $(WHEELHOUSE)/requirements.txt
 	@# antlr4-python3-runtime (needed by omegaconf) ships no wheel: build one here first.
 	python3 -m pip wheel --no-deps -w $(WHEELHOUSE) antlr4-python3-runtime==4.9.3
 	python3 -m pip download --only-binary=:all: --python-version $(PYTHON_VERSION) \
