@@ -1,9 +1,21 @@
-"""Hand-written Triton kernels, with the signatures of their torch.nn.functional twins."""
+"""Hand-written Triton kernels, with the signatures of their torch.nn.functional twins, and
+`enable()`: the same kernels under any nn.Module's own calls (kernels/routing.py)."""
 
 from kernels._common import ACTIVATIONS, SUPPORTED_DTYPES
 from kernels.conv import conv2d
 from kernels.linear import linear
 from kernels.matmul import matmul
+from kernels.routing import disable, enable, enabled
 from kernels.softmax import softmax
 
-__all__ = ["ACTIVATIONS", "SUPPORTED_DTYPES", "conv2d", "linear", "matmul", "softmax"]
+__all__ = [
+    "ACTIVATIONS",
+    "SUPPORTED_DTYPES",
+    "conv2d",
+    "disable",
+    "enable",
+    "enabled",
+    "linear",
+    "matmul",
+    "softmax",
+]

@@ -123,6 +123,15 @@ def check_tensor(name: str, t, *, ndim: int | None = None, min_ndim: int | None 
         raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(t.shape)}")
 
 
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    """t as a (rows, last dim) matrix: a view where the leading dims merge. The row count is
+    spelled out, since reshape(-1, 0) of an empty tensor with a zero last dim is ambiguous."""
+    rows = 1
+    for size in t.shape[:-1]:
+        rows *= size
+    return t.reshape(rows, t.shape[-1])
+
+
 def check_same(tensors: dict) -> None:
     """All named tensors share one dtype and one device."""
     items = [(k, v) for k, v in tensors.items() if v is not None]

@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.library import triton_op, wrap_triton
 from triton.runtime.autotuner import Autotuner, Heuristics
 
-from kernels._common import TORCH_ACTIVATIONS, activation_id, direct, is_interpreter
+from kernels._common import TORCH_ACTIVATIONS, activation_id, as_rows, direct, is_interpreter
 from kernels._launch import python_function
 from kernels.conv import conv2d_forward
 from kernels.conv.backward import conv2d_backward_upcast, save_mode
@@ -308,7 +308,7 @@ def linear(x, weight, bias=None, activation=None):
         t is not None and t.requires_grad for t in (x, weight, bias)
     )
     save_preact = needs_grad and act_id != activation_id("none")
-    x2d = x.reshape(-1, x.shape[-1])  # any leading dims, none included
+    x2d = as_rows(x)  # any leading dims, none included
     y2d, _ = torch.ops.kbench.linear_fwd(x2d, weight, bias, act_id, save_preact)
     return y2d.view(*x.shape[:-1], weight.shape[0])
 

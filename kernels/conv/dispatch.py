@@ -271,6 +271,9 @@ def _check(x, weight, bias, stride, padding, dilation, activation, groups=1):
     act = activation_id(activation)
     C, H, W = x.shape[-3:]
     K, C_w, R, S = weight.shape
+    if K == 0:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}: no output channels (torch "
+                         "refuses it too)")  # fmt: skip
     padding_hw, padding_hi = resolve_padding(padding, (R, S), stride_hw, dilation_hw)
     if groups == 1 and C_w != C:
         raise ValueError(
@@ -374,6 +377,8 @@ def conv2d_forward(
     stride_hw, padding_hw, dilation_hw, pq, act = _check(
         x, weight, bias, stride, padding, dilation, activation, groups
     )
+    if x.shape[-3] == 0:
+        return _empty_reduction(x, weight, bias, pq, activation, residual)
     fused = None  # the Conv whose 1x1 GEMM epilogue adds the residual
     if residual is not None:
         check_residual(residual, x, weight.shape[0], pq)
@@ -423,6 +428,23 @@ def conv2d_forward(
     return y.squeeze(0) if unbatched else y
 
 
+def _empty_reduction(x, weight, bias, pq, activation, residual):
+    """A conv of zero input channels, as torch computes it: every output is the bias (0 without
+    one), plus the residual, activated. Built from torch ops with x and weight joined in by an
+    empty sum, so autograd gives them (empty) gradients as torch does; there is nothing to
+    launch."""
+    K = weight.shape[0]
+    y = x.new_zeros((*x.shape[:-3], K, *pq))
+    if _channels_last_output(x) and y.dim() == 4:
+        y = y.contiguous(memory_format=torch.channels_last)
+    y = y + (x.sum() + weight.sum()) * 0
+    if bias is not None:
+        y = y + bias.view(K, 1, 1)
+    if residual is not None:
+        y = y + residual
+    return TORCH_ACTIVATIONS[activation or "none"](y)
+
+
 def _depthwise(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act, launch, key):
     """groups = C, checked: depthwise.py's stencil on the 4-D x, its launch kept under `key` (a
     4-D direct call's, or None) as the other designs' are."""
@@ -470,6 +492,9 @@ def conv2d(
     the weight as channels_last (a (K, R·S·C) matrix): a weight in any other layout is copied to
     it in every call, so keep weights channels_last.
     """
+    if isinstance(x, torch.Tensor) and x.dim() >= 3 and x.shape[-3] == 0:  # nothing to reduce
+        return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups,
+                              residual=residual)  # fmt: skip
     if torch.is_grad_enabled() and any(
         getattr(t, "requires_grad", False) for t in (x, weight, bias, residual)  # bad types:
     ):  # the checks say

@@ -46,6 +46,7 @@ from kernels._common import (
     ACTIVATIONS,
     TORCH_ACTIVATIONS,
     activation_id,
+    as_rows,
     check_same,
     check_tensor,
     direct,
@@ -245,13 +246,13 @@ class _PlannedLinear(torch.autograd.Function):
         p = ctx.plan
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         need_db = need_db and p.has_bias
-        dy2d = dy.reshape(-1, dy.shape[-1])
+        dy2d = as_rows(dy)
         key = (dy2d.stride(), dy2d.data_ptr() % 16, need_dx, need_dw, need_db)
         kept = p.backward.get(key)
         if kept is not None and kept.fits(dy2d, z):
             return *kept(p, dy2d, x, weight, z, need_db), None
         dz, db, dz_plan = _dz_db(dy2d, z, p.act_id, need_db, direct)
-        x2d = x.reshape(-1, x.shape[-1]) if need_dw else None
+        x2d = as_rows(x) if need_dw else None
         dx, dw = _gemm_grads(dz, x2d, weight, need_dx, need_dw, direct)
         plans = (planned(dz, weight) if need_dx else None,
                  planned(dz.t(), x2d) if need_dw else None)  # fmt: skip
@@ -285,7 +286,7 @@ def linear(x, weight, bias=None, activation=None):
     check_linear_args(x, weight, bias)
     # A view whenever the leading dims merge (always for contiguous x; a 1-D x is one row);
     # otherwise reshape copies, because the GEMM walks x's rows with a single stride.
-    x2d = x.reshape(-1, x.shape[-1])
+    x2d = as_rows(x)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias)
     )

@@ -65,6 +65,7 @@ import torch
 
 from kernels._common import (
     ACTIVATIONS,
+    as_rows,
     cdiv,
     check_same,
     check_tensor,
@@ -414,7 +415,7 @@ def matmul_grads(a, b, dc, mm, need_a: bool, need_b: bool):
         da = da if da.shape == a.shape else da.sum_to_size(a.shape)
     if need_b:
         if b.dim() == 2:
-            db = mm(a.reshape(-1, a.shape[-1]).t(), dc.reshape(-1, dc.shape[-1]))
+            db = mm(as_rows(a).t(), as_rows(dc))
         else:
             db = mm(a.transpose(-2, -1), dc)
             db = db if db.shape == b.shape else db.sum_to_size(b.shape)
@@ -471,7 +472,7 @@ def matmul_nd(a: torch.Tensor, b: torch.Tensor, matmul_2d) -> torch.Tensor:
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"inner dims differ: a has shape {tuple(a.shape)} and b has shape "
                          f"{tuple(b.shape)}")  # fmt: skip
-    a2 = a.reshape(-1, a.shape[-1])  # a view where the batch dims merge with M; 1-D: one row
+    a2 = as_rows(a)  # a view where the batch dims merge with M; 1-D: one row
     b2 = b if b.dim() == 2 else b.unsqueeze(1)
     c = matmul_2d(a2, b2)
     return c.reshape((*a.shape[:-1], *b.shape[1:]))  # () for a dot: a 0-d result
