@@ -51,7 +51,9 @@ class Job:
 
 def base_record(job: Job, shape: dict) -> Record:
     cfg = job.cfg
-    static = [name for name, _ in job.workload.make_module(shape, eager_ops()).named_parameters()]
+    names = getattr(job.workload, "parameter_names", None)  # a whole model's, without building it
+    static = names(shape) if names else [
+        name for name, _ in job.workload.make_module(shape, eager_ops()).named_parameters()]
     if cfg.bench.static_inputs:
         static += list(job.workload.input_names)
     return Record(
@@ -170,14 +172,16 @@ def failure_reason(exc: BaseException, limit: int = 500) -> str:
     return reason + via
 
 
-def measure_shape(job: Job, shape: dict, index: int, progress: Callable[[str], None]) -> Record:
-    """One row for `shape`, the `index`-th of the job's shape set."""
+def measure_shape(job: Job, shape: dict, index: int, progress: Callable[[str], None],
+                  body: Callable | None = None) -> Record:  # fmt: skip
+    """One row for `shape`, the `index`-th of the job's shape set; `body` measures it (this
+    module's op measurement, or experiments.model_measure's for a whole model)."""
     record = base_record(job, shape)
     record.stage = "build"
     tuned_before = len(TUNING_LOG)
     reset_tuning()
     try:
-        _measure(job, shape, index, record, progress)
+        (body or _measure)(job, shape, index, record, progress)
     except Exception as exc:  # OOM, compile error, kernel error: one failed row, then move on
         record.status = "failed"
         record.reason = failure_reason(exc)

@@ -53,7 +53,7 @@ def resolved_options(compile_mode: str, user_options: dict, kind_extra=None) -> 
     return {**mode_options, **(kind_extra or {}), **user_options}
 
 
-def _compile(module, compile_mode, compile_cfg, fullgraph, kind_extra=None) -> Impl:
+def compile_module(module, compile_mode, compile_cfg, fullgraph, kind_extra=None) -> Impl:
     user_options = dict(compile_cfg.options or {})
     options = resolved_options(compile_mode, user_options, kind_extra)
     # torch.compile takes a mode or an options dict, not both: with options of our own, pass the
@@ -72,10 +72,10 @@ def build(mode_cfg, compile_cfg, eager_module: nn.Module, example_inputs: tuple)
     if kind == "triton":
         return Impl(with_ops(eager_module, triton_ops()))
     if kind == "compile":
-        return _compile(eager_module, mode_cfg.compile_mode, compile_cfg, compile_cfg.fullgraph)
+        return compile_module(eager_module, mode_cfg.compile_mode, compile_cfg, compile_cfg.fullgraph)
     if kind == "triton_compiled":
         # fullgraph=True is the point of this mode: a graph break would be an error, not a count.
-        return _compile(with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg,
+        return compile_module(with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg,
                         fullgraph=True, kind_extra=kind_options(mode_cfg))  # fmt: skip
     if kind in ("peer", "peer_direct"):  # experiments/peers.py: the library imports here
         from experiments import peers

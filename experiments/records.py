@@ -71,6 +71,15 @@ class Record:
     recompiles_during_timing: int | None = None
     graph_breaks_during_timing: int | None = None
     peak_mem_mb: float | None = None  # above the inputs, during the mode's calls
+    # whole models (experiments/model_measure.py): the dashboard's figures beside the op ones
+    eager_peak_mem_mb: float | None = None  # eager's, in the same job
+    peak_mem_ratio: float | None = None  # peak_mem_mb / eager_peak_mem_mb
+    graphs_compiled: int | None = None  # Dynamo graphs at the first call (1 + graph breaks)
+    eager_max_rel_err: float | None = None  # eager's own worst error against float64
+    accuracy_ratio: float | None = None  # output's and gradients' error / eager's, the worse
+    accuracy_pass: bool | None = None  # every tensor within 2x eager's error + tolerance / 10
+    fallbacks: dict | None = None  # kernels.enable()'s calls per op: {op: {"ours"|reason: n}}
+    fallback_share: float | None = None  # the share of those calls left to torch
     # derived from analytic formulas and the device's measured peaks
     flops: float | None = None
     min_bytes: float | None = None

@@ -55,6 +55,9 @@ class OpSpec:
     # function to the namespaces (function and eager are None); its triton and triton_compiled
     # are set here from those ops' own, joined by "+", or None where one of them lacks it.
     composed: tuple[str, ...] = ()
+    # A whole model (experiments/models.py): why a mode does not apply to it, or None; the
+    # models route their own calls, so they add no function to the namespaces either
+    model_modes: Callable | None = None
 
     def __post_init__(self):
         if self.bound not in BOUNDS:
@@ -106,7 +109,7 @@ def resolve(target: str) -> Callable:
 def namespace(impl: str) -> SimpleNamespace:
     """The ops namespace of one implementation ("eager", "triton" or "triton_compiled"): each
     registered op's function under its `function` name."""
-    single = [s for s in OPS.values() if not s.composed]  # a block calls these; it adds none
+    single = [s for s in OPS.values() if s.function]  # what blocks call; blocks and models add none
     if impl == "eager":
         return SimpleNamespace(**{s.function: s.eager for s in single})
     return SimpleNamespace(
@@ -116,6 +119,9 @@ def namespace(impl: str) -> SimpleNamespace:
 
 def unsupported(mode_cfg, name: str) -> str | None:
     """Why `mode_cfg` cannot run op `name` (a skipped row's reason), or None when it can."""
+    spec = OPS.get(name)
+    if spec is not None and spec.model_modes is not None:
+        return spec.model_modes(mode_cfg, name)
     listed = mode_cfg.get("ops", "all")
     if listed != "all" and name not in listed:
         return f"unsupported: mode {mode_cfg.name} does not implement {name}"
@@ -433,8 +439,10 @@ register(OpSpec(
 ))  # fmt: skip
 
 
-# The composed blocks (mlp, attention, bottleneck): they call the ops above and register last.
+# The composed blocks (mlp, attention, bottleneck): they call the ops above and register last;
+# then the whole models (resnet50, ..., llama).
 from experiments import blocks  # noqa: E402, F401
+from experiments import models  # noqa: E402, F401
 
 
 def main(argv=None) -> int:

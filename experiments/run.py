@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from experiments import env, faults, modes, registry, schema, timing, worker
+from experiments import env, faults, model_measure, modes, registry, schema, timing, worker
 from experiments.errors import ConfigError
 from experiments.measure import Job, measure_shape, skipped_record
 from experiments.records import JsonlWriter, format_table, geomean, recorded_keys
@@ -175,6 +175,8 @@ def prepare(cfg: DictConfig) -> Plan:
     faults.check(cfg.get("fault"))
     dtype = resolve_dtype(cfg.dtype)
     shape_set, shapes = resolve_shapes(workload, cfg.kernel, cfg.shapes, device.type == "cuda")
+    if getattr(workload, "is_model", False):  # the full model or its tiny variant, by device
+        shapes = [workload.with_variant(shape, device) for shape in shapes]
     return Plan(
         cfg,
         config,
@@ -282,6 +284,8 @@ def measure_job(plan: Plan) -> list[dict]:
     writer = JsonlWriter(results_path)
     rows, started, poisoned = [], time.perf_counter(), False
     unsupported = registry.unsupported(cfg.mode, workload.name)
+    measure = model_measure.measure_model if getattr(workload, "is_model", False) else (
+        measure_shape)
     bar = tqdm(
         todo,
         desc=f"{workload.name}/{cfg.mode.name}/{cfg.dtype.name}",
@@ -296,7 +300,7 @@ def measure_job(plan: Plan) -> list[dict]:
             if reason:
                 record = skipped_record(job, shape, reason)
             else:
-                record = measure_shape(
+                record = measure(
                     job,
                     shape,
                     index,
