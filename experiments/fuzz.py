@@ -154,7 +154,7 @@ CASES = {"matmul": matmul_case, "linear": linear_case, "softmax": softmax_case,
 
 def fuzzed_ops() -> list[str]:
     """Every registered op but the composed blocks, which only call these ops."""
-    return [name for name, spec in registry.OPS.items() if not spec.composed]
+    return registry.names("op")
 
 
 @st.composite

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from experiments.registry import OPS
+from experiments.registry import OPS, names
 from experiments.resources import DTYPES
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--ops", default=",".join(names("op", "block")))
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--shapes", default=None, help="a shape set name (default: each op's)")

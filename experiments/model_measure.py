@@ -22,6 +22,7 @@ gradient's ratio is noise where both errors are tiny.
 import contextlib
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -128,9 +129,9 @@ def count_flops(step) -> float | None:
 
 
 def _census(mode: models.ModelMode, eager, x, labels, optimizer, train) -> dict | None:
-    """kernels.enable()'s counts over one step executed eagerly (a compiled step's trace routes
-    its calls once, at compile time, and counts none)."""
-    if mode.routed is None:
+    """triton-compiled: kernels.enable(custom_ops=True)'s counts over one step executed eagerly
+    (a compiled step's trace routes its calls once, at compile time, and counts none)."""
+    if mode.routed != "custom":
         return None
     from kernels import routing
 
@@ -142,72 +143,116 @@ def _census(mode: models.ModelMode, eager, x, labels, optimizer, train) -> dict 
     return counted
 
 
-def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
-    cfg, workload, device, bench = job.cfg, job.workload, job.device, job.bench
-    train = job.fwd_bwd
+@dataclass
+class Row:
+    """What one row builds before anything is timed: the eager model, its inputs and labels, the
+    mode, and the steps of both (with and without the SGD update)."""
 
-    # ---- build: the model, its inputs and labels, the mode, all outside any timed region ----
-    progress("build")
-    torch.compiler.reset()
-    torch._dynamo.utils.counters.clear()
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    eager = workload.build(shape, cfg.seed).to(device=device, dtype=job.dtype)
+    workload: models.ModelWorkload
+    shape: dict
+    eager: models.ModelUnderTest
+    x: torch.Tensor
+    labels: torch.Tensor
+    classes: int
+    train: bool
+    rebuild: object  # () -> (mode, step, first_step): the mode anew, as after a compiler reset
+    mode: models.ModelMode = None
+    step: object = None
+    first_step: object = None
+    eager_step: object = None
+    eager_first: object = None
+    eager_opt: object = None
+
+
+def prepare(workload, shape, mode_cfg, compile_cfg, dtype, device, train: bool, seed: int) -> Row:
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eager = workload.build(shape, seed).to(device=device, dtype=dtype)
     if workload.spec.channels_last:
         eager = eager.to(memory_format=torch.channels_last)
     eager.train(train)
     eager.requires_grad_(train)
     classes = workload.classes(eager)
-    (x,) = workload.make_inputs(shape, job.dtype, device, generator)
+    (x,) = workload.make_inputs(shape, dtype, device, generator)
     labels = workload.make_labels(shape, classes, device, generator)
     example = (x, labels) if train else (x,)
 
     def optimizer_of(module):
         return torch.optim.SGD(_trainable(module), lr=SGD_LR) if train else None
 
-    def build_mode():
-        mode = models.build_mode(cfg.mode, cfg.compile, eager, example)
+    def rebuild():
+        mode = models.build_mode(mode_cfg, compile_cfg, eager, example)
         opt = optimizer_of(mode.module)
         return (mode, make_step(mode, x, labels, opt, train),
                 make_step(mode, x, labels, opt, train, update=False))  # fmt: skip
 
-    mode, step, first_step = build_mode()
+    row = Row(workload, shape, eager, x, labels, classes, train, rebuild)
+    row.mode, row.step, row.first_step = rebuild()
     eager_mode = models.ModelMode(eager, contextlib.nullcontext)
-    eager_opt = optimizer_of(eager)
-    eager_step = make_step(eager_mode, x, labels, eager_opt, train)
-    eager_first = make_step(eager_mode, x, labels, eager_opt, train, update=False)
+    row.eager_opt = optimizer_of(eager)
+    row.eager_step = make_step(eager_mode, x, labels, row.eager_opt, train)
+    row.eager_first = make_step(eager_mode, x, labels, row.eager_opt, train, update=False)
+    return row
+
+
+def refill(row: Row, seed: int) -> None:
+    generator = torch.Generator(device=row.x.device).manual_seed(seed)
+    row.workload.refill((row.x,), row.labels, row.shape, row.classes, generator)
+
+
+def check(row: Row, dtype_tolerance: float, seed: int) -> dict:
+    """accuracy() of the mode's step against float64 on inputs of `seed`, eager's beside it,
+    and the routed calls' counts (`fallbacks`, None for a mode that routes none)."""
+    from kernels import routing
+
+    refill(row, seed)
+    routing.reset_counts()
+    got = checked_tensors(row.first_step, row.mode.module, row.train)
+    counted = routing.counts() if row.mode.routed == "triton" else None  # this step's own calls
+    base = checked_tensors(row.eager_first, row.eager, row.train)
+    want = float64_reference(row.eager, row.x, row.labels, row.train)
+    finite = all(bool(torch.isfinite(t).all()) for t in got)
+    checked = accuracy(got, base, want, dtype_tolerance)
+    checked["finite"] = finite
+    checked["fallbacks"] = counted if counted is not None else _census(
+        row.mode, row.eager, row.x, row.labels, row.eager_opt, row.train)  # fmt: skip
+    return checked
+
+
+def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
+    cfg, workload, device, bench = job.cfg, job.workload, job.device, job.bench
+
+    # ---- build: the model, its inputs and labels, the mode, all outside any timed region ----
+    progress("build")
+    torch.compiler.reset()
+    torch._dynamo.utils.counters.clear()
+    row = prepare(workload, shape, cfg.mode, cfg.compile, job.dtype, device, job.fwd_bwd,
+                  cfg.seed)  # fmt: skip
 
     # ---- compile: first call cold, then warm after a reset ----
     if cfg.mode.kind != "eager":
         record.stage = "compile"
         progress("compile")
-        _, record.compile_cold_s = timing.first_call_s(first_step, device)
-        if mode.compiled:
+        _, record.compile_cold_s = timing.first_call_s(row.first_step, device)
+        if row.mode.compiled:
             record.graphs_compiled, record.graph_breaks = counter_totals()
             torch.compiler.reset()
-            mode, step, first_step = build_mode()
-            _, record.compile_warm_s = timing.first_call_s(first_step, device)
+            row.mode, row.step, row.first_step = row.rebuild()
+            _, record.compile_warm_s = timing.first_call_s(row.first_step, device)
 
     # ---- accuracy on fresh inputs, before any timing ----
     record.stage = "correctness"
     progress("correctness")
     record.tolerance = tolerance(cfg.dtype.name, bool(cfg.dtype.tf32))
-    workload.refill((x,), labels, shape, classes, torch.Generator(device=device).manual_seed(
-        cfg.seed + 1))  # fmt: skip
-    got = checked_tensors(first_step, mode.module, train)
-    base = checked_tensors(eager_first, eager, train)
-    want = float64_reference(eager, x, labels, train)
-    for t in got:
-        if not torch.isfinite(t).all():
-            raise_correctness(record, "output or gradient has NaN or inf", 0.0)
-    checked = accuracy(got, base, want, record.tolerance)
-    del got, base, want
+    checked = check(row, record.tolerance, cfg.seed + 1)
     record.seeds_checked = 1
+    if not checked["finite"]:
+        raise_correctness(record, "output or gradient has NaN or inf", 0.0)
     record.max_rel_err, record.eager_max_rel_err = checked["worst"], checked["eager_worst"]
     record.accuracy_ratio, record.accuracy_pass = checked["ratio"], checked["pass"]
     if not checked["pass"]:
         raise_correctness(record, f"accuracy: tensors {checked['failing'][:5]} (0: the output) "
                           "past twice eager's error + tolerance/10", checked["worst"])  # fmt: skip
-    record.fallbacks = _census(mode, eager, x, labels, eager_opt, train)
+    record.fallbacks = checked["fallbacks"]
     if record.fallbacks is not None:
         from kernels.routing import fallback_share
 
@@ -215,8 +260,8 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
         if record.fallback_share > FALLBACK_FLAG:
             record.notes.append(f"{100 * record.fallback_share:.0f}% of the routed calls fell "
                                 "back to torch")  # fmt: skip
-    workload.refill((x,), labels, shape, classes, torch.Generator(device=device).manual_seed(
-        cfg.seed))  # fmt: skip
+    refill(row, cfg.seed)
+    step, eager_step = row.step, row.eager_step
 
     # ---- warm up, then time ----
     record.stage = "timing"
@@ -271,7 +316,7 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
     record.eager_peak_mem_mb = timing.peak_memory_mb(eager_step, device)
     if record.peak_mem_mb and record.eager_peak_mem_mb:
         record.peak_mem_ratio = record.peak_mem_mb / record.eager_peak_mem_mb
-    record.flops = count_flops(eager_first)
+    record.flops = count_flops(row.eager_first)
     if record.flops:
         record.tflops = record.flops / (record.time_ms_p50 * 1e-3) / 1e12
         if job.peaks:

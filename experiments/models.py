@@ -386,12 +386,13 @@ IMAGE_SHAPE = ("batch", "image")
 TOKEN_SHAPE = ("batch", "seq")
 
 for _spec in MODELS.values():
+    _keys = TOKEN_SHAPE if _spec.inputs == "tokens" else IMAGE_SHAPE
     register(OpSpec(
-        name=_spec.name, function=None,
-        workload=make_workload_class(_spec, TOKEN_SHAPE if _spec.inputs == "tokens" else IMAGE_SHAPE),
+        name=_spec.name, function=None, workload=make_workload_class(_spec, _keys),
         eager=None, triton="kernels.routing:enabled", triton_compiled="kernels.routing:enabled",
         bound="compute", passes=("fwd", "fwd_bwd"), model_modes=unsupported,
         bench=(f"kernel={_spec.name} mode=eager,triton,triton-compiled,default,reduce-overhead,"
-               "max-autotune,max-autotune-no-cudagraphs,flaggems,liger pass=fwd,fwd_bwd dtype=bf16",),
+               "max-autotune,max-autotune-no-cudagraphs,flaggems,liger pass=fwd,fwd_bwd "
+               "dtype=bf16",),
         markers={"marker": "*"},
     ))  # fmt: skip

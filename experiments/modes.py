@@ -72,11 +72,13 @@ def build(mode_cfg, compile_cfg, eager_module: nn.Module, example_inputs: tuple)
     if kind == "triton":
         return Impl(with_ops(eager_module, triton_ops()))
     if kind == "compile":
-        return compile_module(eager_module, mode_cfg.compile_mode, compile_cfg, compile_cfg.fullgraph)
+        return compile_module(eager_module, mode_cfg.compile_mode, compile_cfg,
+                              compile_cfg.fullgraph)
     if kind == "triton_compiled":
         # fullgraph=True is the point of this mode: a graph break would be an error, not a count.
-        return compile_module(with_ops(eager_module, custom_ops()), mode_cfg.compile_mode, compile_cfg,
-                        fullgraph=True, kind_extra=kind_options(mode_cfg))  # fmt: skip
+        return compile_module(with_ops(eager_module, custom_ops()), mode_cfg.compile_mode,
+                              compile_cfg, fullgraph=True,
+                              kind_extra=kind_options(mode_cfg))  # fmt: skip
     if kind in ("peer", "peer_direct"):  # experiments/peers.py: the library imports here
         from experiments import peers
 

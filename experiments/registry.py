@@ -59,6 +59,11 @@ class OpSpec:
     # models route their own calls, so they add no function to the namespaces either
     model_modes: Callable | None = None
 
+    @property
+    def kind(self) -> str:
+        """"op" (a kernel of its own), "block" (composed of ops) or "model" (a whole model)."""
+        return "model" if self.model_modes is not None else "block" if self.composed else "op"
+
     def __post_init__(self):
         if self.bound not in BOUNDS:
             raise ValueError(f"op {self.name}: bound must be one of {BOUNDS}")
@@ -89,6 +94,11 @@ def register(spec: OpSpec) -> OpSpec:
     """Add an op (a second op of the same name replaces the first, as a test's op may)."""
     OPS[spec.name] = spec
     return spec
+
+
+def names(*kinds: str) -> list[str]:
+    """The registered names of these kinds ("op", "block", "model"), in registration order."""
+    return [name for name, spec in OPS.items() if spec.kind in kinds]
 
 
 def unregister(name: str) -> None:
@@ -441,8 +451,7 @@ register(OpSpec(
 
 # The composed blocks (mlp, attention, bottleneck): they call the ops above and register last;
 # then the whole models (resnet50, ..., llama).
-from experiments import blocks  # noqa: E402, F401
-from experiments import models  # noqa: E402, F401
+from experiments import blocks, models  # noqa: E402, F401
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.errors import ConfigError
-from experiments.registry import OPS
+from experiments.registry import OPS, names
 from experiments.workloads import make_workload, resolve_shapes
 from tests.conftest import CONF_DIR, REPO_ROOT
 
@@ -137,7 +137,7 @@ def test_the_h100_experiment_sweeps_every_kernel_and_mode():
         cfg = compose("config", overrides=["+experiment=h100_bf16"], return_hydra_config=True)
     params = cfg.hydra.sweeper.params
     # the grid of results/h100: every single op (the composed blocks have their own bench grids)
-    assert params.kernel.split(",") == [name for name, spec in OPS.items() if not spec.composed]
+    assert params.kernel.split(",") == names("op")
     # every mode but the peer libraries', optional installs (docs/peers.md)
     modes = {o for g, o in OPTIONS
              if g == "mode"

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-
 from tests.conftest import DEVICE
 
 # (op, torch's twin, the arguments' shapes; ints and None pass as they are)

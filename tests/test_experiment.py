@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from experiments.records import read_jsonl, validate
-from experiments.registry import OPS
+from experiments.registry import OPS, names
 from tests.conftest import CONF_DIR, REPO_ROOT
 
 ENV_KEYS = {
@@ -88,7 +88,7 @@ def check_job_dir(job_dir, kernel, mode, pass_name="fwd", skipped=lambda row: No
 
 def experiment_params():
     for mode in ("eager", "default", "triton"):
-        for kernel in OPS:
+        for kernel in names("op", "block"):  # the models': tests/test_models.py
             fast = mode == FAST_MODE.get(kernel, "triton")
             yield pytest.param(kernel, mode, marks=() if fast else SLOW_CLI, id=f"{mode}-{kernel}")
 
@@ -104,7 +104,7 @@ def test_make_experiment(tmp_path, kernel, mode):
         assert list((tmp_path / "run" / "inductor_code").glob("*.py")), "no Inductor code saved"
 
 
-@pytest.mark.parametrize("kernel", [n for n, s in OPS.items() if "fwd_bwd" in s.passes])
+@pytest.mark.parametrize("kernel", [n for n in names("op", "block") if "fwd_bwd" in OPS[n].passes])
 @pytest.mark.slow
 @pytest.mark.integration
 def test_fwd_bwd(tmp_path, kernel):

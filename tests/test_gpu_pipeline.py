@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from experiments import run
 from experiments.records import validate
-from experiments.registry import OPS
+from experiments.registry import OPS, names
 from tests.conftest import CONF_DIR
 
 pytestmark = pytest.mark.gpu
@@ -28,13 +28,13 @@ def run_job(compose_job, *overrides):
     return rows
 
 
-@pytest.mark.parametrize("kernel", list(OPS))
+@pytest.mark.parametrize("kernel", names("op", "block"))  # models: test_models.py
 def test_triton_compiled_has_no_graph_break(compose_job, kernel):
     rows = run_job(compose_job, f"kernel={kernel}", "mode=triton-compiled")
     assert all(r["graph_breaks"] == 0 for r in rows)
 
 
-@pytest.mark.parametrize("kernel", [n for n, s in OPS.items() if "fwd_bwd" in s.passes])
+@pytest.mark.parametrize("kernel", [n for n in names("op", "block") if "fwd_bwd" in OPS[n].passes])
 def test_triton_compiled_fwd_bwd(compose_job, kernel):
     run_job(compose_job, f"kernel={kernel}", "mode=triton-compiled", "pass=fwd_bwd")
 

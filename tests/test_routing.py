@@ -8,7 +8,6 @@ from torch import nn
 
 import kernels
 from kernels import routing
-
 from tests.conftest import DEVICE
 
 ROUTED_ATTRIBUTES = [(route.owner, route.attribute) for route in routing.ROUTES]

@@ -46,14 +46,15 @@ def test_the_study_file_covers_every_op_mode_and_dtype():
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["+experiment=study"], return_hydra_config=True)
     params = cfg.hydra.sweeper.params
-    assert params.kernel.split(",") == list(registry.OPS)  # every op and block
+    # every op and block (the whole models join the study with its one-GPU slices)
+    assert params.kernel.split(",") == registry.names("op", "block")
     modes = {p.stem for p in (CONF_DIR / "mode").glob("*.yaml")
              if OmegaConf.load(p).kind != "peer_direct"}  # fmt: skip
     assert set(params.mode.split(",")) == modes
     assert params.dtype.split(",") == ["bf16", "fp16", "fp32"]
     assert cfg.launcher.name == "gpus_pool" and cfg.shapes == "study"
     assert cfg.compile.fresh_cache is False and cfg.wandb.mode == "offline"  # a W&B run a job
-    for op in registry.OPS:  # a study set per op, two shapes that parse
+    for op in registry.names("op", "block"):  # a study set per op, two shapes that parse
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             kernel = compose("config", overrides=[f"kernel={op}"]).kernel
         workload = registry.OPS[op].workload(kernel)
@@ -69,7 +70,8 @@ def test_the_plan_is_every_allowed_job_once():
     graphs = set(study.cudagraph_modes(modes))
     assert graphs == {"reduce-overhead", "max-autotune"}
     expected = set()
-    for op, spec in registry.OPS.items():
+    for op in registry.names("op", "block"):
+        spec = registry.OPS[op]
         for mode, pass_name in itertools.product(modes, spec.passes):
             expected |= {(op, mode, dtype, pass_name, False, False)
                          for dtype in ("bf16", "fp16", "fp32")}  # fmt: skip
