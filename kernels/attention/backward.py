@@ -40,31 +40,42 @@ from kernels.attention.forward import (
 )
 
 
-def hopper_dkdv_configs() -> list[triton.Config]:
-    """Key blocks of 128 on 8 warps (dK and dV of 128 rows are 64 fp32 registers a thread each
-    at head dim 128), of 64 on 4; the query step is short (32-64 rows): it is streamed."""
-    return [make_config(32, 128, 8, 3), make_config(64, 128, 8, 2), make_config(64, 64, 4, 3)]
+def hopper_dkdv_configs(head_dim: int) -> list[triton.Config]:
+    """16-bit tiles for sm_90 that compile without spills (triton 3.6, offline for sm_90:
+    docs/kernels/attention.md, "Tiles"): key blocks of 128 on 8 warps, with a query step of
+    32-64 rows at head dim 64 but only 16 at 128, where dK, dV (64 fp32 registers a thread
+    each) and the on-chip K and V leave no room for a longer step."""
+    if head_dim > 64:
+        return [make_config(16, 128, 8, 3), make_config(32, 128, 8, 1), make_config(16, 64, 8, 3)]
+    return [make_config(32, 128, 8, 3), make_config(64, 128, 8, 2), make_config(32, 64, 4, 3)]
 
 
-def hopper_dq_configs() -> list[triton.Config]:
-    """Query blocks of 128 or 64 rows; the key step 32-64 keys."""
+def hopper_dq_configs(head_dim: int) -> list[triton.Config]:
+    """Query blocks of 128 or 64 rows, a key step of 32-64 keys (none spills at 64 or 128)."""
     return [make_config(128, 32, 8, 3), make_config(128, 64, 8, 2), make_config(64, 64, 4, 3)]
 
 
-FP32_BACKWARD_CONFIG = make_config(32, 32, 4, 2)
+# fp32 (FMA dots from registers): the largest tiles that compile without spills at head dim 128
+FP32_DKDV_CONFIG = make_config(16, 32, 4, 2)
+FP32_DQ_CONFIG = make_config(16, 32, 4, 2)
 # The interpreter's tiles: the dkdv pass steps 16 query rows over 32-key blocks, the dq pass 16
 # keys over 32-row blocks, so the tests' short sequences cross every loop part's edges.
 INTERPRETER_DKDV_CONFIG = make_config(16, 32, 4, 1)
 INTERPRETER_DQ_CONFIG = make_config(32, 16, 4, 1)
 
 
-def _prune(interpreter_config):
+def _declared(hopper_configs, interpreter_config) -> list[triton.Config]:
+    """An autotuner's declared list; in the interpreter its one config (nothing benchmarked)."""
+    return [interpreter_config] if is_interpreter() else hopper_configs(128)
+
+
+def _prune(hopper_configs, fp32_config):
+    """The configs a launch may take, by dtype and head dim (a constexpr of the launch)."""
+
     def prune(configs, named_args, **kwargs):
-        if is_interpreter():
-            return [interpreter_config]
         if named_args["q_ptr"].dtype.itemsize == 4:
-            return [FP32_BACKWARD_CONFIG]
-        return configs
+            return [fp32_config]
+        return hopper_configs(kwargs["HEAD_DIM"])
 
     return prune
 
@@ -152,8 +163,10 @@ def _dkdv_steps(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, 
     return dk, dv
 
 
-@triton.autotune(configs=hopper_dkdv_configs(), key=TUNE_KEY,
-                 prune_configs_by={"early_config_prune": _prune(INTERPRETER_DKDV_CONFIG)})
+@triton.autotune(
+    configs=_declared(hopper_dkdv_configs, INTERPRETER_DKDV_CONFIG), key=TUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune(hopper_dkdv_configs, FP32_DKDV_CONFIG)},
+)  # fmt: skip
 @triton.jit
 def attention_bwd_dkdv_kernel(
     # pointers: inputs and dO (any strides), the forward's lse and Δ (B, Hq, Sq) fp32, outputs
@@ -246,8 +259,10 @@ def _dq_steps(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_kd, strid
     return dq
 
 
-@triton.autotune(configs=hopper_dq_configs(), key=TUNE_KEY,
-                 prune_configs_by={"early_config_prune": _prune(INTERPRETER_DQ_CONFIG)})
+@triton.autotune(
+    configs=_declared(hopper_dq_configs, INTERPRETER_DQ_CONFIG), key=TUNE_KEY,
+    prune_configs_by={"early_config_prune": _prune(hopper_dq_configs, FP32_DQ_CONFIG)},
+)  # fmt: skip
 @triton.jit
 def attention_bwd_dq_kernel(
     # pointers: inputs and dO (any strides), lse and Δ, the output dQ

@@ -13,10 +13,12 @@ target is SDPA's fused backends (FlashAttention-2, cuDNN).
     attention_fwd_tma_kernel  Hopper (sm_90+): Q, K, V and O through device-side TMA
                               descriptors (tl.make_tensor_descriptor), one 2-D [seq, head_dim]
                               descriptor per (batch, head) slice, so TMA clips every block at
-                              that head's own sequence end; with WARP_SPECIALIZE its whole-block
-                              key loop is warp-specialized (tl.range(..., warp_specialize=True):
-                              producer warps issue the TMA loads, consumer warps run the dots
-                              and the softmax).
+                              that head's own sequence end. With WARP_SPECIALIZE its key loop
+                              is warp-specialized (tl.range(..., warp_specialize=True): a
+                              producer warp issues the TMA loads into a ring of shared-memory
+                              buffers, the consumer warps run the dots and the softmax), as one
+                              loop over every block, masked (what triton 3.6's Hopper pass
+                              takes), on 4 warps.
 
 Conventions shared with the backward (backward.py):
 - scores are taken in log2 units: qk_scale = scale·log2(e), p = exp2(q·k·qk_scale - m), so the
@@ -61,25 +63,46 @@ def make_config(block_m, block_n, warps, stages) -> triton.Config:
                          num_stages=stages)  # fmt: skip
 
 
-def hopper_forward_configs() -> list[triton.Config]:
-    """A handful of 16-bit tiles for sm_90: 128-row query blocks on 8 or 4 warps (two or one
-    wgmma warpgroups), and 64-row blocks, which short sequences keep (prune_forward) so that
-    their few query blocks spread over more SMs."""
+def hopper_forward_configs(head_dim: int) -> list[triton.Config]:
+    """A handful of 16-bit tiles for sm_90 (each compiles without spills under triton 3.6's
+    ptxas, offline for sm_90: docs/kernels/attention.md, "Tiles"): 128-row query blocks on 8
+    warps (two wgmma warpgroups; at head dim 128 on 4 warps the accumulator alone takes 128
+    registers a thread and it spills) or 4 (head dims up to 64), and 64-row blocks, which short
+    sequences keep (prune_forward) so that their few query blocks spread over more SMs."""
+    if head_dim > 64:
+        return [make_config(128, 128, 8, 3), make_config(128, 64, 8, 3), make_config(64, 64, 4, 3)]
     return [make_config(128, 128, 8, 3), make_config(128, 64, 4, 3), make_config(64, 64, 4, 3)]
 
 
-FP32_FORWARD_CONFIG = make_config(64, 32, 4, 2)  # fp32 tiles take twice the shared memory
-# One small tile in the interpreter: a single config is not benchmarked, and the tests' short
-# sequences still cross several key blocks (both loop parts, ragged edges).
+def ws_forward_configs() -> list[triton.Config]:
+    """The warp-specialized kernel's tiles: 4 warps, the only count triton 3.6's Hopper pass
+    specializes (on 8 it leaves the loop as it is)."""
+    return [make_config(128, 64, 4, 2), make_config(128, 64, 4, 3), make_config(64, 64, 4, 3)]
+
+
+# fp32: its ieee dots run on FMA units from registers, and at head dim 128 every larger tile
+# spills (hundreds to thousands of bytes, offline for sm_90); fp32 is for exactness, not speed
+FP32_FORWARD_CONFIG = make_config(16, 16, 4, 2)
+# One small tile in the interpreter: an autotuner of one config neither prunes nor benchmarks,
+# and the tests' short sequences still cross several key blocks (both loop parts, ragged edges).
 INTERPRETER_FORWARD_CONFIG = make_config(32, 16, 4, 1)
 SHORT_SEQ = 256  # up to this many query rows (rounded up to a power of 2): 64-row blocks only
 
 
+def forward_configs() -> list[triton.Config]:
+    """The autotuner's declared list: what prune_forward chooses from is known per launch."""
+    return [INTERPRETER_FORWARD_CONFIG] if is_interpreter() else hopper_forward_configs(128)
+
+
 def prune_forward(configs, named_args, **kwargs):
-    if is_interpreter():
-        return [INTERPRETER_FORWARD_CONFIG]
+    """The configs a launch may take; the autotuner's own list is unused (HEAD_DIM and
+    WARP_SPECIALIZE are constexprs of the launch, not known when it is declared)."""
     if named_args["q_ptr"].dtype.itemsize == 4:
         return [FP32_FORWARD_CONFIG]
+    if kwargs.get("WARP_SPECIALIZE", False):
+        configs = ws_forward_configs()
+    else:
+        configs = hopper_forward_configs(kwargs["HEAD_DIM"])
     if named_args["seq_q_pow2"] <= SHORT_SEQ:
         return [c for c in configs if c.kwargs["BLOCK_M"] == 64] or configs
     return configs
@@ -204,7 +227,7 @@ def _attend_pointers(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, str
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=hopper_forward_configs(), key=TUNE_KEY,
+@triton.autotune(configs=forward_configs(), key=TUNE_KEY,
                  prune_configs_by={"early_config_prune": prune_forward})  # fmt: skip
 @triton.jit
 def attention_fwd_kernel(
@@ -285,7 +308,7 @@ def _head_desc(base, rows, stride, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.conste
                                      block_shape=[BLOCK_ROWS, HEAD_DIM])  # fmt: skip
 
 
-@triton.autotune(configs=hopper_forward_configs(), key=TUNE_KEY,
+@triton.autotune(configs=forward_configs(), key=[*TUNE_KEY, "WARP_SPECIALIZE"],
                  prune_configs_by={"early_config_prune": prune_forward})  # fmt: skip
 @triton.jit
 def attention_fwd_tma_kernel(
@@ -319,16 +342,24 @@ def attention_fwd_tma_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = q_desc.load([start_m, 0])
 
-    # ---- main loop: the whole key blocks (warp-specialized if asked), then the masked ones ----
+    # ---- main loop ----
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     full_end, end = key_ranges(start_m, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, full_end, seq_k,
-                                qk_scale, BLOCK_N, False, CAUSAL, UPCAST, PRECISION,
-                                WARP_SPECIALIZE)  # fmt: skip
-    acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, full_end, end, seq_k,
-                                qk_scale, BLOCK_N, True, CAUSAL, UPCAST, PRECISION, False)
+    if WARP_SPECIALIZE:
+        # one loop, every block masked: triton 3.6's Hopper pass fails on a second loop after
+        # the specialized one, and specializes nothing with a branch on the block inside it
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, end, seq_k,
+                                    qk_scale, BLOCK_N, True, CAUSAL, UPCAST, PRECISION, True)
+    else:
+        # the whole key blocks, then the masked ones
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, full_end,
+                                    seq_k, qk_scale, BLOCK_N, False, CAUSAL, UPCAST, PRECISION,
+                                    False)  # fmt: skip
+        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, full_end, end,
+                                    seq_k, qk_scale, BLOCK_N, True, CAUSAL, UPCAST, PRECISION,
+                                    False)  # fmt: skip
 
     # ---- write-back: TMA clips the rows past seq_q ----
     o_desc.store([start_m, 0], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty))
