@@ -1,9 +1,18 @@
 """Hand-written Triton kernels, with the signatures of their torch.nn.functional twins."""
 
 from kernels._common import ACTIVATIONS, SUPPORTED_DTYPES
+from kernels.attention import attention
 from kernels.conv import conv2d
 from kernels.linear import linear
 from kernels.matmul import matmul
 from kernels.softmax import softmax
 
-__all__ = ["ACTIVATIONS", "SUPPORTED_DTYPES", "conv2d", "linear", "matmul", "softmax"]
+__all__ = [
+    "ACTIVATIONS",
+    "SUPPORTED_DTYPES",
+    "attention",
+    "conv2d",
+    "linear",
+    "matmul",
+    "softmax",
+]

@@ -22,6 +22,13 @@ from kernels.attention.dispatch import (
     tma_unusable,
 )
 from kernels.attention.forward import attention_reference
+from kernels.attention.sdpa import sdpa, unsupported_sdpa_call
+
+# Once kernels/__init__.py imports it, `kernels.attention` is this function (the package's name
+# is shadowed, as kernels.softmax's is), so the adapter and the router's question hang off it:
+# kernels.attention.sdpa(...), kernels.attention.unsupported_sdpa_call(args, kwargs).
+attention.sdpa = sdpa
+attention.unsupported_sdpa_call = unsupported_sdpa_call
 
 __all__ = [
     "DEFAULT_VARIANT",
@@ -31,5 +38,7 @@ __all__ = [
     "attention_forward",
     "attention_reference",
     "check_attention_args",
+    "sdpa",
     "tma_unusable",
+    "unsupported_sdpa_call",
 ]

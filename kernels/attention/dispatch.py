@@ -63,6 +63,8 @@ VARIANTS = ("plain", "tma", "ws")
 DEFAULT_VARIANT = "plain"
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_STEP = 16, 128, 8
 TMA_MIN_CAPABILITY = 9  # Hopper: the first with TMA
+# Read once at import: torch.compile traces the checks, and Dynamo warns at a cached function
+_INTERPRETED = is_interpreter()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,7 +89,7 @@ def head_dim_unsupported(head_dim: int) -> str | None:
 
 
 def device_unsupported(device: torch.device) -> str | None:
-    if device.type == "cuda" or is_interpreter() or gpu_info(device) is not None:
+    if device.type == "cuda" or _INTERPRETED or gpu_info(device) is not None:
         return None
     return (f"tensors on {device}: the Triton kernels run on CUDA tensors (any device under "
             "TRITON_INTERPRET=1)")  # fmt: skip
@@ -132,7 +134,7 @@ def tma_unusable(q, k, v) -> str | None:
     Hopper, a head dim that is not a power of 2, or a layout TMA cannot describe (the head dim
     strided, a stride or start not 16-byte aligned). The interpreter emulates TMA."""
     info = gpu_info(q.device)
-    if not is_interpreter() and (info is None or info.capability[0] < TMA_MIN_CAPABILITY):
+    if not _INTERPRETED and (info is None or info.capability[0] < TMA_MIN_CAPABILITY):
         return "TMA needs a GPU of compute capability 9.0 or later"
     head_dim = q.shape[-1]
     if head_dim & (head_dim - 1):
@@ -190,7 +192,7 @@ def _common_meta(q: torch.Tensor, causal: bool) -> dict:
         HEAD_DIM=head_dim,
         CAUSAL=causal,
         # the interpreter's dot is wrong on bf16 and coarse on fp16 operands (forward.fp32_dot)
-        UPCAST=is_interpreter() and q.element_size() == 2,
+        UPCAST=_INTERPRETED and q.element_size() == 2,
         PRECISION=dot_precision(q.dtype, torch.backends.cuda.matmul.allow_tf32),
     )
 
@@ -317,7 +319,8 @@ def _backward_key(do, q, k, v, o, causal, scale, need_dq, need_dkdv) -> tuple | 
         return None
     try:
         return (_tensor_key(do), _tensor_key(q), _tensor_key(k), _tensor_key(v), _tensor_key(o),
-                causal, scale, need_dq, need_dkdv, torch.backends.cuda.matmul.allow_tf32)
+                causal, scale, need_dq, need_dkdv,
+                torch.backends.cuda.matmul.allow_tf32)  # fmt: skip
     except AttributeError:
         return None
 
@@ -343,8 +346,9 @@ def attention_backward(do, q, k, v, o, lse, causal: bool, scale: float, *, need_
                        need_dkdv: bool = True, launch: Launcher = direct):  # fmt: skip
     """(dQ, dK, dV) of attention_forward's (o, lse) for the output gradient do; a gradient not
     asked for is None. scale is the float the forward used."""
-    key = _backward_key(do, q, k, v, o, causal, scale, need_dq, need_dkdv)
-    key = key if launch is direct else None
+    key = None
+    if launch is direct:
+        key = _backward_key(do, q, k, v, o, causal, scale, need_dq, need_dkdv)
     plan = _BACKWARD.get(key) if key is not None else None
     if plan is None:
         plan = _plan_backward(do, q, k, v, o, causal, scale, need_dq, need_dkdv, launch)

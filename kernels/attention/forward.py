@@ -63,14 +63,17 @@ def make_config(block_m, block_n, warps, stages) -> triton.Config:
                          num_stages=stages)  # fmt: skip
 
 
-def hopper_forward_configs(head_dim: int) -> list[triton.Config]:
+def hopper_forward_configs(head_dim: int, tma: bool) -> list[triton.Config]:
     """A handful of 16-bit tiles for sm_90 (each compiles without spills under triton 3.6's
     ptxas, offline for sm_90: docs/kernels/attention.md, "Tiles"): 128-row query blocks on 8
     warps (two wgmma warpgroups; at head dim 128 on 4 warps the accumulator alone takes 128
     registers a thread and it spills) or 4 (head dims up to 64), and 64-row blocks, which short
-    sequences keep (prune_forward) so that their few query blocks spread over more SMs."""
+    sequences keep (prune_forward) so that their few query blocks spread over more SMs. The
+    pointer kernel's 128x128 tile at head dim 128 takes 2 stages: with 3 it spills 12 bytes
+    (its address registers; the TMA kernel has none)."""
     if head_dim > 64:
-        return [make_config(128, 128, 8, 3), make_config(128, 64, 8, 3), make_config(64, 64, 4, 3)]
+        wide = make_config(128, 128, 8, 3 if tma else 2)
+        return [wide, make_config(128, 64, 8, 3), make_config(64, 64, 4, 3)]
     return [make_config(128, 128, 8, 3), make_config(128, 64, 4, 3), make_config(64, 64, 4, 3)]
 
 
@@ -90,22 +93,26 @@ SHORT_SEQ = 256  # up to this many query rows (rounded up to a power of 2): 64-r
 
 
 def forward_configs() -> list[triton.Config]:
-    """The autotuner's declared list: what prune_forward chooses from is known per launch."""
-    return [INTERPRETER_FORWARD_CONFIG] if is_interpreter() else hopper_forward_configs(128)
+    """The autotuners' declared list: what prune_forward chooses from is known per launch."""
+    return [INTERPRETER_FORWARD_CONFIG] if is_interpreter() else hopper_forward_configs(128, True)
 
 
-def prune_forward(configs, named_args, **kwargs):
-    """The configs a launch may take; the autotuner's own list is unused (HEAD_DIM and
-    WARP_SPECIALIZE are constexprs of the launch, not known when it is declared)."""
-    if named_args["q_ptr"].dtype.itemsize == 4:
-        return [FP32_FORWARD_CONFIG]
-    if kwargs.get("WARP_SPECIALIZE", False):
-        configs = ws_forward_configs()
-    else:
-        configs = hopper_forward_configs(kwargs["HEAD_DIM"])
-    if named_args["seq_q_pow2"] <= SHORT_SEQ:
-        return [c for c in configs if c.kwargs["BLOCK_M"] == 64] or configs
-    return configs
+def prune_forward(tma: bool):
+    """The configs a launch of the pointer (or TMA) kernel may take; the autotuner's own list is
+    unused (HEAD_DIM and WARP_SPECIALIZE are constexprs of the launch)."""
+
+    def prune(configs, named_args, **kwargs):
+        if named_args["q_ptr"].dtype.itemsize == 4:
+            return [FP32_FORWARD_CONFIG]
+        if kwargs.get("WARP_SPECIALIZE", False):
+            configs = ws_forward_configs()
+        else:
+            configs = hopper_forward_configs(kwargs["HEAD_DIM"], tma)
+        if named_args["seq_q_pow2"] <= SHORT_SEQ:
+            return [c for c in configs if c.kwargs["BLOCK_M"] == 64] or configs
+        return configs
+
+    return prune
 
 
 # Every attention kernel's tuning key: each sequence length rounded up to a power of 2 (so 1000
@@ -228,7 +235,7 @@ def _attend_pointers(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, str
 
 
 @triton.autotune(configs=forward_configs(), key=TUNE_KEY,
-                 prune_configs_by={"early_config_prune": prune_forward})  # fmt: skip
+                 prune_configs_by={"early_config_prune": prune_forward(tma=False)})  # fmt: skip
 @triton.jit
 def attention_fwd_kernel(
     # pointers: inputs (B, H, S, D) of any strides, output, log-sum-exp (B, Hq, Sq) fp32 (log2)
@@ -309,7 +316,7 @@ def _head_desc(base, rows, stride, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.conste
 
 
 @triton.autotune(configs=forward_configs(), key=[*TUNE_KEY, "WARP_SPECIALIZE"],
-                 prune_configs_by={"early_config_prune": prune_forward})  # fmt: skip
+                 prune_configs_by={"early_config_prune": prune_forward(tma=True)})  # fmt: skip
 @triton.jit
 def attention_fwd_tma_kernel(
     # pointers and sizes as attention_fwd_kernel's
@@ -351,7 +358,8 @@ def attention_fwd_tma_kernel(
         # one loop, every block masked: triton 3.6's Hopper pass fails on a second loop after
         # the specialized one, and specializes nothing with a branch on the block inside it
         acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, end, seq_k,
-                                    qk_scale, BLOCK_N, True, CAUSAL, UPCAST, PRECISION, True)
+                                    qk_scale, BLOCK_N, True, CAUSAL, UPCAST, PRECISION,
+                                    True)  # fmt: skip
     else:
         # the whole key blocks, then the masked ones
         acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, full_end,
