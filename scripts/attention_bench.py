@@ -119,7 +119,13 @@ def check_correctness(variants) -> bool:
     torch.backends.cuda.matmul.allow_tf32 = False
     for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 1.6e-2)):
         for variant in variants:
-            got = grads(ours(variant), dtype)
+            try:
+                got = grads(ours(variant), dtype)
+            except Exception as error:  # a kernel that fails to compile or launch: say which
+                print(f"check {dtype} ours-{variant}: FAIL, {type(error).__name__}: "
+                      f"{str(error).strip()[:200]}", flush=True)  # fmt: skip
+                ok = False
+                continue
             errors = [relative_error(g, e) for g, e in zip(got, exact, strict=True)]
             passed = max(errors) < tolerance
             ok &= passed
@@ -273,6 +279,8 @@ def main(argv=None) -> int:
                 row = measure(impl, fn, shape, causal)
             except torch.cuda.OutOfMemoryError:
                 row = {"skipped": "out of memory"}
+            except Exception as error:  # ours failing to compile or launch, say: the row says so
+                row = {"skipped": f"{type(error).__name__}: {str(error).strip()[:120]}"}
             torch.cuda.empty_cache()  # the next row starts from an emptied pool
             results[label, impl] = row
             shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
