@@ -2,6 +2,7 @@
 `enable()`: the same kernels under any nn.Module's own calls (kernels/routing.py)."""
 
 from kernels._common import ACTIVATIONS, SUPPORTED_DTYPES
+from kernels.attention import attention
 from kernels.conv import conv2d
 from kernels.linear import linear
 from kernels.matmul import matmul
@@ -11,6 +12,7 @@ from kernels.softmax import softmax
 __all__ = [
     "ACTIVATIONS",
     "SUPPORTED_DTYPES",
+    "attention",
     "conv2d",
     "disable",
     "enable",

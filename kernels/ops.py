@@ -357,3 +357,9 @@ def softmax(x, dim=-1, dtype=None, *, scale=None):
     if dtype is not None:  # torch.softmax's dtype=: x cast first (checked as kernels.softmax does)
         x = cast_input(x, dtype)
     return torch.ops.kbench.softmax_fwd(x, dim, scale)
+
+
+# Attention defines its ops (kbench::attention_fwd / attention_bwd) with the machinery above.
+from kernels.attention.ops import register as _register_attention  # noqa: E402
+
+attention, sdpa = _register_attention(_define, _launch)
