@@ -2,7 +2,7 @@
 `enable()`: the same kernels under any nn.Module's own calls (kernels/routing.py)."""
 
 from kernels._common import ACTIVATIONS, SUPPORTED_DTYPES
-from kernels.attention import attention
+from kernels.attention import attention, sdpa
 from kernels.conv import conv2d
 from kernels.linear import linear
 from kernels.matmul import matmul
@@ -19,5 +19,6 @@ __all__ = [
     "enabled",
     "linear",
     "matmul",
+    "sdpa",
     "softmax",
 ]

@@ -6,6 +6,10 @@
         loss = model(x).sum(); loss.backward()
     kernels.routing.counts()          # {op: {"ours": n, "<reason>": m}}: what took which path
 
+Routed: F.conv2d (groups and depthwise included), F.linear, torch.addmm (as a linear with a
+bias), torch.matmul / mm / bmm and their Tensor methods (`a @ b`), softmax in its three
+spellings, and F.scaled_dot_product_attention (the fused attention, kernels/attention).
+
 Mechanism: function patching, as Liger-Kernel's monkey patches do, not torch.library
 implementations of aten ops below autograd, as FlagGems' enable() does (docs/kernels/routing.md
 says why in full). In short: our kernels are autograd Functions whose backward reuses the
@@ -43,7 +47,7 @@ _CPU_KERNELS = is_interpreter()
 
 @dataclasses.dataclass(frozen=True)
 class Route:
-    op: str  # what the call counts as: conv2d, linear, matmul, mm, bmm, addmm, softmax
+    op: str  # what the call counts as: conv2d, linear, addmm, matmul, mm, bmm, softmax, sdpa
     owner: object  # the module or class whose attribute is replaced
     attribute: str
     refuse: Callable[..., str | None]  # torch's arguments -> why ours cannot take them, or None
@@ -248,6 +252,28 @@ def _torch_softmax_describe(input, dim, dtype=None):
     return _softmax_describe(input, dim, dtype=dtype)
 
 
+# ---------------------------------------------------------------------------------------------
+# sdpa: F.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+# is_causal=False, *, scale=None, enable_gqa=False) to the fused attention (kernels/attention)
+# ---------------------------------------------------------------------------------------------
+def _sdpa_refuse(*args, **kwargs):
+    from kernels.attention import unsupported_sdpa_call
+
+    return unsupported_sdpa_call(args, kwargs)
+
+
+def _sdpa_call(ns, *args, **kwargs):
+    return ns.sdpa(*args, **kwargs)
+
+
+def _sdpa_describe(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                   scale=None, enable_gqa=False):  # fmt: skip
+    return {"q": _shape_of(query), "k": _shape_of(key), "v": _shape_of(value),
+            "causal": bool(is_causal), "mask": attn_mask is not None, "dropout_p": dropout_p,
+            "enable_gqa": enable_gqa,
+            "layout": [_layout(t) for t in (query, key, value) if isinstance(t, torch.Tensor)]}
+
+
 ROUTES: tuple[Route, ...] = (
     Route("conv2d", F, "conv2d", _conv2d_refuse, _conv2d_call, _conv2d_describe),
     Route("linear", F, "linear", _linear_refuse, _linear_call, _linear_describe),
@@ -264,6 +290,7 @@ ROUTES: tuple[Route, ...] = (
           _torch_softmax_describe),
     Route("softmax", torch.Tensor, "softmax", _tensor_softmax_refuse, _tensor_softmax_call,
           _tensor_softmax_describe),
+    Route("sdpa", F, "scaled_dot_product_attention", _sdpa_refuse, _sdpa_call, _sdpa_describe),
 )  # fmt: skip
 OPS = tuple(dict.fromkeys(route.op for route in ROUTES))
 
@@ -348,8 +375,8 @@ def _ops(ops: Iterable[str] | None, exclude: Iterable[str]) -> frozenset:
 
 def enable(*, custom_ops: bool = False, ops: Iterable[str] | None = None,
            exclude: Iterable[str] = (), record: list | None = None) -> None:  # fmt: skip
-    """Route conv2d, linear, addmm, matmul/mm/bmm and softmax calls to our kernels, in every
-    module, until disable().
+    """Route conv2d, linear, addmm, matmul/mm/bmm, softmax and scaled_dot_product_attention calls
+    to our kernels, in every module, until disable().
 
     custom_ops: route to the torch.library custom ops (kernels/ops.py) instead of the direct
         kernels, so a torch.compile of the model traces through them (mode=triton-compiled).

@@ -16,21 +16,25 @@ ROUTED_ATTRIBUTES = [(route.owner, route.attribute) for route in routing.ROUTES]
 class EveryRoute(nn.Module):
     """One call of each routed function, as models write them: nn.Conv2d (plain, strided,
     depthwise), nn.Linear on a 4-D input, torch.matmul, `@`, bmm, addmm and softmax in its
-    three spellings, mm, one softmax with dtype=float32 as Llama's attention calls it."""
+    three spellings, mm, one softmax with dtype=float32 as Llama's attention calls it, and
+    scaled_dot_product_attention on transposed head views."""
 
     def __init__(self, c=6):
         super().__init__()
         self.conv = nn.Conv2d(3, c, 3, padding=1)
         self.depthwise = nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c, bias=False)
-        self.proj = nn.Linear(c, 10)
-        self.head = nn.Parameter(torch.randn(10, 7) / 3)
+        self.proj = nn.Linear(c, 32)
+        self.head = nn.Parameter(torch.randn(32, 7) / 6)
         self.bias = nn.Parameter(torch.randn(7))
         self.mix = nn.Parameter(torch.randn(7, 7) / 3)
 
     def forward(self, x):
         y = F.relu(self.depthwise(self.conv(x)))  # (n, c, 4, 4)
-        t = self.proj(y.permute(0, 2, 3, 1))  # (n, 4, 4, 10): a non-contiguous linear input
-        t = t.flatten(1, 2)  # (n, 16, 10)
+        t = self.proj(y.permute(0, 2, 3, 1))  # (n, 4, 4, 32): a non-contiguous linear input
+        t = t.flatten(1, 2)  # (n, 16, 32)
+        heads = t.unflatten(-1, (2, 16)).transpose(1, 2)  # (n, 2, 16, 16): transposed views
+        t = F.scaled_dot_product_attention(heads, heads, heads, is_causal=True)
+        t = t.transpose(1, 2).flatten(2)
         scores = torch.matmul(t, t.transpose(1, 2)) / 4  # (n, 16, 16)
         p = F.softmax(scores, dim=-1, dtype=torch.float32).to(t.dtype)
         t = torch.bmm(p, t).softmax(-1) @ self.head  # (n, 16, 7)
@@ -119,11 +123,14 @@ def test_what_ours_cannot_take_falls_back_with_its_reason_counted():
         F.conv2d(x, w, groups=2).sum().backward()
         torch.softmax(torch.randn(3, 4), 1, dtype=torch.float64)
         torch.addmm(torch.randn(3, 3), torch.randn(3, 2), torch.randn(2, 3))
+        q = torch.randn(1, 2, 5, 16)
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(5, 5, dtype=torch.bool))
     taken = routing.counts()
     assert taken["matmul"] == {"dtype float64": 2}
     assert taken["conv2d"] == {"grouped conv (1 < groups < C) in training: no Triton backward": 1}
     assert taken["softmax"] == {"softmax to dtype float64": 1}
     assert taken["addmm"] == {"addmm whose input is not a bias row": 1}
+    assert list(taken["sdpa"].values()) == [1] and "mask" in next(iter(taken["sdpa"]))
     assert x.grad is not None and w.grad is not None
     assert routing.fallback_share(taken) == 1.0
 
@@ -141,12 +148,13 @@ def test_record_lists_every_call_with_its_shapes_and_arguments():
     with torch.no_grad(), kernels.enabled(record=calls):
         model(x)
     ops = [c["op"] for c in calls]
-    assert ops == ["conv2d", "conv2d", "linear", "matmul", "softmax", "bmm", "softmax",
+    assert ops == ["conv2d", "conv2d", "linear", "sdpa", "matmul", "softmax", "bmm", "softmax",
                    "matmul", "addmm", "mm", "softmax"]  # fmt: skip
     depthwise = calls[1]
     assert depthwise["groups"] == 6 and depthwise["stride"] == (2, 2)
     assert depthwise["x"] == [2, 6, 8, 8] and depthwise["dtype"] == "float32"
-    assert calls[2]["layout"].startswith("strides") and calls[4]["dtype_to"] == "float32"
+    assert calls[2]["layout"].startswith("strides") and calls[5]["dtype_to"] == "float32"
+    assert calls[3]["causal"] and calls[3]["q"] == [2, 2, 16, 16]
     assert all(c["routed"] and c["reason"] is None and c["grad"] is False for c in calls)
 
 
