@@ -187,6 +187,7 @@ def _flaggems_ops() -> dict[str, Callable]:
         "linear": linear,
         "softmax": softmax,
         "conv2d": conv2d,
+        "sdpa": fg.ops.scaled_dot_product_attention,  # its own autograd Function
     }
 
 
@@ -321,7 +322,7 @@ PEERS = {
     "flaggems": Peer(
         name="flaggems", package="flag-gems", version="5.0.2", module="flag_gems",
         limits={"matmul": _no_limits, "linear": _no_limits, "softmax": _no_limits,
-                "conv2d": _no_limits},
+                "conv2d": _no_limits, "sdpa": _no_limits},
         build=_flaggems_ops,
         gpu_only=("needs a CUDA GPU: importing it without one raises `RuntimeError: No device "
                   "were detected on your machine !`, and its LibEntry kernel wrappers need "

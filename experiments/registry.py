@@ -449,6 +449,136 @@ register(OpSpec(
 ))  # fmt: skip
 
 
+# ---------------------------------------------------------------------------------------------
+# sdpa: F.scaled_dot_product_attention(q, k, v, is_causal, enable_gqa) over (batch, heads, seq,
+# head_dim); ours is the fused attention (kernels/attention)
+# ---------------------------------------------------------------------------------------------
+SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
+# Past this many scores (batch·heads·seq_q·seq_k) the float64 reference runs a block of queries
+# at a time, each block recomputed in the backward: the math path's whole score matrix of a
+# 16k-token Llama shape would be 275 GB in float64.
+REFERENCE_SCORES = 2**28
+REFERENCE_ROWS = 256
+
+
+def torch_sdpa(q, k, v, is_causal=False, enable_gqa=False):
+    if q.dtype == torch.float64 and q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] > (
+            REFERENCE_SCORES):  # fmt: skip
+        return _blocked_sdpa(q, k, v, is_causal, enable_gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+
+
+def _blocked_sdpa(q, k, v, is_causal, enable_gqa):
+    """The exact SDPA (math backend), REFERENCE_ROWS queries at a time; causal blocks see the
+    keys up to their last query, with the mask shifted to their offset (top-left aligned, as
+    is_causal). Each block is checkpointed, so its scores live only while it runs."""
+    from torch.utils.checkpoint import checkpoint
+
+    def block(qb, start):
+        stop = start + qb.shape[-2]
+        keys = stop if is_causal else k.shape[-2]
+        mask = None
+        if is_causal:
+            rows = torch.arange(start, stop, device=q.device)[:, None]
+            mask = torch.arange(keys, device=q.device)[None, :] <= rows
+        return F.scaled_dot_product_attention(qb, k[..., :keys, :], v[..., :keys, :],
+                                              attn_mask=mask, enable_gqa=enable_gqa)  # fmt: skip
+
+    outs = [checkpoint(block, q[..., i:i + REFERENCE_ROWS, :], i, use_reentrant=False)
+            for i in range(0, q.shape[-2], REFERENCE_ROWS)]  # fmt: skip
+    return torch.cat(outs, dim=-2)
+
+
+def _sdpa_backend(name: str):
+    """The context that makes torch's SDPA take one backend (`default`: torch's own pick)."""
+    import contextlib
+
+    if name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION,
+                         "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                         "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]])
+
+
+class SDPA(nn.Module):
+    def __init__(self, ops, causal: bool, gqa: bool, backend: str):
+        super().__init__()
+        self.ops = ops
+        self.causal, self.gqa, self.backend = causal, gqa, backend
+
+    def forward(self, q, k, v):
+        # the backend binds torch's SDPA (eager's and the compile modes'); ours ignores it
+        with _sdpa_backend(self.backend):
+            return self.ops.sdpa(q, k, v, is_causal=self.causal, enable_gqa=self.gqa)
+
+
+class SDPAWorkload(Workload):
+    name = "sdpa"
+    shape_keys = ("batch", "heads", "kv_heads", "seq", "head_dim")  # and causal: 0 (default) or 1
+    input_names = ("q", "k", "v")
+
+    def __init__(self, kernel_cfg):
+        super().__init__(kernel_cfg)
+        if kernel_cfg.backend not in SDPA_BACKENDS:
+            raise ConfigError(f"kernel.backend={kernel_cfg.backend!r}; choose one of "
+                              f"{list(SDPA_BACKENDS)}")  # fmt: skip
+
+    def parse_shape(self, raw):
+        raw = dict(raw)
+        causal = raw.pop("causal", 0)
+        if causal not in (0, 1, False, True):
+            raise ConfigError(f"sdpa shape {raw}: causal must be 0 or 1, got {causal!r}")
+        shape = {**super().parse_shape(raw), "causal": int(causal)}
+        if shape["heads"] % shape["kv_heads"]:
+            raise ConfigError(f"sdpa shape {raw}: kv_heads must divide heads")
+        return shape
+
+    def label(self, shape):
+        heads = f"{shape['heads']}/{shape['kv_heads']}" if shape["kv_heads"] != shape["heads"] \
+            else str(shape["heads"])
+        base = f"{shape['batch']}x{heads}x{shape['seq']}x{shape['head_dim']}"
+        return base + ("-causal" if shape["causal"] else "")
+
+    def make_module(self, shape, ops):
+        return SDPA(ops, bool(shape["causal"]), shape["kv_heads"] != shape["heads"],
+                    self.cfg.backend)  # fmt: skip
+
+    def input_sizes(self, shape):
+        b, s, d = shape["batch"], shape["seq"], shape["head_dim"]
+        kv = (b, shape["kv_heads"], s, d)
+        return [(b, shape["heads"], s, d), kv, kv]
+
+    def flops(self, shape, pass_name):
+        # FlashAttention's count: two products of 2·seq²·head_dim a head, half of it causal; the
+        # backward's five products (one recomputes the scores) make fwd_bwd 3.5x the forward
+        fwd = 4.0 * shape["batch"] * shape["heads"] * shape["seq"] ** 2 * shape["head_dim"]
+        fwd *= 0.5 if shape["causal"] else 1.0
+        return fwd * (3.5 if pass_name == "fwd_bwd" else 1.0)
+
+    def min_bytes(self, shape, pass_name, itemsize):
+        q = shape["batch"] * shape["heads"] * shape["seq"] * shape["head_dim"]
+        kv = 2 * q * shape["kv_heads"] // shape["heads"]
+        fwd = 2 * q + kv  # read q, k, v; write out
+        bwd = 4 * q + 2 * kv  # read q, k, v, out, d_out; write dq, dk, dv
+        return float(fwd + (bwd if pass_name == "fwd_bwd" else 0)) * itemsize
+
+
+register(OpSpec(
+    name="sdpa", function="sdpa", workload=SDPAWorkload, eager=torch_sdpa,
+    triton="kernels:sdpa", triton_compiled="kernels.ops:sdpa", bound="compute",
+    passes=("fwd", "fwd_bwd"),
+    bench=("kernel=sdpa mode=triton,triton-compiled,default,max-autotune-no-cudagraphs,flaggems "
+           "pass=fwd,fwd_bwd dtype=bf16 shapes=llama,vit",
+           # ours against each of torch's backends as the job's eager baseline
+           "kernel=sdpa mode=triton kernel.backend=flash,efficient,cudnn pass=fwd,fwd_bwd "
+           "dtype=bf16 shapes=llama,vit"),
+    paired=latency_pairing("sdpa"),
+    markers={"marker": "v"},
+))  # fmt: skip
+
+
 # The composed blocks (mlp, attention, bottleneck): they call the ops above and register last;
 # then the whole models (resnet50, ..., llama).
 from experiments import blocks, models  # noqa: E402, F401

@@ -623,3 +623,28 @@ def test_benchmark_flop_convention():
                         3.5 * full)  # fmt: skip
     if not torch.cuda.is_available():
         assert bench.main([]) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry's op (kernel=sdpa): its float64 reference past the math path's reach
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_blocked_float64_reference_is_sdpa_exactly(monkeypatch, causal):
+    """Above REFERENCE_SCORES the sdpa op's reference runs a block of queries at a time (the
+    math path's scores of a 16k-token shape are 275 GB in float64): the same values and
+    gradients as one call, with blocks that do not divide the sequence."""
+    from experiments import registry
+
+    monkeypatch.setattr(registry, "REFERENCE_SCORES", 0)
+    monkeypatch.setattr(registry, "REFERENCE_ROWS", 7)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, h, 23, 16, generator=g, dtype=torch.float64, requires_grad=True)
+               for h in (4, 2, 2))  # fmt: skip
+    got = registry.torch_sdpa(q, k, v, is_causal=causal, enable_gqa=True)
+    dy = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    got_grads = torch.autograd.grad(got, (q, k, v), dy)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    want_grads = torch.autograd.grad(want, (q, k, v), dy)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b)
