@@ -14,7 +14,8 @@ reasoning.
 
 Blocks:
     mlp         linear+bias+gelu (d -> ffn), linear+bias (ffn -> d): Llama-3-8B, fwd and fwd_bwd
-    attention   softmax((q @ k^T) * scale) @ v, written out (no SDPA call): fwd and fwd_bwd
+    attention   softmax((q @ k^T) * scale) @ v, written out (no SDPA call): fwd and fwd_bwd;
+                kernel.form=fused: ours as one fused attention kernel (kernels.sdpa)
     bottleneck  ResNet-50 bottleneck, channels-last: conv1x1+relu, conv3x3+relu, conv1x1, + x,
                 relu; fwd and fwd_bwd (the shortcut's gradient is the last conv's dZ)
 """
@@ -25,7 +26,8 @@ import math
 import torch
 from torch import nn
 
-from experiments.registry import OpSpec, latency_pairing, register
+from experiments.errors import ConfigError
+from experiments.registry import OpSpec, latency_pairing, register, torch_sdpa
 from experiments.workloads import Workload
 
 
@@ -106,9 +108,17 @@ def takes(function, keyword: str) -> bool:
         return False
 
 
+ATTENTION_FORMS = ("written", "fused")
+
+
 class Attention(nn.Module):
-    def __init__(self, ops, head_dim):
+    """form="fused": a namespace with a hand-written fused attention (ours, kernels.sdpa; a
+    peer's) computes the block in that one kernel; eager and the compile modes still run it
+    written out, as a user writes it (Inductor may rewrite it into torch's SDPA)."""
+
+    def __init__(self, ops, head_dim, form="written"):
         super().__init__()
+        self.form = form
         self.ops = ops
         self.scale = head_dim**-0.5
 
@@ -126,9 +136,12 @@ class Attention(nn.Module):
         self._ops = ops
         self.scale_in = ("softmax" if takes(ops.softmax, "scale")
                          else "matmul" if takes(ops.matmul, "alpha") else None)  # fmt: skip
+        self.fused = self.form == "fused" and getattr(ops, "sdpa", torch_sdpa) is not torch_sdpa
 
     def forward(self, q, k, v):
         ops, kt = self.ops, k.transpose(-2, -1)
+        if self.fused:
+            return ops.sdpa(q, k, v, scale=self.scale)
         if self.scale_in == "softmax":
             return ops.matmul(ops.softmax(ops.matmul(q, kt), -1, scale=self.scale), v)
         if self.scale_in == "matmul":
@@ -142,8 +155,14 @@ class AttentionWorkload(BlockWorkload):
     shape_keys = ("batch", "heads", "seq", "head_dim")
     input_names = ("q", "k", "v")
 
+    def __init__(self, kernel_cfg):
+        super().__init__(kernel_cfg)
+        self.form = kernel_cfg.get("form", "written")
+        if self.form not in ATTENTION_FORMS:
+            raise ConfigError(f"kernel.form={self.form!r}; choose one of {list(ATTENTION_FORMS)}")
+
     def make_module(self, shape, ops):
-        return Attention(ops, shape["head_dim"])
+        return Attention(ops, shape["head_dim"], self.form)
 
     def input_sizes(self, shape):
         return [(shape["batch"], shape["heads"], shape["seq"], shape["head_dim"])] * 3
@@ -175,7 +194,9 @@ register(OpSpec(
     triton_compiled=None, bound="compute", passes=("fwd", "fwd_bwd"),
     composed=("matmul", "softmax"),
     bench=("kernel=attention mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
-           "pass=fwd,fwd_bwd dtype=bf16",),
+           "pass=fwd,fwd_bwd dtype=bf16",
+           "kernel=attention kernel.form=fused mode=triton,triton-compiled,default,"
+           "max-autotune-no-cudagraphs pass=fwd,fwd_bwd dtype=bf16"),
     paired=latency_pairing("attention", "triton", "default,max-autotune-no-cudagraphs",
                            ("fwd", "fwd_bwd")),
     markers={"marker": "X"},

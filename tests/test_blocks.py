@@ -227,6 +227,54 @@ def test_attention_puts_the_scale_where_a_kernel_takes_it():
         assert relative_error(module(*inputs), expected) < tolerance("fp32", False)
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["fwd", "fwd_bwd"])
+def test_the_fused_form_runs_ours_as_one_attention_kernel(train):
+    """kernel.form=fused: our namespaces compute the block with the fused attention (one
+    kernels.sdpa call), eager's still writes it out; both match float64, gradients too."""
+    kernel = OmegaConf.merge(OmegaConf.load(CONF_DIR / "kernel" / "attention.yaml"),
+                             {"form": "fused"})  # fmt: skip
+    workload = make_workload(kernel)
+    shape = workload.parse_shape({"batch": 2, "heads": 2, "seq": 19, "head_dim": 16})
+    generator = torch.Generator(device=DEVICE).manual_seed(8)
+    eager = _eager(workload, shape, torch.float32, generator)
+    inputs = [t.requires_grad_(train) for t in workload.make_inputs(shape, torch.float32, DEVICE,
+                                                                    generator)]  # fmt: skip
+    reference = copy.deepcopy(eager).double()
+    want = reference(*(t.detach().double().requires_grad_(train) for t in inputs))
+    assert not eager.fused
+    for ops in (triton_ops(), registry.namespace("triton_compiled")):
+        module = with_ops(eager, ops)
+        calls = []
+        with kernels_sdpa_spy(ops, calls):
+            got = module(*inputs)
+        assert module.fused and len(calls) == 1
+        assert relative_error(got, want) < tolerance("fp32", False)
+        if train:
+            grads = torch.autograd.grad(got.sum(), inputs)
+            dq = torch.autograd.grad(eager(*inputs).sum(), inputs)
+            for a, b in zip(grads, dq, strict=True):
+                assert relative_error(a, b) < 10 * tolerance("fp32", False)
+    with pytest.raises(Exception, match="kernel.form='flash'"):
+        make_workload(OmegaConf.merge(kernel, {"form": "flash"}))
+
+
+class kernels_sdpa_spy:  # noqa: N801 (a context manager named as what it watches)
+    """Counts the calls a namespace's sdpa takes while the block runs."""
+
+    def __init__(self, ops, calls):
+        self.ops, self.calls, self.real = ops, calls, ops.sdpa
+
+    def __enter__(self):
+        def spy(*args, **kwargs):
+            self.calls.append(args[0].shape)
+            return self.real(*args, **kwargs)
+
+        self.ops.sdpa = spy
+
+    def __exit__(self, *exc):
+        self.ops.sdpa = self.real
+
+
 def test_weights_are_scaled_by_fan_in_so_activations_keep_unit_variance():
     _, workload = _workload("mlp")
     shape = workload.parse_shape({"m": 256, "d": 512, "ffn": 1024})

@@ -33,8 +33,8 @@ def _conf(group: str, name: str):
     return OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
 
 
-def _row(model: str, mode: str, train: bool, dtype=torch.float32) -> model_measure.Row:
-    kernel = _conf("kernel", model)
+def _row(model: str, mode: str, train: bool, dtype=torch.float32, **options) -> model_measure.Row:
+    kernel = OmegaConf.merge(_conf("kernel", model), options)
     workload = make_workload(kernel)
     (shape,) = [workload.with_variant(workload.parse_shape(OmegaConf.to_container(s)),
                                       torch.device(DEVICE)) for s in kernel.shape_sets.cpu]
@@ -42,9 +42,9 @@ def _row(model: str, mode: str, train: bool, dtype=torch.float32) -> model_measu
                                  dtype, torch.device(DEVICE), train, seed=0)  # fmt: skip
 
 
-def _checked(model, mode, train, dtype=torch.float32, dtype_name="fp32"):
+def _checked(model, mode, train, dtype=torch.float32, dtype_name="fp32", **options):
     torch.compiler.reset()
-    row = _row(model, mode, train, dtype)
+    row = _row(model, mode, train, dtype, **options)
     row.first_step()  # the first call: a compile mode compiles here
     return row, model_measure.check(row, tolerance(dtype_name, tf32=False), seed=1)
 
@@ -124,6 +124,16 @@ def test_our_kernels_take_every_call_of_each_model(model):
     _, checked = _checked(model, "triton", train=False)
     assert checked["finite"] and checked["pass"], checked
     assert checked["fallbacks"] and _all_ours(checked["fallbacks"]), checked["fallbacks"]
+
+
+def test_llama_with_sdpa_attention_takes_the_fused_attention():
+    """kernel.attention=sdpa: transformers' SDPA attention calls F.scaled_dot_product_attention
+    once a layer, and kernels.enable() sends each to the fused attention."""
+    _, checked = _checked("llama", "triton", train=False, attention="sdpa")
+    assert checked["finite"] and checked["pass"], checked
+    layers = _conf("kernel", "llama").tiny.layers
+    assert checked["fallbacks"]["sdpa"] == {routing.OURS: layers} and "softmax" not in checked[
+        "fallbacks"]  # fmt: skip
 
 
 def test_a_training_step_routes_forward_and_backward():
