@@ -216,7 +216,8 @@ def test_random_shapes_fuzzed():
               suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
     @given(batch=st.integers(1, 2), heads_kv=st.integers(1, 2), group=st.integers(1, 3),
            seq_q=st.integers(1, 70), seq_k=st.integers(1, 70),
-           head_dim=st.sampled_from([16, 24, 64, 72, 128]), dtype_name=st.sampled_from(list(DTYPES)),
+           head_dim=st.sampled_from([16, 24, 64, 72, 128]),
+           dtype_name=st.sampled_from(list(DTYPES)),
            causal=st.booleans(), layout=st.sampled_from(["bhsd", "bshd", "strided_d"]),
            variant=st.sampled_from(VARIANTS))  # fmt: skip
     def check(batch, heads_kv, group, seq_q, seq_k, head_dim, dtype_name, causal, layout,
