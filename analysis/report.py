@@ -11,7 +11,7 @@ import argparse
 import html
 from pathlib import Path
 
-from analysis import figures
+from analysis import figures, models_report
 from analysis.load import caption, load_results
 from analysis.summary import geomean_table
 
@@ -34,11 +34,22 @@ def figure_sections(images: list[Path]) -> list[str]:
     return parts
 
 
+def model_section(images: list[Path]) -> list[str]:
+    """The whole models' figure (analysis.models_report), where the records hold model rows."""
+    drawn = [p for p in images if p.stem == "model_speedups"]
+    if not drawn:
+        return []
+    summary = " ".join(models_report.model_speedups.__doc__.strip().split("\n\n")[0].split())
+    return [f"<h3>model_speedups</h3><p>{html.escape(summary)}</p>",
+            f"<img src='figures/{drawn[0].name}' alt='model_speedups'>"]
+
+
 def build(results_dir: Path, out_dir: Path) -> Path:
     results = load_results(results_dir)
     frame = results.frame
     out_dir.mkdir(parents=True, exist_ok=True)
     written = figures.save_all(frame, out_dir / "figures")
+    written += models_report.save_figure(frame, out_dir / "figures")
     images = [p for p in written if p.suffix == ".png"]
     cpu_note = ""
     if figures.measured_on_cpu(frame):
@@ -61,6 +72,7 @@ def build(results_dir: Path, out_dir: Path) -> Path:
         geomean_table(frame).to_html(),
         "<h2>Figures</h2>",
         *figure_sections(images),
+        *model_section(images),
         "<h2>All rows</h2>",
         frame[[c for c in ROW_COLUMNS if c in frame]].to_html(index=False, float_format="%.4g"),
     ]
