@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from experiments import measure, models, timing
+from experiments import measure, model_modes, models, timing
 from experiments.correctness import relative_error, tolerance
 from experiments.measure import Job, counter_totals, raise_correctness, spread
 from experiments.records import Record
@@ -40,7 +40,7 @@ def measure_model(job: Job, shape: dict, index: int, progress) -> Record:
     return measure.measure_shape(job, shape, index, progress, body=_measure)
 
 
-def make_step(mode: models.ModelMode, x, labels, optimizer, train: bool, update: bool = True):
+def make_step(mode: model_modes.ModelMode, x, labels, optimizer, train: bool, update: bool = True):
     """The zero-argument closure every timer calls: one inference, or one training step."""
     module, context, cudagraphs = mode.module, mode.context, mode.cudagraphs
     params = [p for group in optimizer.param_groups for p in group["params"]] if train else []
@@ -128,7 +128,7 @@ def count_flops(step) -> float | None:
     return float(counter.get_total_flops()) or None
 
 
-def _census(mode: models.ModelMode, eager, x, labels, optimizer, train) -> dict | None:
+def _census(mode: model_modes.ModelMode, eager, x, labels, optimizer, train) -> dict | None:
     """triton-compiled: kernels.enable(custom_ops=True)'s counts over one step executed eagerly
     (a compiled step's trace routes its calls once, at compile time, and counts none)."""
     if mode.routed != "custom":
@@ -136,7 +136,7 @@ def _census(mode: models.ModelMode, eager, x, labels, optimizer, train) -> dict 
     from kernels import routing
 
     routing.reset_counts()
-    census = models.ModelMode(eager, lambda: routing.enabled(custom_ops=mode.routed == "custom"))
+    census = model_modes.ModelMode(eager, lambda: routing.enabled(custom_ops=True))
     make_step(census, x, labels, optimizer, train, update=False)()
     counted = routing.counts()
     routing.reset_counts()
@@ -156,7 +156,7 @@ class Row:
     classes: int
     train: bool
     rebuild: object  # () -> (mode, step, first_step): the mode anew, as after a compiler reset
-    mode: models.ModelMode = None
+    mode: model_modes.ModelMode = None
     step: object = None
     first_step: object = None
     eager_step: object = None
@@ -180,14 +180,14 @@ def prepare(workload, shape, mode_cfg, compile_cfg, dtype, device, train: bool, 
         return torch.optim.SGD(_trainable(module), lr=SGD_LR) if train else None
 
     def rebuild():
-        mode = models.build_mode(mode_cfg, compile_cfg, eager, example)
+        mode = model_modes.build_mode(mode_cfg, compile_cfg, eager, example)
         opt = optimizer_of(mode.module)
         return (mode, make_step(mode, x, labels, opt, train),
                 make_step(mode, x, labels, opt, train, update=False))  # fmt: skip
 
     row = Row(workload, shape, eager, x, labels, classes, train, rebuild)
     row.mode, row.step, row.first_step = rebuild()
-    eager_mode = models.ModelMode(eager, contextlib.nullcontext)
+    eager_mode = model_modes.ModelMode(eager, contextlib.nullcontext)
     row.eager_opt = optimizer_of(eager)
     row.eager_step = make_step(eager_mode, x, labels, row.eager_opt, train)
     row.eager_first = make_step(eager_mode, x, labels, row.eager_opt, train, update=False)

@@ -27,8 +27,6 @@ Training randomness (dropout, stochastic depth) is off, so every mode does the s
 and the float64 check is exact in intent.
 """
 
-import contextlib
-import copy
 import importlib
 import importlib.util
 from collections.abc import Callable
@@ -274,7 +272,7 @@ def make_workload_class(spec: ModelSpec, shape_keys: tuple[str, ...]) -> type[Mo
 
 
 # ---------------------------------------------------------------------------------------------
-# Which modes apply, and how each runs a model
+# Which modes apply (experiments/model_modes.py builds them)
 # ---------------------------------------------------------------------------------------------
 def unsupported(mode_cfg, name: str) -> str | None:
     """Why mode_cfg does not apply to model `name` (a skipped row's reason), or None."""
@@ -298,85 +296,6 @@ def unsupported(mode_cfg, name: str) -> str | None:
                     f"{spec.title} is a {spec.package} model")
         return peers.availability(peer, peers.job_of(mode_cfg).device, peers.job_of(mode_cfg))
     return None
-
-
-@dataclass
-class ModelMode:
-    """A mode on a model: the module its step calls and the context the whole step runs in
-    (forward, loss, backward and optimizer step)."""
-
-    module: nn.Module
-    context: Callable[[], contextlib.AbstractContextManager]
-    compiled: bool = False
-    cudagraphs: bool = False
-    options: dict | None = None
-    routed: str | None = None  # "triton" or "custom": kernels.enable()'s calls are counted
-
-
-def build_mode(mode_cfg, compile_cfg, eager: ModelUnderTest, example) -> ModelMode:
-    from experiments import modes
-    from kernels import routing
-
-    kind = mode_cfg.kind
-    if kind == "eager":
-        return ModelMode(eager, contextlib.nullcontext)
-    if kind == "triton":
-        return ModelMode(eager, routing.enabled, routed="triton")
-    if kind in ("compile", "triton_compiled"):
-        extra = modes.kind_options(mode_cfg)
-        impl = modes.compile_module(eager, mode_cfg.compile_mode, compile_cfg,
-                                    compile_cfg.fullgraph, extra)  # fmt: skip
-        context = (lambda: routing.enabled(custom_ops=True)) if kind == "triton_compiled" else (
-            contextlib.nullcontext)
-        return ModelMode(impl.module, context, True, impl.cudagraphs, impl.options,
-                         routed="custom" if kind == "triton_compiled" else None)  # fmt: skip
-    if kind == "torchscript":
-        traced = torch.jit.trace(eager, example, check_trace=False, strict=False)
-        return ModelMode(traced, contextlib.nullcontext)
-    if kind == "peer" and mode_cfg.name == "flaggems":
-        import flag_gems
-
-        return ModelMode(eager, flag_gems.use_gems)
-    if kind == "peer" and mode_cfg.name == "liger":
-        return _liger(eager, MODELS[eager.name])
-    raise ConfigError(f"mode {mode_cfg.name!r} does not apply to a whole model")
-
-
-def _liger(eager: ModelUnderTest, spec: ModelSpec) -> ModelMode:
-    """Liger's patch on a copy of the model: its apply function rebinds the instance's modules
-    and swaps functions in the family's transformers module. Those module attributes are put
-    back at once and swapped in only while a liger step runs, so the eager model timed beside it
-    in this process keeps transformers' own code."""
-    family = importlib.import_module(type(eager.net).__module__)
-    patched = copy.deepcopy(eager)
-    before = dict(vars(family))
-    liger = importlib.import_module("liger_kernel.transformers")
-    getattr(liger, spec.liger)(model=patched.net)
-    swapped = {k: v for k, v in vars(family).items() if before.get(k, _ABSENT) is not v}
-    for key in swapped:
-        if key in before:
-            setattr(family, key, before[key])
-        else:
-            delattr(family, key)
-    return ModelMode(patched, lambda: _attributes(family, swapped))
-
-
-_ABSENT = object()
-
-
-@contextlib.contextmanager
-def _attributes(owner, values: dict):
-    saved = {k: getattr(owner, k, _ABSENT) for k in values}
-    for key, value in values.items():
-        setattr(owner, key, value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is _ABSENT:
-                delattr(owner, key)
-            else:
-                setattr(owner, key, value)
 
 
 # ---------------------------------------------------------------------------------------------
