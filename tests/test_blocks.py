@@ -15,9 +15,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments import blocks, registry
+from experiments import blocks, registry, single_ops
 from experiments.correctness import allowed_error, relative_error, tolerance
-from experiments.workloads import eager_ops, make_workload, resolve_shapes, triton_ops, with_ops
+from experiments.registry import eager_ops, make_workload, triton_ops
+from experiments.workloads import resolve_shapes, with_ops
 from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT
 
 BLOCKS = {"mlp": ("linear",), "attention": ("matmul", "softmax"), "bottleneck": ("conv",)}
@@ -62,12 +63,12 @@ def test_the_blocks_are_registered_as_composed_workloads():
 def test_a_block_of_an_op_without_a_mode_is_skipped_in_that_mode():
     """Its triton_compiled follows its ops': None where one lacks it, so `unsupported` skips it."""
     registry.register(registry.OpSpec(
-        name="half", function="half", workload=registry.MatmulWorkload, eager=torch.neg,
+        name="half", function="half", workload=single_ops.MatmulWorkload, eager=torch.neg,
         triton="kernels:matmul", triton_compiled=None, bound="memory",
     ))  # fmt: skip
     try:
         spec = registry.register(registry.OpSpec(
-            name="pair", function=None, workload=registry.MatmulWorkload, eager=None,
+            name="pair", function=None, workload=single_ops.MatmulWorkload, eager=None,
             triton=None, triton_compiled=None, bound="compute", composed=("matmul", "half"),
         ))  # fmt: skip
         assert spec.triton == "kernels:matmul+kernels:matmul" and spec.triton_compiled is None
@@ -83,7 +84,7 @@ def test_a_block_of_an_op_without_a_mode_is_skipped_in_that_mode():
 def test_a_block_of_unknown_or_composed_ops_is_refused():
     for parts in (("matmul", "nope"), ("mlp",)):
         with pytest.raises(ValueError, match="composed of registered single ops"):
-            registry.OpSpec("x", None, registry.MatmulWorkload, None, None, None,
+            registry.OpSpec("x", None, single_ops.MatmulWorkload, None, None, None,
                             bound="compute", composed=parts)  # fmt: skip
 
 
@@ -250,8 +251,8 @@ def test_weights_are_scaled_by_fan_in_so_activations_keep_unit_variance():
 # ---------------------------------------------------------------------------------------------
 def test_block_flops_are_the_sum_of_their_ops():
     cfg = OmegaConf.create({"bias": True, "activation": "gelu", "memory_format": "nhwc"})
-    linear, matmul = registry.LinearWorkload(cfg), registry.MatmulWorkload(cfg)
-    conv = registry.ConvWorkload(cfg)
+    linear, matmul = single_ops.LinearWorkload(cfg), single_ops.MatmulWorkload(cfg)
+    conv = single_ops.ConvWorkload(cfg)
     m, d, f = 2048, 4096, 14336
     for pass_name in ("fwd", "fwd_bwd"):
         mlp = make_workload(OmegaConf.create({"name": "mlp"})).flops(

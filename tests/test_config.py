@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.errors import ConfigError
-from experiments.registry import OPS
-from experiments.workloads import make_workload, resolve_shapes
+from experiments.registry import OPS, make_workload
+from experiments.workloads import resolve_shapes
 from tests.conftest import CONF_DIR, REPO_ROOT
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from experiments import measure, run, workloads
+from experiments import measure, registry, run
 from experiments.records import read_jsonl, validate
 from experiments.tracking import Tracker, redact
 
@@ -44,9 +44,9 @@ def test_one_failing_shape_leaves_a_failed_row_and_the_rest(compose_job, monkeyp
 
 
 def test_a_wrong_kernel_fails_correctness_and_is_not_timed(compose_job, monkeypatch):
-    wrong = workloads.triton_ops()
+    wrong = registry.triton_ops()
     wrong.matmul = lambda a, b: torch.matmul(a, b) * 1.01  # 1% off: far over the fp32 budget
-    monkeypatch.setattr(workloads, "triton_ops", lambda: wrong)
+    monkeypatch.setattr(registry, "triton_ops", lambda: wrong)
     monkeypatch.setattr("experiments.modes.triton_ops", lambda: wrong)
     rows, _ = run_job(compose_job, "kernel=matmul", "mode=triton", "wandb.mode=disabled")
     for row in rows:
@@ -56,7 +56,7 @@ def test_a_wrong_kernel_fails_correctness_and_is_not_timed(compose_job, monkeypa
 
 
 def test_nan_output_is_caught(compose_job, monkeypatch):
-    broken = workloads.triton_ops()
+    broken = registry.triton_ops()
     broken.softmax = lambda x, dim: torch.full_like(x, float("nan"))
     monkeypatch.setattr("experiments.modes.triton_ops", lambda: broken)
     rows, _ = run_job(compose_job, "kernel=softmax", "mode=triton", "wandb.mode=disabled")

@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from experiments import registry
 from experiments.correctness import allowed_error, relative_error, tolerance
-from experiments.workloads import make_workload, resolve_shapes
+from experiments.registry import make_workload
+from experiments.workloads import resolve_shapes
 from tests.conftest import CONF_DIR, DEVICE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

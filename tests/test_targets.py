@@ -345,7 +345,8 @@ def test_paired_latency_times_ours_and_the_compile_modes_in_one_process():
     import torch
 
     from experiments.paired import main, run_latency_shape
-    from experiments.workloads import make_workload, resolve_shapes
+    from experiments.registry import make_workload
+    from experiments.workloads import resolve_shapes
 
     kernel_cfg = OmegaConf.load(CONF_DIR / "kernel" / "softmax.yaml")
     workload = make_workload(kernel_cfg)
