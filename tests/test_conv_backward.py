@@ -198,11 +198,11 @@ def test_a_training_step_runs_its_kept_backward(name, channels_last, activation,
     the next steps, on new values, run it: no dgrad or wgrad key is built, and dX, dW and db
     still match float64. A dY in another layout, or another set of requested gradients, takes
     the planned-per-launch path again and is still right."""
-    from kernels.conv import dispatch, wgrad
+    from kernels.conv import autograd, wgrad
 
     reset_tuning()
     _check(kernels.conv2d, GEOMETRIES[name], channels_last, activation, torch.float32, seed=20)
-    entries = list(dispatch._TRAINING.values())
+    entries = list(autograd._TRAINING.values())
     assert len(entries) == 1 and isinstance(entries[0].backward, backward.Backward)
     kept = entries[0].backward
     keys = []
@@ -229,7 +229,7 @@ def test_a_training_step_runs_its_kept_backward(name, channels_last, activation,
     ref = _reference(x, weight, bias, *geometry, activation, dy)
     assert x.grad is None and relative_error(weight.grad, ref[2]) < budget(torch.float32)
     reset_tuning()
-    assert not dispatch._TRAINING
+    assert not autograd._TRAINING
 
 
 def test_flipped_taps_address_the_forward_weights_taps():
@@ -500,9 +500,9 @@ def test_a_training_step_captures_in_a_cuda_graph():
 
 
 def _kept_backward():
-    from kernels.conv import dispatch
+    from kernels.conv import autograd
 
-    (entry,) = dispatch._TRAINING.values()
+    (entry,) = autograd._TRAINING.values()
     return entry.backward
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from experiments.correctness import relative_error, tolerance
 from kernels._common import direct, pretend_gpu
-from kernels.conv import conv2d, conv2d_forward, conv2d_reference, dispatch
+from kernels.conv import autograd, conv2d, conv2d_forward, conv2d_reference, dispatch
 from kernels.conv.flat_reduction import conv_flat_kernel, flat_step
 from kernels.conv.gemm import (
     GEMM_PERSISTENT_TILES,
@@ -697,7 +697,7 @@ def test_residual_trains(case, activation):
     match float64, at the first step and at the second (the key's planned backward), also
     where the residual is the conv's own input (a shortcut: autograd sums its two gradients)."""
     x, w, b, stride, padding, res = _residual_inputs(case, torch.float32, 4)
-    dispatch._TRAINING.clear()
+    autograd._TRAINING.clear()
     for step in range(2):
         leaves = [t.clone().requires_grad_() for t in (x, w, b, res)]
         y = conv2d(*leaves[:3], stride, padding, activation=activation, residual=leaves[3])
@@ -737,7 +737,7 @@ def test_residual_bad_input_is_refused(monkeypatch):
     x, w, b, stride, padding, res = _residual_inputs("1x1 nhwc (fused)", torch.float32, 6)
     with pytest.raises(ValueError, match="residual has shape"):
         conv2d(x, w, b, residual=res[:, :, :-1])
-    from kernels.conv.backward import Conv2dFunction
+    from kernels.conv.autograd import Conv2dFunction
 
     ran = []  # the training forward starts in the Function
     monkeypatch.setattr(Conv2dFunction, "apply", lambda *a: ran.append(a))
