@@ -19,7 +19,7 @@ from experiments import blocks, registry, single_ops
 from experiments.correctness import allowed_error, relative_error, tolerance
 from experiments.registry import eager_ops, make_workload, triton_ops
 from experiments.workloads import resolve_shapes, with_ops
-from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT
+from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT, fast_subset
 
 BLOCKS = {"mlp": ("linear",), "attention": ("matmul", "softmax"), "bottleneck": ("conv",)}
 # more odd sizes than the cpu sets hold: one token, a batch of heads, a batch of images
@@ -88,7 +88,7 @@ def test_a_block_of_unknown_or_composed_ops_is_refused():
                             bound="compute", composed=parts)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(BLOCKS))
+@pytest.mark.parametrize("name", fast_subset(BLOCKS, ["mlp"]))
 def test_the_bench_grids_compose_into_jobs_the_block_runs(name):
     """Every job of `make bench kernel=<name>` passes the CLI's checks (a shape key named like a
     credential, say, is refused there) in a pass the block has."""
@@ -123,7 +123,7 @@ def test_every_shape_set_fits_its_description(name):
 # ---------------------------------------------------------------------------------------------
 # Each mode's module against float64, and the calls mode=triton makes
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype_name", fast_subset(["fp32", "bf16"]))
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_ours_matches_float64_on_odd_sizes(name, dtype_name):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -203,6 +203,7 @@ def test_each_block_calls_its_ops_with_the_fused_epilogues(name):
     assert recorder.calls == expected
 
 
+@pytest.mark.slow
 def test_attention_puts_the_scale_where_a_kernel_takes_it():
     """Our softmax and its custom op take scale= (the scale in their load), a peer's GEMM may
     take alpha= (quack's epilogue), torch's ops neither: those modules multiply the scores,
@@ -292,6 +293,7 @@ def test_block_flops_are_the_sum_of_their_ops():
 # ---------------------------------------------------------------------------------------------
 # the custom ops' case compiles a C++ kernel for the scale on the CPU (15 s): slow
 @pytest.mark.parametrize("impl", ["eager", pytest.param("triton_compiled", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_inductor_rewrites_the_attention_block_into_sdpa_but_not_our_custom_ops(impl):
     from torch._inductor.utils import run_and_get_code
 

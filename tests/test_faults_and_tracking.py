@@ -25,6 +25,7 @@ def run_job(compose_job, *overrides):
     return rows, output_dir
 
 
+@pytest.mark.slow
 def test_one_failing_shape_leaves_a_failed_row_and_the_rest(compose_job, monkeypatch):
     real = measure._measure
 
@@ -63,6 +64,7 @@ def test_nan_output_is_caught(compose_job, monkeypatch):
     assert all("NaN" in row["reason"] for row in rows)
 
 
+@pytest.mark.slow
 def test_offline_wandb_writes_a_run_without_network_and_no_key(compose_job, monkeypatch):
     secret = "0123456789abcdef0123456789abcdef01234567"
     monkeypatch.setenv("WANDB_API_KEY", secret)
@@ -161,6 +163,7 @@ def test_a_dead_workers_row_keeps_its_last_error_line():
     assert last_error(["all shapes measured\n", "Traceback (most recent call last):\n"]) is None
 
 
+@pytest.mark.slow
 def test_a_row_notes_the_config_its_first_call_chose(compose_job, monkeypatch):
     """softmax's first call on a GPU picks its short-row tile (and its row loop) by timing
     candidates; the row's notes name the choice, and each row chooses afresh (the

@@ -16,6 +16,7 @@ where a module imports a name from it).
 """
 
 import ast
+import functools
 import re
 
 from tests.conftest import REPO_ROOT
@@ -93,6 +94,12 @@ def edges(modules) -> dict[str, dict[str, int]]:
     return graph
 
 
+@functools.cache
+def project_graph() -> dict[str, dict[str, int]]:
+    """edges(project_modules()), drawn once per test process."""
+    return edges(project_modules())
+
+
 def circles(graph) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan, iteratively)."""
     index, low, on_stack, stack, found = {}, {}, set(), [], []
@@ -134,7 +141,7 @@ def circles(graph) -> list[list[str]]:
 def test_the_graph_sees_the_imports_it_must():
     """The drawing finds what it is meant to: a lazy import, a string the registry imports by
     name, a "module:attribute" target, and no edge for a `-m` command."""
-    graph = edges(project_modules())
+    graph = project_graph()
     assert "experiments.op_table" in graph["experiments.single_ops"]
     assert "experiments.single_ops" in graph["experiments.registry"]  # ENTRY_MODULES
     assert "experiments.blocks" in graph["experiments.registry"]
@@ -146,7 +153,7 @@ def test_the_graph_sees_the_imports_it_must():
 
 
 def test_no_import_circle():
-    graph = edges(project_modules())
+    graph = project_graph()
     found = circles(graph)
     lines = []
     for component in found:
@@ -161,7 +168,7 @@ def test_no_import_circle():
 def test_each_layer_imports_only_itself_and_below():
     """kernels import nothing of the harness, the harness nothing of the analysis or the
     launchers; the analysis and the launchers sit on the harness."""
-    graph = edges(project_modules())
+    graph = project_graph()
     upward = []
     for module, targets in graph.items():
         layer = LAYERS.get(module.partition(".")[0])
