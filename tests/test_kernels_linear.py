@@ -114,7 +114,7 @@ def test_forward_strided_x(layout, device):
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["bf16", "fp32"]))
 def test_backward(dtype_name, activation, device):
     x, weight, bias = make_inputs((2, 9, 65), 33, dtype_name, device, layout="sliced")
     for t in (x, weight, bias):
@@ -241,8 +241,7 @@ def test_llm_shapes_on_gpu(x_shape, out_features, activation, dtype_name):
 # (DZ_PROGRAMS, DB_MAX_SPLITS): single blocks; row loops with several splits; row loops to keep
 # the row-splits at most 2
 @pytest.mark.parametrize("programs, max_splits", [(1024, 512), (3, 512), (1024, 2)])
-@pytest.mark.parametrize("activation", fast_subset(["gelu", "gelu_tanh", "silu", "relu"],
-                                                   ["gelu", "relu"]))
+@pytest.mark.parametrize("activation", fast_subset(["gelu", "gelu_tanh", "silu", "relu"], ["gelu"]))
 @pytest.mark.parametrize("M, N", fast_subset([(1, 1), (97, 300), (130, 7), (33, 513), (300, 64)],
                                              [(97, 300)], unpack=True))
 def test_activation_backward_dz_db(M, N, activation, programs, max_splits, monkeypatch, device):

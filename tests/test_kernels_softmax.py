@@ -93,7 +93,7 @@ def check_forward_backward(x, dim, dtype_name):
 
 
 # -- correctness on the CPU path (the interpreter) or the GPU --------------------------------------
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["fp32", "bf16"]))
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (37, 1000), (5, 4097)])
 def test_odd_sizes(shape, dtype_name, device):
     check_forward_backward(rows_with_extremes(shape, DTYPES[dtype_name], device), -1, dtype_name)
@@ -161,7 +161,7 @@ def test_gradient_through_autograd(shape, dim, dtype_name, row_path, device):
 
 
 @NAN_ROW
-@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["fp32", "bf16"]))
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["bf16"]))
 @pytest.mark.parametrize("scale", fast_subset([0.0884, 3.0, -1.5, 0.0], [-1.5]))
 def test_scale_in_every_row_path(scale, dtype_name, row_path, device):
     """softmax(x, scale=s) against float64 softmax(x·s), and its gradient s·y·(dy - Σ y·dy),
@@ -376,7 +376,7 @@ def test_first_call_candidates(itemsize, cols, rows, want):
 
 
 @NAN_ROW
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["bf16"]))
 @pytest.mark.parametrize("shape, dim, cols", fast_subset(
     [((64, 128), -1, 128), ((7, 9, 33), 1, 9), ((9, 1024), -1, 1024)], unpack=True))  # fmt: skip
 def test_every_first_call_candidate_is_correct(shape, dim, cols, dtype_name, device):
@@ -467,9 +467,9 @@ def test_tuning_only_where_a_direct_gpu_launch_can_time(device):
 
 
 # -- the coop protocol's host side -----------------------------------------------------------------
-@pytest.mark.parametrize("block_rows, pairs, backward", [
+@pytest.mark.parametrize("block_rows, pairs, backward", fast_subset([
     (1, False, False), (4, False, False), (1, False, True), (4, False, True), (1, True, True),
-])  # fmt: skip
+], [(4, False, True), (1, True, True)], unpack=True))  # fmt: skip
 def test_coop_clears_the_next_workspace(block_rows, pairs, backward, device):
     """A launch with CLEAR zeroes every word of the workspace the next launch takes (slots,
     ticket), whatever its rows, chunks and row blocks. Run as split2's publishing launch (the
