@@ -9,9 +9,10 @@ analysis (figures, targets) and the parametrised tests read this module; nothing
 ops.
 
 The imports run one way: experiments.op_table holds the data type and the table; the entry
-modules in ENTRY_MODULES import only it and experiments.workloads, and register their ops when
-imported; this module imports them all, in that order, and adds what reads the whole table. So
-once `experiments.registry` has loaded, every entry is in OPS.
+modules in ENTRY_MODULES import it and experiments.workloads (and the entries they are built on:
+blocks imports single_ops), never this module, and register their ops when imported; this module
+imports them all, in that order, and adds what reads the whole table. So once
+`experiments.registry` has loaded, every entry is in OPS.
 
 Adding an op (README.md, "Extend: add an op"): a kernel package under kernels/, an entry (its
 nn.Module, Workload and `register(OpSpec(...))`) in an entry module, conf/kernel/<name>.yaml
@@ -39,7 +40,8 @@ __all__ = [
 ]
 
 # The modules that register entries, imported in this order: a block's entry names the single
-# ops it is composed of, so they come first. Each imports experiments.op_table, never this.
+# ops it is composed of, so they come first. Each imports experiments.op_table, never this one;
+# a new entry module is one more line here.
 ENTRY_MODULES = (
     "experiments.single_ops",  # matmul, linear, softmax, conv
     "experiments.blocks",  # mlp, attention, bottleneck: composed of the single ops
