@@ -185,6 +185,7 @@ def test_traced_launch_uses_hook_free_autotuner(device):
     assert relative_error(y, ref) < budget(x.dtype)
 
 
+@pytest.mark.slow
 def test_custom_op_under_torch_compile(device):
     """mode=triton-compiled's op in one graph (a graph break is an error); on CPU the op is an
     opaque custom op, on a GPU it traces the kernel through wrap_triton."""
