@@ -16,7 +16,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup peers experiment sweep bench study promote fuzz resume probe resources test test-all test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup peers experiment sweep bench study promote fuzz resume probe resources test test-slow test-all test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -78,11 +78,21 @@ resources: $(SETUP) ## Registers/spills/smem/PTX hash of each kernel a GPU would
 TEST_WORKERS ?= 2
 PYTEST_XDIST = -n $(TEST_WORKERS) $(if $(filter 0,$(TEST_WORKERS)),,--dist loadgroup)
 
-test: $(SETUP) ## Fast CPU suite: every op in the Triton interpreter, every config, one CLI run per op, the analysis
-	$(PY) -m pytest $(PYTEST_XDIST) -m "not gpu and not slow and not integration" $(ARGS)
+# The CPU suite in two disjoint halves: `make test` (at most 2 minutes on 2 cores; it prints its
+# wall time and its 10 slowest tests, so a test that grew shows) and `make test-slow`, the rest.
+# `make test-all` (CI) runs the two in turn, so every CPU test runs once.
+FAST_TESTS = not gpu and not slow and not integration
+SLOW_TESTS = not gpu and (slow or integration)
 
-test-all: $(SETUP) ## Every CPU test (what CI runs): adds the slow and integration ones (slurm: start scripts/slurm/cluster.sh)
-	$(PY) -m pytest $(PYTEST_XDIST) -m "not gpu" $(ARGS)
+test: $(SETUP) ## Fast CPU suite (<= 2 min, 2 cores): every op vs float64 in the interpreter, every config group, one make experiment, the analysis
+	@TIMEFORMAT="make test: %0R s wall"; time $(PY) -m pytest $(PYTEST_XDIST) -m "$(FAST_TESTS)" --durations=10 $(ARGS)
+
+test-slow: $(SETUP) ## The CPU tests make test leaves out: the slow and integration ones (slurm: start scripts/slurm/cluster.sh)
+	@TIMEFORMAT="make test-slow: %0R s wall"; time $(PY) -m pytest $(PYTEST_XDIST) -m "$(SLOW_TESTS)" --durations=25 $(ARGS)
+
+test-all: $(SETUP) ## Every CPU test (what CI runs): make test, then make test-slow (both run; fails if either does)
+	@fast=0; $(MAKE) --no-print-directory test || fast=$$?; \
+	$(MAKE) --no-print-directory test-slow && exit $$fast
 
 test-gpu: $(SETUP) ## GPU-marked tests, on a CUDA machine
 	$(PY) -m pytest -m gpu --durations=20 $(ARGS)

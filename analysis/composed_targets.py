@@ -1,6 +1,7 @@
 """Targets beyond our single ops: ours against the peer Triton libraries, and the composed blocks
 (mlp, attention, bottleneck) against the compile modes. analysis.targets prints them beside the
-ops' own (docs/targets.md).
+ops' own (docs/targets.md). This module imports the shared checks (analysis.target_checks),
+never analysis.targets.
 
 Every ratio reads speedup_vs_eager, the GPU time of a job's mode over eager's measured beside it
 in the same job, so rows of separate jobs compare through the eager each was paired with.
@@ -12,7 +13,7 @@ Functions:
 
 import pandas as pd
 
-from analysis.targets import (
+from analysis.target_checks import (
     COMPILE_MODES,
     Check,
     Report,

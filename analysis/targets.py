@@ -22,96 +22,37 @@ same way) replace the separate-jobs reading of that host-path target.
 
 A target prints its value, its threshold and PASS or MISS; one with no rows prints "n/a" and counts
 as a miss. These are benchmarks: the exit status is 0 unless --strict is given.
+
+This module holds the single ops' targets and the CLI; the Check, the Report and the readings
+they share are analysis.target_checks', the peers' and the blocks' targets
+analysis.composed_targets' (each imports target_checks, neither this module).
 """
 
 import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import pandas as pd
 
+from analysis.composed_targets import block_report, peer_report
 from analysis.summary import load_rows
+from analysis.target_checks import (
+    COMPILE_MODES,
+    Check,
+    Report,
+    _dtypes,
+    _gm,
+    _mode_table,
+    _ok,
+    _worst,
+    _worst_note,
+    paired_records,
+    vs_best_compile,
+)
 from experiments import registry
-from experiments.records import geomean
-
-# The torch.compile modes a Triton kernel is held against: whichever of them the sweep measured.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-@dataclass
-class Check:
-    target: str
-    value: float | None
-    threshold: float
-    detail: str = ""
-
-    @property
-    def passed(self) -> bool:
-        value = self.value
-        return value is not None and not math.isnan(value) and value >= self.threshold
-
-    def line(self) -> str:
-        shown = "n/a" if self.value is None or math.isnan(self.value) else f"{self.value:.3f}"
-        verdict = "PASS" if self.passed else "MISS"
-        return f"  {verdict}  {self.target}: {shown} (target >= {self.threshold:g}){self.detail}"
-
-
-@dataclass
-class Report:
-    checks: list[Check]
-    tables: list[tuple[str, pd.DataFrame]]
-
-
-def _ok(frame: pd.DataFrame, **where) -> pd.DataFrame:
-    rows = frame[(frame["status"] == "ok") & (frame["activations"] == "inputs")]
-    for column, value in where.items():
-        allowed = value if isinstance(value, list | tuple | set) else [value]
-        rows = rows[rows[column].isin(allowed)]
-    return rows
-
-
-def _gm(values) -> float:
-    result = geomean([v for v in values if v is not None and not pd.isna(v)])
-    return math.nan if result is None else result
-
-
-def _worst(rows: pd.DataFrame, column: str) -> tuple[float, str]:
-    if rows.empty or rows[column].isna().all():
-        return math.nan, ""
-    index = rows[column].idxmin()
-    return float(rows.loc[index, column]), f" at {rows.loc[index, 'shape_label']}"
-
-
-def vs_best_compile(frame: pd.DataFrame, **where) -> pd.DataFrame:
-    """Per shape: Triton's speedup_vs_eager over the best compile mode's (> 1: Triton is faster)."""
-    triton = _ok(frame, mode="triton", **where).set_index("shape_label")["speedup_vs_eager"]
-    compiled = _ok(frame, mode=list(COMPILE_MODES), **where)
-    if compiled.empty or triton.empty:
-        return pd.DataFrame(columns=["triton", "best_compile", "best_mode", "ratio"])
-    best = compiled.loc[compiled.groupby("shape_label")["speedup_vs_eager"].idxmax()]
-    best = best.set_index("shape_label")
-    table = pd.DataFrame({
-        "triton": triton,
-        "best_compile": best["speedup_vs_eager"],
-        "best_mode": best["mode"],
-    }).dropna(subset=["triton", "best_compile"])
-    table["ratio"] = table["triton"] / table["best_compile"]
-    return table
-
-
-def _mode_table(rows: pd.DataFrame, value: str) -> pd.DataFrame:
-    """shape_label x mode of one column, shapes in the order they were measured."""
-    order = list(dict.fromkeys(rows["shape_label"]))
-    table = rows.pivot_table(index="shape_label", columns="mode", values=value, aggfunc="first")
-    return table.reindex(order)
-
-
-def _worst_note(worst: float, where: str) -> str:
-    return f"; worst {worst:.3f}{where}" if where else ""
 
 
 def _paired_table(triton: pd.DataFrame) -> pd.DataFrame:
@@ -123,10 +64,6 @@ def _paired_table(triton: pd.DataFrame) -> pd.DataFrame:
         "speedup": rows["speedup_vs_eager"],
         "noisy": rows["noisy"],
     })
-
-
-def _dtypes(rows: pd.DataFrame) -> list[str]:
-    return sorted(rows["dtype"].dropna().unique())
 
 
 def matmul_report(frame: pd.DataFrame) -> Report:
@@ -201,19 +138,6 @@ def load_paired(paths: list[Path]) -> list[dict]:
             if line.strip():
                 records.append(json.loads(line))
     return records
-
-
-# What an experiments.paired record holds where it predates the field
-PAIRED_DEFAULTS = {"metric": "gpu_time", "ours": "triton-compiled", "pass": "fwd"}
-
-
-def paired_records(paired, gpus, **fields) -> list[dict]:
-    """The records (load_paired) of the sweep's GPUs whose fields have these values (`pass_name`
-    for "pass"), a missing metric, ours or pass reading as PAIRED_DEFAULTS."""
-    if "pass_name" in fields:
-        fields["pass"] = fields.pop("pass_name")
-    return [r for r in paired or () if r.get("gpu_name") in gpus
-            and all(r.get(k, PAIRED_DEFAULTS.get(k)) == v for k, v in fields.items())]
 
 
 def paired_check(paired: list[dict], dtype: str, gpus: list[str]) -> Check:
@@ -512,8 +436,6 @@ def render(frame: pd.DataFrame, kernels: list[str],
     """The tables and the target lines for `kernels`; True when every target passed. paired:
     experiments.paired's records (load_paired), if any: softmax's GPU-time pairing and the
     ops' triton-compiled latency pairing."""
-    from analysis.composed_targets import block_report, peer_report
-
     reports = {**REPORTS, **{name: partial(block_report, kernel=name) for name in BLOCKS}}
     out, all_passed = [], True
     with pd.option_context("display.width", 200, "display.max_columns", 30,

@@ -1,7 +1,7 @@
 """Composed blocks: workloads of several ops, where a compiler can fuse across op boundaries and
 our single-op kernels pay a launch and a round trip through memory for each op.
 
-Each block is an nn.Module that calls the registered ops on `self.ops` (experiments/registry.py)
+Each block is an nn.Module that calls the registered ops on `self.ops` (experiments/single_ops.py)
 plus plain torch for what no op covers (attention's scale, where neither the namespace's softmax
 takes `scale=` (ours) nor its matmul `alpha=` (quack's); the bottleneck's shortcut is conv2d's
 `residual`, added before the last relu: the 1x1 GEMM's epilogue in mode=triton, torch elsewhere),
@@ -9,8 +9,10 @@ so every mode runs the same forward with only the namespace swapped: eager, torc
 compile modes see torch ops (Inductor may fuse them, or rewrite attention into one
 scaled_dot_product_attention call: records' `fused_attention`), mode=triton our kernels and
 mode=triton-compiled their custom ops. An entry's `composed` names the ops it calls; the
-registry derives its triton/triton_compiled from theirs. docs/blocks.md has the shapes and the
-reasoning.
+table derives its triton/triton_compiled from theirs when the entry is made, so this module
+imports experiments.single_ops, the entries it is composed of: they register first however this
+module is imported, as experiments.registry's ENTRY_MODULES order also has it. docs/blocks.md
+has the shapes and the reasoning.
 
 Blocks:
     mlp         linear+bias+gelu (d -> ffn), linear+bias (ffn -> d): Llama-3-8B, fwd and fwd_bwd
@@ -26,8 +28,10 @@ import math
 import torch
 from torch import nn
 
+from experiments import single_ops  # noqa: F401 (registers the ops the blocks are composed of)
 from experiments.errors import ConfigError
-from experiments.registry import OpSpec, latency_pairing, register, torch_sdpa
+from experiments.op_table import OpSpec, latency_pairing, register
+from experiments.single_ops import torch_sdpa
 from experiments.workloads import Workload
 
 

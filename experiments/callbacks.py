@@ -2,13 +2,18 @@
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from experiments.processes import child_env
+
 log = logging.getLogger(__name__)
 
+ROOT = Path(__file__).resolve().parent.parent
 MERGED = "sweep_results.jsonl"  # not "results.jsonl": loaders that search for those skip it
 
 
@@ -16,7 +21,7 @@ class AggregateRecords(Callback):
     """Merge every job's records into one file at the sweep root and print a summary."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
         rows, unreadable = [], 0
         for path in sorted(sweep_dir.glob("*/results.jsonl")):
             for line in path.read_text(encoding="utf-8").splitlines():
@@ -29,14 +34,16 @@ class AggregateRecords(Callback):
             return
         merged = sweep_dir / MERGED
         merged.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-        print(summary_text(rows, unreadable, merged), flush=True)
+        print(f"\nsweep: {len(rows)} rows in {merged}", flush=True)
+        print_summary(sweep_dir)
+        if unreadable:
+            print(f"{unreadable} unreadable lines skipped", flush=True)
 
 
-def summary_text(rows: list[dict], unreadable: int, merged: Path) -> str:
-    from analysis.load import records_frame
-    from analysis.summary import report_text
-
-    lines = ["", f"sweep: {len(rows)} rows in {merged}", report_text(records_frame(rows))]
-    if unreadable:
-        lines.append(f"{unreadable} unreadable lines skipped")
-    return "\n".join(lines)
+def print_summary(sweep_dir: Path) -> None:
+    """The sweep's geomean table, printed by `python -m analysis.summary <sweep>` in a process of
+    its own: the harness calls the analysis as its entry point and imports none of it."""
+    summary = subprocess.run([sys.executable, "-m", "analysis.summary", str(sweep_dir)],
+                             cwd=ROOT, env=child_env())  # fmt: skip
+    if summary.returncode:
+        log.warning("no summary table: analysis.summary exited %d", summary.returncode)

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from experiments.registry import OPS, names
+from experiments.registry import OPS, eager_ops, make_workload, names, triton_ops
 from experiments.resources import DTYPES
+from experiments.workloads import resolve_shapes
 
 
 def parse_args(argv):
@@ -92,7 +93,6 @@ def main(argv=None) -> None:
 
     from experiments.resources import load_kernel_cfg
     from experiments.timing import GpuTimer
-    from experiments.workloads import eager_ops, make_workload, resolve_shapes, triton_ops
     from kernels._common import reset_tuning
 
     device = torch.device("cuda")

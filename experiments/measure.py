@@ -19,7 +19,8 @@ from experiments import faults, modes, timing
 from experiments.blocks import fused_attention_rewrites
 from experiments.correctness import allowed_error, relative_error, tolerance
 from experiments.records import Record
-from experiments.workloads import Workload, eager_ops
+from experiments.registry import eager_ops
+from experiments.workloads import Workload
 from kernels._common import TUNING_LOG, reset_tuning
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from experiments.errors import ConfigError
-from experiments.registry import OpSpec, register
+from experiments.op_table import OpSpec, register
 from experiments.workloads import Workload
 
 VARIANTS = ("auto", "full", "tiny")

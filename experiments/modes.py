@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from experiments.errors import ConfigError
+from experiments.registry import custom_ops, triton_ops
 from experiments.schema import MODE_KINDS as KINDS
-from experiments.workloads import custom_ops, triton_ops, with_ops
+from experiments.workloads import with_ops
 
 
 @dataclass

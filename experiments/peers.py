@@ -2,7 +2,7 @@
 
 Each library is one `Peer`: its package, and for each op function the workloads call (matmul,
 linear, softmax, conv2d) whether it has a kernel, what it cannot take, and a builder of the
-callable with the eager function's signature (experiments/registry.py). The harness runs the
+callable with the eager function's signature (experiments/single_ops.py). The harness runs the
 same module over the same parameters with these callables in place of ours, as for every mode.
 
 Two kinds of mode (experiments/modes.py):
@@ -39,6 +39,7 @@ from types import SimpleNamespace
 import torch
 
 from experiments.errors import ConfigError
+from experiments.op_table import OPS
 
 log = logging.getLogger(__name__)
 KINDS = ("peer", "peer_direct")
@@ -416,8 +417,6 @@ def _warn_once(message: str) -> None:
 
 def unsupported(mode_cfg, op: str) -> str | None:
     """Why this job's peer mode cannot run `op` (a skipped row's reason), or None when it can."""
-    from experiments.registry import OPS
-
     peer = peer_of(mode_cfg)
     spec = OPS.get(op)
     # a block (experiments/blocks.py) runs where the library has every op it calls

@@ -275,7 +275,8 @@ def compile_shapes(kernel, shapes, dtype_name, pass_name, arch, sms, overrides=(
     with every Triton launch returning at once, and host us maps each label to the median CPU
     microseconds a call took: the kernels' Python wrappers (and autotuners' key lookups), not
     Triton's own launch path (argument binding, the C launcher) nor the driver."""
-    from experiments.workloads import make_workload, resolve_shapes, triton_ops
+    from experiments.registry import check_pass, make_workload, triton_ops
+    from experiments.workloads import resolve_shapes
     from kernels._common import is_interpreter, pretend_gpu
 
     if is_interpreter():
@@ -287,7 +288,7 @@ def compile_shapes(kernel, shapes, dtype_name, pass_name, arch, sms, overrides=(
         raise ValueError(f"unknown dtype {dtype_name!r}; choose one of {sorted(DTYPES)}")
     cfg = load_kernel_cfg(kernel, list(overrides))
     workload = make_workload(cfg)
-    workload.check_pass(pass_name)
+    check_pass(workload.name, pass_name)
     set_name, parsed = resolve_shapes(workload, cfg, shapes, on_gpu=True)
     dtype = DTYPES[dtype_name]
     compiler = OfflineCompiler(arch)

@@ -29,7 +29,7 @@ from experiments.errors import ConfigError
 from experiments.measure import Job, measure_shape, skipped_record
 from experiments.records import JsonlWriter, format_table, geomean, recorded_keys
 from experiments.tracking import Tracker, find_secret_keys, redact, run_group, scrub_hydra_dir
-from experiments.workloads import make_workload, resolve_shapes
+from experiments.workloads import resolve_shapes
 from kernels._common import SUPPORTED_DTYPES, is_interpreter
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,8 @@ def prepare(cfg: DictConfig) -> Plan:
             "device=cpu with a CUDA GPU present: Triton kernels need "
             "TRITON_INTERPRET=1 in the environment to run on the CPU"
         )
-    workload = make_workload(cfg.kernel)
-    workload.check_pass(cfg["pass"].name)
+    workload = registry.make_workload(cfg.kernel)
+    registry.check_pass(workload.name, cfg["pass"].name)
     modes.check_mode(cfg.mode)
     faults.check(cfg.get("fault"))
     dtype = resolve_dtype(cfg.dtype)

@@ -16,8 +16,9 @@ grid is split into parts, each a plain Hydra multirun into <study>/<part>/. On l
 all start at once and every job waits for a free GPU (conf/launcher/gpus.yaml); on
 launcher=local they run one after another. <study>/study.json holds the plan and which parts
 finished: `--dir` runs only the others, a started one through experiments.resume (its jobs skip
-the shapes they recorded). Last, the study's summary (analysis.study_summary) is written to
-<study>/study_summary.csv and printed.
+the shapes they recorded). Last, the study's summary is written to <study>/study_summary.csv and
+printed by `python -m analysis.study_summary <study>`, run as a command: the harness imports no
+analysis.
 """
 
 import argparse
@@ -345,15 +346,12 @@ def main(argv=None) -> int:
     print(f"study: {study}", flush=True)
     run_parts(study, state, extra, concurrent=launcher != "local")
 
-    from analysis import study_summary
-
-    try:
-        table = study_summary.build(study)
-        path = study / study_summary.CSV
-        path.write_text(study_summary.csv_text(table), encoding="utf-8")
-        print(study_summary.text(table), f"summary: {path}", sep="\n", flush=True)
-    except FileNotFoundError as exc:
-        print(f"warning: no summary: {exc}", file=sys.stderr)
+    # the analysis as its entry point, in a process of its own: the harness imports no analysis
+    summary = subprocess.run([sys.executable, "-m", "analysis.study_summary", str(study)],
+                             cwd=ROOT, env=child_env())  # fmt: skip
+    if summary.returncode:
+        print(f"warning: no summary (analysis.study_summary exited {summary.returncode})",
+              file=sys.stderr)  # fmt: skip
     failed = [p.name for p in state["parts"] if p.status != "done"]
     if failed:
         print(f"error: {', '.join(failed)} did not finish (logs: {study / 'logs'}); finish "

@@ -39,8 +39,9 @@ import triton
 
 import kernels
 from experiments.measure import same_bytes_buffers
+from experiments.registry import make_workload
 from experiments.resources import load_kernel_cfg
-from experiments.workloads import make_workload, resolve_shapes
+from experiments.workloads import resolve_shapes
 from kernels._timing import gpu_ms_flushed, gpu_ms_per_call
 from kernels.conv import depthwise, dispatch, gemm, implicit_gemm
 from kernels.conv.common import config as conv_config

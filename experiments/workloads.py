@@ -1,10 +1,11 @@
-"""What every workload shares: the Workload base class, the ops namespaces and shape sets.
+"""What every workload shares: the Workload base class, the namespace swap and shape sets.
 
-Each op's own module and Workload live in its registry entry (experiments/registry.py). A
-workload's module calls `self.ops.<function>`, and eager PyTorch, our Triton kernels and their
-custom ops are three namespaces of those functions, so every mode runs the same module code
-over the same parameters: only the ops differ. Weights are nn.Parameters (CUDA-graph trees treat
-them as static); activations are the forward's arguments.
+The base of the entry modules: it imports nothing of the registry. Each op's own module and
+Workload live in its entry (experiments/single_ops.py, experiments/blocks.py). A workload's
+module calls `self.ops.<function>`, and eager PyTorch, our Triton kernels and their custom ops
+are three namespaces of those functions (experiments.registry.namespace), so every mode runs the
+same module code over the same parameters: only the ops differ. Weights are nn.Parameters
+(CUDA-graph trees treat them as static); activations are the forward's arguments.
 """
 
 import copy
@@ -15,25 +16,6 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from experiments.errors import ConfigError
-
-
-def eager_ops():
-    from experiments import registry
-
-    return registry.namespace("eager")
-
-
-def triton_ops():
-    from experiments import registry
-
-    return registry.namespace("triton")
-
-
-def custom_ops():
-    """The Triton kernels registered as torch.library custom ops (the triton-compiled mode)."""
-    from experiments import registry
-
-    return registry.namespace("triton_compiled")
 
 
 def with_ops(module: nn.Module, ops) -> nn.Module:
@@ -96,28 +78,9 @@ class Workload:
 
     def unsupported_shape(self, shape: dict, pass_name: str, mode_cfg) -> str | None:
         """Why `mode_cfg` cannot run this one shape in this pass (a skipped row's reason), or
-        None; the mode-wide reasons are experiments.registry.unsupported's."""
+        None; the mode-wide reasons are experiments.registry.unsupported's, the passes its
+        check_pass's."""
         return None
-
-    def check_pass(self, pass_name: str) -> None:
-        from experiments import registry
-
-        passes = registry.get(self.name).passes
-        if pass_name not in passes:
-            raise ConfigError(
-                f"pass={pass_name} is not supported for kernel={self.name}; "
-                f"choose one of {list(passes)}"
-            )
-
-
-def make_workload(kernel_cfg) -> Workload:
-    from experiments import registry
-
-    if kernel_cfg.name not in registry.OPS:
-        raise ConfigError(
-            f"unknown kernel {kernel_cfg.name!r}; choose one of {sorted(registry.OPS)}"
-        )
-    return registry.OPS[kernel_cfg.name].workload(kernel_cfg)
 
 
 def resolve_shapes(

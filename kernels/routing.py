@@ -34,6 +34,7 @@ import dataclasses
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -312,13 +313,19 @@ class _Setting:
 
 
 def _namespace(custom_ops: bool):
+    """The functions a route calls: the public kernels, or their custom ops (kernels/ops.py);
+    from the op packages, not the kernels package that imports this module."""
     if custom_ops:
         from kernels import ops
 
         return ops
-    import kernels
+    from kernels.attention import sdpa
+    from kernels.conv import conv2d
+    from kernels.linear import linear
+    from kernels.matmul import matmul
+    from kernels.softmax import softmax
 
-    return kernels
+    return SimpleNamespace(conv2d=conv2d, linear=linear, matmul=matmul, softmax=softmax, sdpa=sdpa)
 
 
 def _routed(route: Route, original: Callable, ns) -> Callable:

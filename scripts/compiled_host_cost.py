@@ -28,7 +28,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))
 from experiments import registry  # noqa: E402
 from experiments.host_path import wall_us  # noqa: E402
 from experiments.paired import CONF, implementations  # noqa: E402
-from experiments.workloads import make_workload, resolve_shapes  # noqa: E402
+from experiments.workloads import resolve_shapes  # noqa: E402
 
 CALLS = 100
 MODES = ("triton", "triton-compiled", "default")
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     cfg = OmegaConf.load(CONF / f"{args.kernel}.yaml")
-    workload = make_workload(cfg)
+    workload = registry.make_workload(cfg)
     _, shapes = resolve_shapes(workload, cfg, "default", on_gpu=True)
     labels = {workload.label(s): s for s in shapes}
     if args.shape not in labels:

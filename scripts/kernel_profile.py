@@ -23,7 +23,7 @@ from experiments import registry  # noqa: E402
 from experiments.host_path import make_call  # noqa: E402
 from experiments.paired import COMPILE_MODES, implementations  # noqa: E402
 from experiments.resources import DTYPES, load_kernel_cfg  # noqa: E402
-from experiments.workloads import make_workload, resolve_shapes  # noqa: E402
+from experiments.workloads import resolve_shapes  # noqa: E402
 
 BUILT = ("triton", "triton-compiled", *COMPILE_MODES)
 
@@ -100,7 +100,7 @@ def parse_args(argv):
         problem = f"--steps {args.steps}: need at least 2"
     if problem is None:
         cfg = load_kernel_cfg(args.kernel, [])
-        workload = make_workload(cfg)
+        workload = registry.make_workload(cfg)
         labels = {}
         for set_name in cfg.shape_sets:
             for shape in resolve_shapes(workload, cfg, set_name, on_gpu=True)[1]:

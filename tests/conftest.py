@@ -71,6 +71,26 @@ def device():
     return DEVICE
 
 
+def fast_subset(values, keep=1, *, unpack=False):
+    """`values` for pytest.mark.parametrize with all but the kept ones marked `slow`: `make test`
+    runs the kept ones, `make test-all` (CI) every one, so the breadth of shapes, dtypes and cases
+    stays in CI while the fast suite checks a few of each. keep: how many of the first values, or
+    the values themselves; unpack: each value is a tuple of the test's arguments. A value given
+    as pytest.param keeps its id and marks."""
+    values = list(values)
+    kept = range(keep) if isinstance(keep, int) else [values.index(v) for v in keep]
+    params = []
+    for index, value in enumerate(values):
+        if isinstance(value, type(pytest.param(None))):
+            args, marks, id_ = value.values, list(value.marks), value.id
+        else:
+            args, marks, id_ = (tuple(value) if unpack else (value,)), [], None
+        if index not in kept:
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(*args, marks=marks, id=id_))
+    return params
+
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO_ROOT / "conf"
 

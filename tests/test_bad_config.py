@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from experiments import schema
 from experiments.errors import ConfigError
 from experiments.run import refuse_secrets
-from tests.conftest import CONF_DIR, REPO_ROOT
+from tests.conftest import CONF_DIR, REPO_ROOT, fast_subset
 
 SLURM = ("launcher=slurm",)
 GPUS = ("launcher=gpus",)
@@ -96,6 +96,14 @@ BAD = [
 ]  # fmt: skip
 
 IDS = [" ".join(overrides) for overrides, _ in BAD]
+# the fast suite: a bad value of each section and each kind of check (range, type, choice, unknown
+# key, a launcher's keys, Hydra's own errors, a sweep's values); every one in make test-all
+FAST_BAD = [BAD[IDS.index(i)] for i in (
+    "bench.warmup_ms=-1", "bench.repeats=abc", "+bench.rep=5", "wandb.mode=bogus",
+    "wandb.mode=online", "compile.options=3", "launcher.name=k8s",
+    "launcher=gpus hydra.launcher.timeout_min=0", "launcher=slurm hydra.launcher.nodes=2",
+    "device=tpu", "+foo=1", "mode.ops=3", "pass.name=bwd", "mode=fastest", "bench.rep=5",
+    "--multirun kernel=matmul,softmax bench.repeats=3,0")]
 
 
 @pytest.fixture
@@ -104,7 +112,7 @@ def no_wandb_key(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc from `wandb login` either
 
 
-@pytest.mark.parametrize("overrides, message", BAD, ids=IDS)
+@pytest.mark.parametrize("overrides, message", fast_subset(BAD, FAST_BAD, unpack=True), ids=IDS)
 def test_bad_value_is_one_config_error(overrides, message, no_wandb_key):
     with pytest.raises(ConfigError) as info:
         schema.preflight(overrides, CONF_DIR, check_secrets=refuse_secrets)
@@ -116,7 +124,10 @@ GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.yaml"))]
 
 
-@pytest.mark.parametrize("group, option", OPTIONS)
+# every option in make test-all; the fast suite validates one of each group (and
+# tests/test_config.py composes every option)
+@pytest.mark.parametrize("group, option", fast_subset(
+    OPTIONS, [next(o for o in OPTIONS if o[0] == g) for g in GROUPS], unpack=True))
 def test_every_shipped_option_is_valid(group, option):
     prefix = "+" if group == "experiment" else ""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -124,6 +135,7 @@ def test_every_shipped_option_is_valid(group, option):
     schema.validate(cfg, cfg.hydra.launcher)
 
 
+@pytest.mark.slow
 def test_a_sweep_checks_every_value_and_the_experiment_grid(no_wandb_key):
     schema.preflight(["--multirun", "+experiment=h100_bf16"], CONF_DIR)
     schema.preflight(["--multirun", "kernel=matmul,conv", "bench=default,quick",

@@ -15,10 +15,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments import blocks, registry
+from experiments import blocks, registry, single_ops
 from experiments.correctness import allowed_error, relative_error, tolerance
-from experiments.workloads import eager_ops, make_workload, resolve_shapes, triton_ops, with_ops
-from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT
+from experiments.registry import eager_ops, make_workload, triton_ops
+from experiments.workloads import resolve_shapes, with_ops
+from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT, fast_subset
 
 BLOCKS = {"mlp": ("linear",), "attention": ("matmul", "softmax"), "bottleneck": ("conv",)}
 # more odd sizes than the cpu sets hold: one token, a batch of heads, a batch of images
@@ -62,12 +63,12 @@ def test_the_blocks_are_registered_as_composed_workloads():
 def test_a_block_of_an_op_without_a_mode_is_skipped_in_that_mode():
     """Its triton_compiled follows its ops': None where one lacks it, so `unsupported` skips it."""
     registry.register(registry.OpSpec(
-        name="half", function="half", workload=registry.MatmulWorkload, eager=torch.neg,
+        name="half", function="half", workload=single_ops.MatmulWorkload, eager=torch.neg,
         triton="kernels:matmul", triton_compiled=None, bound="memory",
     ))  # fmt: skip
     try:
         spec = registry.register(registry.OpSpec(
-            name="pair", function=None, workload=registry.MatmulWorkload, eager=None,
+            name="pair", function=None, workload=single_ops.MatmulWorkload, eager=None,
             triton=None, triton_compiled=None, bound="compute", composed=("matmul", "half"),
         ))  # fmt: skip
         assert spec.triton == "kernels:matmul+kernels:matmul" and spec.triton_compiled is None
@@ -83,11 +84,11 @@ def test_a_block_of_an_op_without_a_mode_is_skipped_in_that_mode():
 def test_a_block_of_unknown_or_composed_ops_is_refused():
     for parts in (("matmul", "nope"), ("mlp",)):
         with pytest.raises(ValueError, match="composed of registered single ops"):
-            registry.OpSpec("x", None, registry.MatmulWorkload, None, None, None,
+            registry.OpSpec("x", None, single_ops.MatmulWorkload, None, None, None,
                             bound="compute", composed=parts)  # fmt: skip
 
 
-@pytest.mark.parametrize("name", list(BLOCKS))
+@pytest.mark.parametrize("name", fast_subset(BLOCKS, ["mlp"]))
 def test_the_bench_grids_compose_into_jobs_the_block_runs(name):
     """Every job of `make bench kernel=<name>` passes the CLI's checks (a shape key named like a
     credential, say, is refused there) in a pass the block has."""
@@ -122,7 +123,7 @@ def test_every_shape_set_fits_its_description(name):
 # ---------------------------------------------------------------------------------------------
 # Each mode's module against float64, and the calls mode=triton makes
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype_name", fast_subset(["fp32", "bf16"]))
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_ours_matches_float64_on_odd_sizes(name, dtype_name):
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -202,6 +203,7 @@ def test_each_block_calls_its_ops_with_the_fused_epilogues(name):
     assert recorder.calls == expected
 
 
+@pytest.mark.slow
 def test_attention_puts_the_scale_where_a_kernel_takes_it():
     """Our softmax and its custom op take scale= (the scale in their load), a peer's GEMM may
     take alpha= (quack's epilogue), torch's ops neither: those modules multiply the scores,
@@ -298,8 +300,8 @@ def test_weights_are_scaled_by_fan_in_so_activations_keep_unit_variance():
 # ---------------------------------------------------------------------------------------------
 def test_block_flops_are_the_sum_of_their_ops():
     cfg = OmegaConf.create({"bias": True, "activation": "gelu", "memory_format": "nhwc"})
-    linear, matmul = registry.LinearWorkload(cfg), registry.MatmulWorkload(cfg)
-    conv = registry.ConvWorkload(cfg)
+    linear, matmul = single_ops.LinearWorkload(cfg), single_ops.MatmulWorkload(cfg)
+    conv = single_ops.ConvWorkload(cfg)
     m, d, f = 2048, 4096, 14336
     for pass_name in ("fwd", "fwd_bwd"):
         mlp = make_workload(OmegaConf.create({"name": "mlp"})).flops(
@@ -339,6 +341,7 @@ def test_block_flops_are_the_sum_of_their_ops():
 # ---------------------------------------------------------------------------------------------
 # the custom ops' case compiles a C++ kernel for the scale on the CPU (15 s): slow
 @pytest.mark.parametrize("impl", ["eager", pytest.param("triton_compiled", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_inductor_rewrites_the_attention_block_into_sdpa_but_not_our_custom_ops(impl):
     from torch._inductor.utils import run_and_get_code
 

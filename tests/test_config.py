@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.errors import ConfigError
-from experiments.registry import OPS, names
-from experiments.workloads import make_workload, resolve_shapes
+from experiments.registry import OPS, make_workload, names
+from experiments.workloads import resolve_shapes
 from tests.conftest import CONF_DIR, REPO_ROOT
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
@@ -93,6 +93,7 @@ def run_cli(*overrides, cwd=REPO_ROOT):
     )
 
 
+@pytest.mark.slow
 def test_unknown_mode_lists_the_valid_options(tmp_path):
     result = run_cli("mode=fastest", f"hydra.run.dir={tmp_path}")
     assert result.returncode != 0
@@ -113,6 +114,7 @@ def test_unknown_mode_lists_the_valid_options(tmp_path):
         (["kernel=conv", "kernel.memory_format=nwhc"], "choose nchw or nhwc"),
     ],
 )
+@pytest.mark.slow
 def test_bad_combinations_exit_with_one_line(tmp_path, overrides, message):
     result = run_cli(*overrides, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2, result.stderr
@@ -121,6 +123,7 @@ def test_bad_combinations_exit_with_one_line(tmp_path, overrides, message):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_key_in_the_config_is_refused_and_not_written(tmp_path):
     secret = "sk-test-0123456789abcdef"
     result = run_cli(f"+wandb.api_key={secret}", f"hydra.run.dir={tmp_path}")

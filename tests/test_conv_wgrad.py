@@ -18,6 +18,7 @@ from kernels.conv.wgrad import (
     split_rule,
     wgrad_split_sum_kernel,
 )
+from tests.conftest import fast_subset
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -94,7 +95,7 @@ GEOMETRIES = {
 }
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("channels_last", fast_subset([False, True], [True]))
 @pytest.mark.parametrize("name", GEOMETRIES)
 def test_geometry(name, channels_last, device):
     dz, x, args = make_inputs(GEOMETRIES[name], torch.float32, device, channels_last)
@@ -102,7 +103,7 @@ def test_geometry(name, channels_last, device):
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
-@pytest.mark.parametrize("name", ["3x3-pad1-odd-7x9", "7x7-stride2-pad3-C3"])
+@pytest.mark.parametrize("name", fast_subset(["3x3-pad1-odd-7x9", "7x7-stride2-pad3-C3"]))
 def test_dtypes(name, dtype_name, device):
     dz, x, args = make_inputs(GEOMETRIES[name], DTYPES[dtype_name], device, channels_last=True)
     check(dz, x, *args)
@@ -120,13 +121,14 @@ def channel_slice(t: torch.Tensor, extra: int = 3) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "dz_layout, x_layout",
-    [
+    fast_subset([
         ("nchw", "channels_last"),  # dz from an NCHW consumer, x channels_last
         ("channels_last-slice", "channels_last"),  # dz a channel slice (a split or concat's grad)
         ("nchw-slice", "nchw"),
         ("channels_last", "channels_last-slice"),
         ("spatial-transpose", "nchw-slice"),  # dz a transposed view: no layout at all
-    ],
+    ], [("channels_last-slice", "channels_last"), ("spatial-transpose", "nchw-slice")],
+        unpack=True),
 )
 def test_views(dz_layout, x_layout, device):
     dz, x, args = make_inputs(GEOMETRIES["3x3-pad1-odd-7x9"], torch.float16, device)
@@ -144,11 +146,12 @@ def test_views(dz_layout, x_layout, device):
 # split_k: 3 even-ish splits; 7 splits of 30 pixels (2 steps of 16) leave 5 of them empty
 @pytest.mark.parametrize(
     "name, geometry, split_k",
-    [
+    fast_subset([
         ("3x3-dilation2-split3", ((1, 20, 9, 9), (20, 3, 3), 1, 2, 2), 3),
         ("1x1-split7-empty-splits", ((1, 20, 5, 6), (12, 1, 1), 1, 0, 1), 7),
         ("flat-C3-split2", ((2, 3, 7, 7), (8, 3, 3), 1, 1, 1), 2),
-    ],
+    ], [("1x1-split7-empty-splits", ((1, 20, 5, 6), (12, 1, 1), 1, 0, 1), 7),
+        ("flat-C3-split2", ((2, 3, 7, 7), (8, 3, 3), 1, 1, 1), 2)], unpack=True),
 )
 def test_split_k(name, geometry, split_k, device):
     """Forced splits (the rule splits only on a GPU): the partials are summed in split order, so
@@ -232,6 +235,7 @@ def test_plan_reused(monkeypatch, device):
     check(dz, x, *args, split_k=2)
 
 
+@pytest.mark.slow
 def test_each_config_takes_its_own_split(monkeypatch):
     """On a GPU a direct call splits each config by its own tiles (config_splits), and the plan
     keeps the tuned config's split: its workspace and its sum. A pretended 48-SM GPU, the
@@ -272,7 +276,7 @@ def with_taps(monkeypatch, taps: int) -> None:
     monkeypatch.setattr(conv_wgrad_kernel, "cache", {}, raising=False)
 
 
-@pytest.mark.parametrize("taps", [1, 2, 3])
+@pytest.mark.parametrize("taps", fast_subset([1, 2, 3], [2]))
 @pytest.mark.parametrize(
     "name, geometry",
     [
@@ -375,8 +379,8 @@ def test_out_is_written_and_returned(dtype_name, device):
 
 @pytest.mark.parametrize(
     "name, grouped",
-    [("3x3-dilation2-pad2", True), ("1x1", False), ("7x7-stride2-pad3-C3", False),
-     ("2x5-mixed-pairs-C5", False)],
+    fast_subset([("3x3-dilation2-pad2", True), ("1x1", False), ("7x7-stride2-pad3-C3", False),
+                 ("2x5-mixed-pairs-C5", False)], 2, unpack=True),
 )  # fmt: skip
 def test_traced_launch_tunes_only_configs_it_can_use(name, grouped, device):
     """A traced launch's autotuner has no pruning, so a filter row shorter than three taps (or

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from experiments import measure, run, workloads
+from experiments import measure, registry, run
 from experiments.records import read_jsonl, validate
 from experiments.tracking import Tracker, redact
 
@@ -25,6 +25,7 @@ def run_job(compose_job, *overrides):
     return rows, output_dir
 
 
+@pytest.mark.slow
 def test_one_failing_shape_leaves_a_failed_row_and_the_rest(compose_job, monkeypatch):
     real = measure._measure
 
@@ -44,9 +45,9 @@ def test_one_failing_shape_leaves_a_failed_row_and_the_rest(compose_job, monkeyp
 
 
 def test_a_wrong_kernel_fails_correctness_and_is_not_timed(compose_job, monkeypatch):
-    wrong = workloads.triton_ops()
+    wrong = registry.triton_ops()
     wrong.matmul = lambda a, b: torch.matmul(a, b) * 1.01  # 1% off: far over the fp32 budget
-    monkeypatch.setattr(workloads, "triton_ops", lambda: wrong)
+    monkeypatch.setattr(registry, "triton_ops", lambda: wrong)
     monkeypatch.setattr("experiments.modes.triton_ops", lambda: wrong)
     rows, _ = run_job(compose_job, "kernel=matmul", "mode=triton", "wandb.mode=disabled")
     for row in rows:
@@ -56,13 +57,14 @@ def test_a_wrong_kernel_fails_correctness_and_is_not_timed(compose_job, monkeypa
 
 
 def test_nan_output_is_caught(compose_job, monkeypatch):
-    broken = workloads.triton_ops()
+    broken = registry.triton_ops()
     broken.softmax = lambda x, dim: torch.full_like(x, float("nan"))
     monkeypatch.setattr("experiments.modes.triton_ops", lambda: broken)
     rows, _ = run_job(compose_job, "kernel=softmax", "mode=triton", "wandb.mode=disabled")
     assert all("NaN" in row["reason"] for row in rows)
 
 
+@pytest.mark.slow
 def test_offline_wandb_writes_a_run_without_network_and_no_key(compose_job, monkeypatch):
     secret = "0123456789abcdef0123456789abcdef01234567"
     monkeypatch.setenv("WANDB_API_KEY", secret)
@@ -161,6 +163,7 @@ def test_a_dead_workers_row_keeps_its_last_error_line():
     assert last_error(["all shapes measured\n", "Traceback (most recent call last):\n"]) is None
 
 
+@pytest.mark.slow
 def test_a_row_notes_the_config_its_first_call_chose(compose_job, monkeypatch):
     """softmax's first call on a GPU picks its short-row tile (and its row loop) by timing
     candidates; the row's notes name the choice, and each row chooses afresh (the

@@ -360,6 +360,7 @@ def outside_the_canvas(fig) -> list[str]:
     return clipped
 
 
+@pytest.mark.slow
 def test_no_title_is_cut_off(frame, two_gpus):
     drawn = [*drawn_figures(frame), ("gpu_comparison", figures.gpu_comparison(two_gpus))]
     for name, fig in drawn:

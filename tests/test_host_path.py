@@ -24,6 +24,7 @@ from kernels._launch import Step
 from kernels.linear import linear, linear_reference
 from kernels.matmul import dispatch as matmul_dispatch
 from kernels.matmul import matmul
+from tests.conftest import fast_subset
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
@@ -178,6 +179,7 @@ def test_linear_planned_calls_match_float64(plans, activation):
     assert len(linear_dispatch._PLANS) == 4
 
 
+@pytest.mark.slow
 def test_conv_plans_take_new_tensors_layouts_and_weight_copies(plans):
     """conv2d's plans: new tensors at a planned key read their own data; NCHW and NHWC inputs
     and a weight that is not channels_last (its matrix copied per call) plan apart."""
@@ -289,7 +291,8 @@ def _linear_step():
     return [x, w, bias, y, x.grad, w.grad, bias.grad]
 
 
-@pytest.mark.parametrize("case", list(PLANNED_CALLS))
+@pytest.mark.parametrize("case",
+                         fast_subset(PLANNED_CALLS, ["matmul", "linear fwd_bwd", "softmax"]))
 def test_plans_keep_no_call_s_tensors_alive(case):
     """A plan outlives its first call but holds none of that call's tensors: the conv designs'
     grids once closed over the Conv record, so every plan kept its first input and output (a
@@ -494,6 +497,7 @@ def test_softmax_launch_without_a_plan_key_is_not_armed(monkeypatch):
         softmax_dispatch._PLANS.pop(key, None)
 
 
+@pytest.mark.slow
 def test_compiled_host_cost_refuses_bad_arguments_before_any_work():
     """scripts/compiled_host_cost.py: an unknown shape, or no GPU, is one line and exit 2."""
     script = Path(__file__).resolve().parent.parent / "scripts" / "compiled_host_cost.py"

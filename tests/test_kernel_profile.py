@@ -28,6 +28,7 @@ def _module():
      (["--kernel", "mlp", "--shape", "1x2x3"], "--shape 1x2x3: not in mlp's shape sets"),
      (["--steps", "1"], "--steps 1: need at least 2")],
 )  # fmt: skip
+@pytest.mark.slow
 def test_bad_arguments_are_one_line_and_exit_2(argv, message):
     run = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
@@ -37,6 +38,7 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, message):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+@pytest.mark.slow
 def test_without_a_gpu_it_says_so():
     argv = [sys.executable, str(SCRIPT), "--kernel", "mlp", "--shape", "2048x4096x14336"]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=120)

@@ -634,7 +634,7 @@ def test_the_blocked_float64_reference_is_sdpa_exactly(monkeypatch, causal):
     """Above REFERENCE_SCORES the sdpa op's reference runs a block of queries at a time (the
     math path's scores of a 16k-token shape are 275 GB in float64): the same values and
     gradients as one call, with blocks that do not divide the sequence."""
-    from experiments import registry
+    from experiments import single_ops as registry
 
     monkeypatch.setattr(registry, "REFERENCE_SCORES", 0)
     monkeypatch.setattr(registry, "REFERENCE_ROWS", 7)

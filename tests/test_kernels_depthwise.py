@@ -24,6 +24,7 @@ from kernels.conv.depthwise import (
     is_depthwise,
     slides,
 )
+from tests.conftest import fast_subset
 
 # sigmoid(t) = 1 / (1 + exp(-t)) overflows to 1 / inf = 0 for very negative t, which is right;
 # numpy, under the interpreter, warns about it
@@ -106,8 +107,12 @@ GEOMETRIES = {
 }
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("name", GEOMETRIES)
+@pytest.mark.parametrize("channels_last", fast_subset([False, True], [True]))
+# the fast suite: the tap tiles' geometries, cheap in the interpreter (test_dtypes_and_activations
+# runs the sliding window)
+@pytest.mark.parametrize("name", fast_subset(GEOMETRIES, [
+    "3x3-mult2-stride2", "7x7-stride2-pad3-mult2", "3x3-dilation2-pad2", "2x2-pad0",
+    "5x3-mixed-pairs"]))  # fmt: skip
 def test_geometry(name, channels_last, device):
     """Each geometry with the input and output in NCHW, then both channels_last."""
     shape, multiplier, rs, stride, padding, dilation = GEOMETRIES[name]
@@ -118,6 +123,7 @@ def test_geometry(name, channels_last, device):
 
 @pytest.mark.parametrize("tile", [(7, 7), (7, 14), (4, 7)])
 @pytest.mark.parametrize("r", [3, 7])
+@pytest.mark.slow
 def test_sliding_tiles_of_seven(tile, r, device, monkeypatch):
     """The 7-row and 7-column sliding tiles (loop counts, not powers of 2) on a 7x7 image, where
     they fit exactly, and on a 9x11 one, where rows and columns are left over."""
@@ -143,15 +149,17 @@ ASYMMETRIC = {
 }
 
 
-@pytest.mark.parametrize("name", ASYMMETRIC)
+@pytest.mark.parametrize("name", fast_subset(ASYMMETRIC, ["2x2-same-pad-before",
+                                                          "3x3-stride2-lo1-hi0"]))
 def test_asymmetric_padding(name, device):
     rs, stride, pad_lo, out_hw = ASYMMETRIC[name]
     x, weight, bias = make_inputs((2, 5, 9, 11), 2, rs, device=device, x_format=CHANNELS_LAST)
     check(x, weight, bias, stride, pad_lo, out_hw=out_hw, out_format=CHANNELS_LAST)
 
 
-@pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_tanh", "silu"])
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("activation",
+                         fast_subset(["none", "relu", "gelu", "gelu_tanh", "silu"], ["relu"]))
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["fp32", "bf16"]))
 def test_dtypes_and_activations(dtype_name, activation, device):
     """Every dtype with every fused activation, channels_last with a channel tail (K = 10)."""
     x, weight, bias = make_inputs((2, 5, 9, 11), 2, 3, DTYPES[dtype_name], device,
@@ -159,7 +167,7 @@ def test_dtypes_and_activations(dtype_name, activation, device):
     check(x, weight, bias, 1, 1, 1, activation, out_format=CHANNELS_LAST)
 
 
-@pytest.mark.parametrize("multiplier", [1, 2])
+@pytest.mark.parametrize("multiplier", fast_subset([1, 2]))
 def test_without_bias(multiplier, device):
     x, weight, _ = make_inputs((2, 24, 9, 11), multiplier, 3, torch.float16, device, bias=False,
                                x_format=CHANNELS_LAST)  # fmt: skip
@@ -185,7 +193,7 @@ def channel_slice(shape, dtype, device, memory_format, first=1, extra=4):
     return view
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("channels_last", fast_subset([False, True]))
 def test_channel_slices(channels_last, device):
     """x = x_big[:, 1:6] and y a channel slice of a bigger output (a concat buffer); the output
     channels around the slice stay untouched."""
@@ -237,8 +245,10 @@ def test_autotune_keys_cover_filter_and_layout():
     )
 
 
-@pytest.mark.parametrize("stride, kernel", [(1, conv_depthwise_sliding_kernel),
-                                            (2, conv_depthwise_kernel)])  # fmt: skip
+@pytest.mark.parametrize("stride, kernel", fast_subset([(1, conv_depthwise_sliding_kernel),
+                                                        (2, conv_depthwise_kernel)],
+                                                       [(2, conv_depthwise_kernel)],
+                                                       unpack=True))  # fmt: skip
 def test_traced_launch_uses_hook_free_autotuner(stride, kernel, device):
     """Through a launcher other than `direct` (kernels/ops.py passes wrap_triton) each kernel runs
     under an autotuner torch.compile can trace: the same configs, no pruning or custom timer."""

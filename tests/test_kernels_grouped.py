@@ -26,6 +26,7 @@ from kernels.conv.grouped import (
     grouped_reference,
     groups_per_tile,
 )
+from tests.conftest import fast_subset
 
 # torch's own reference conv, on the even 'same' kernel
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel:UserWarning")
@@ -83,8 +84,9 @@ GEOMETRIES = {
 }
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("name", GEOMETRIES)
+@pytest.mark.parametrize("channels_last", fast_subset([False, True], [True]))
+@pytest.mark.parametrize("name", fast_subset(GEOMETRIES, ["g4-c3-k5-5x3-stride2", "g2-c2-k16-taps",
+                                                        "g3-c4-1x1"]))
 def test_geometry(name, channels_last, device):
     """Each geometry on NCHW data (read in place by strides) and channels_last; the output
     follows x's layout."""
@@ -95,7 +97,7 @@ def test_geometry(name, channels_last, device):
     assert y.is_contiguous(memory_format=fmt)
 
 
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", fast_subset([None, "relu", "gelu"], ["gelu"]))
 @pytest.mark.parametrize("dtype_name", DTYPES)
 def test_dtypes_and_activations(dtype_name, activation, device):
     """Every dtype (bf16: the interpreter runs the fp32 kernel on upcast copies, as the dispatch
@@ -105,8 +107,8 @@ def test_dtypes_and_activations(dtype_name, activation, device):
     check(x, weight, bias, 1, 1, 1, 3, activation)
 
 
-@pytest.mark.parametrize("padding, kernel_rs", [("same", (3, 3)), ("same", (2, 4)),
-                                                ("valid", (3, 3))])  # fmt: skip
+@pytest.mark.parametrize("padding, kernel_rs", fast_subset(
+    [("same", (3, 3)), ("same", (2, 4)), ("valid", (3, 3))], [("same", (2, 4))], unpack=True))
 def test_string_padding_without_bias(padding, kernel_rs, device):
     """'same' (an even kernel's extra row and column at the bottom and right) and 'valid',
     through both entries."""
@@ -142,7 +144,7 @@ def test_unbatched_input(device):
 TILES = [(32, 32, 32), (32, 16, 32), (64, 32, 16)]
 
 
-@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("tile", fast_subset(TILES))
 def test_other_tiles(tile, monkeypatch, device):
     """The autotuner's other tile shapes (the interpreter has one), each alone."""
     block_m, block_n, block_k = tile
@@ -183,6 +185,7 @@ def test_traced_launch_uses_hook_free_autotuner(device):
     assert relative_error(y, ref) < budget(x.dtype)
 
 
+@pytest.mark.slow
 def test_custom_op_under_torch_compile(device):
     """mode=triton-compiled's op in one graph (a graph break is an error); on CPU the op is an
     opaque custom op, on a GPU it traces the kernel through wrap_triton."""

@@ -27,6 +27,7 @@ from kernels.matmul.tma import (
     tma_configs,
     tma_layout,
 )
+from tests.conftest import fast_subset
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 ACT_NAMES = list(ACTIVATIONS)
@@ -87,9 +88,10 @@ def check(a, b, dtype_name):
 
 
 # ---- matmul on this machine's design (the pointer kernel in the interpreter) ----
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["bf16", "fp32"]))
 @pytest.mark.parametrize(
-    "shape", [(1823, 7, 65), (1, 65, 7), (65, 1823, 33), (7, 1, 1823), (65, 33, 1)],
+    "shape", fast_subset([(1823, 7, 65), (1, 65, 7), (65, 1823, 33), (7, 1, 1823), (65, 33, 1)],
+                         [(1823, 7, 65), (1, 65, 7), (7, 1, 1823), (65, 33, 1)]),
     ids=lambda s: "x".join(map(str, s)),
 )  # fmt: skip
 def test_odd_shapes(shape, dtype_name, device):
@@ -128,12 +130,13 @@ def test_empty_dims(shape, device):
 
 # ---- every design's fused epilogue: bias, each activation, the pre-activation ----
 @pytest.mark.parametrize("gpu", [None, HOPPER], ids=["pointer", "hopper"])
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["bf16"]))
 @pytest.mark.parametrize(
     "a_layout, b_layout, N",
     # N = 24 keeps C's rows 16-byte aligned (TMA store); N = 7 takes the masked-store epilogue.
-    [("contiguous", "contiguous", 24), ("transposed", "transposed", 7),
-     ("contiguous", "transposed", 24), ("transposed", "contiguous", 24)],
+    fast_subset([("contiguous", "contiguous", 24), ("transposed", "transposed", 7),
+                 ("contiguous", "transposed", 24), ("transposed", "contiguous", 24)], 2,
+                unpack=True),
 )  # fmt: skip
 def test_fused_epilogue(a_layout, b_layout, N, dtype_name, gpu, device):
     """On a pretended Hopper the 16-bit dtypes take the host-descriptor TMA kernel (the skinny
@@ -155,7 +158,7 @@ def test_fused_epilogue(a_layout, b_layout, N, dtype_name, gpu, device):
 
 
 @pytest.mark.parametrize("gpu", [None, HOPPER], ids=["pointer", "hopper"])
-@pytest.mark.parametrize("dtype_name", ["bf16", "fp32"])
+@pytest.mark.parametrize("dtype_name", fast_subset(["bf16", "fp32"]))
 def test_activation_pass(gpu, dtype_name, monkeypatch, device):
     """Saving z with an activation other than relu, from ACTIVATION_PASS_MIN_M rows (lowered here
     to reach odd small shapes), the GEMM stores z alone and a pass of its own applies the
@@ -189,6 +192,7 @@ def test_activation_pass(gpu, dtype_name, monkeypatch, device):
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("N", [1016, 1015], ids=["tma-store", "masked-store"])
+@pytest.mark.slow
 def test_subtiled_epilogue(N, with_bias, device):
     """The 128x256 tile's epilogue in column blocks (2 without an activation, 4 with one, each
     adding its own slice of the bias), and its masked full-tile store where C's rows are not
@@ -215,7 +219,7 @@ def test_decode_tile(device):
         check_fused(a, b, bias, "fp16", ["none", "silu"])
 
 
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES))
 def test_split_k(dtype_name, device):
     """A skinny, deep GEMM on the pointer path is cut into 2 K slices (the second one step short
     in the interpreter's 32-deep tiles); splitk_reduce_kernel adds them and runs the epilogue."""

@@ -15,6 +15,7 @@ from kernels.matmul.batched import batched_views, merged_stride
 from kernels.matmul.dispatch import batched_plan
 from kernels.matmul.pointer import matmul_kernel
 from kernels.matmul.tma import DECODE_TILE, HEAD_TILE, LARGE_TILE, WAVE_TILES
+from tests.conftest import fast_subset
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 HOPPER = (9, 0)
@@ -129,7 +130,7 @@ def test_plan_per_key(device):
 
 
 # ---- the Hopper TMA kernel, interpreted ----
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dtype_name", fast_subset(DTYPES, ["bf16"]))
 @pytest.mark.parametrize(
     "a_shape, b_shape, b_transposed, sms",
     # K = 40: 16-byte rows in 16-bit; N = 9 with a (B, N, K) stored b: C's rows are not 16-byte
@@ -140,7 +141,7 @@ def test_plan_per_key(device):
      ((1, 17, 40), (3, 40, 24), True, 132),
      ((40,), (2, 3, 40, 24), False, 132),
      ((2, 1, 17, 40), (1, 3, 40, 24), False, 132),
-     ((2, 130, 72), (2, 72, 264), True, 1),
+     pytest.param((2, 130, 72), (2, 72, 264), True, 1, marks=pytest.mark.slow),  # 5 s in fp32
      ((2, 136, 128), (2, 128, 40), True, 132),
      ((2, 136, 200), (2, 200, 24), False, 132)],
     ids=["bmm", "bhmk", "a-2d-masked-store", "a-batch-1", "a-1d", "outer", "subtiled",

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from experiments import model_measure, models, registry
 from experiments.correctness import tolerance
 from experiments.errors import ConfigError
-from experiments.workloads import make_workload
+from experiments.registry import make_workload
 from kernels import routing
 from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT
 

@@ -14,8 +14,9 @@ from omegaconf import OmegaConf
 
 from experiments import registry
 from experiments.correctness import allowed_error, relative_error, tolerance
-from experiments.workloads import make_workload, resolve_shapes
-from tests.conftest import CONF_DIR, DEVICE
+from experiments.registry import make_workload
+from experiments.workloads import resolve_shapes
+from tests.conftest import CONF_DIR, DEVICE, fast_subset
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,7 +63,9 @@ CASES = [(name, dtype, layout) for name in OP_NAMES for dtype in DTYPES
          for layout in ("contiguous", "strided")]  # fmt: skip
 
 
-@pytest.mark.parametrize("name, dtype_name, layout", CASES)
+# every dtype in make test-all; fp32 and bf16 in the fast suite
+@pytest.mark.parametrize("name, dtype_name, layout",
+                         fast_subset(CASES, [c for c in CASES if c[1] != "fp16"], unpack=True))
 def test_forward_matches_float64(name, dtype_name, layout):
     workload, shape = _workload(name)
     ours, reference, inputs = _modules(workload, shape, DTYPES[dtype_name])
@@ -79,7 +82,8 @@ TRAINING = [(name, dtype) for name in OP_NAMES if "fwd_bwd" in registry.OPS[name
             for dtype in DTYPES]  # fmt: skip
 
 
-@pytest.mark.parametrize("name, dtype_name", TRAINING)
+@pytest.mark.parametrize("name, dtype_name", fast_subset(
+    TRAINING, [c for c in TRAINING if c[1] == "fp32"], unpack=True))
 def test_gradients_match_float64(name, dtype_name):
     workload, shape = _workload(name)
     ours, reference, inputs = _modules(workload, shape, DTYPES[dtype_name])
@@ -148,6 +152,7 @@ def test_torch_signatures_through_the_custom_ops():
         assert y.dtype == torch.float32 and relative_error(y, ref) <= tolerance("fp32", False)
 
 
+@pytest.mark.slow
 def test_depthwise_conv_through_both_entries():
     """groups = C (depthwise, channel multiplier 2) through kernels.conv2d and the custom op of
     mode=triton-compiled; any other grouping is one clear error."""

@@ -26,7 +26,7 @@ from analysis import figures
 from experiments import peers
 from experiments.errors import ConfigError
 from experiments.records import validate
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, fast_subset
 
 
 @pytest.fixture(autouse=True)
@@ -157,6 +157,7 @@ def test_an_import_that_fails_gives_skipped_rows_with_its_error(compose_job, mon
     }
 
 
+@pytest.mark.slow
 def test_a_peer_mode_must_name_its_library(tmp_path):
     with pytest.raises(ConfigError, match="one of \\['flaggems-direct', 'liger-direct'"):
         peers.check(types.SimpleNamespace(name="liger", kind="peer_direct"))
@@ -282,7 +283,9 @@ def stand_in(monkeypatch, name, functions):
 
 @pytest.mark.parametrize(
     "overrides",
-    [
+    # the fast suite: the blocks, which call every op's adapter (conv, matmul and softmax,
+    # linear) on small shapes
+    fast_subset([
         ["kernel=matmul"],
         ["kernel=linear", "kernel.activation=relu", "pass=fwd_bwd"],
         ["kernel=linear", "kernel.activation=gelu", "kernel.bias=false", "pass=fwd_bwd"],
@@ -294,7 +297,8 @@ def stand_in(monkeypatch, name, functions):
         ["kernel=attention", "pass=fwd_bwd"],
         ["kernel=mlp", "pass=fwd_bwd"],
         ["kernel=bottleneck"],
-    ],
+    ], [["kernel=attention", "pass=fwd_bwd"], ["kernel=mlp", "pass=fwd_bwd"],
+        ["kernel=bottleneck"]]),
     ids=lambda o: "-".join(v.split("=")[1] for v in o),
 )
 def test_the_flaggems_adapter_with_aten_twins(compose_job, monkeypatch, overrides):
@@ -304,7 +308,7 @@ def test_the_flaggems_adapter_with_aten_twins(compose_job, monkeypatch, override
 
 @pytest.mark.parametrize(
     "overrides",
-    [
+    fast_subset([
         ["kernel=matmul"],  # its cpu set holds a batched shape: (L, M, K) operands
         ["kernel=linear"],  # gelu: the fused-epilogue path, forward
         ["kernel=linear", "kernel.activation=none", "pass=fwd_bwd"],
@@ -312,7 +316,7 @@ def test_the_flaggems_adapter_with_aten_twins(compose_job, monkeypatch, override
         # (batch, heads, ...) flattened to what it takes; the scale as the GEMM's alpha
         ["kernel=attention"],
         ["kernel=mlp"],
-    ],
+    ], [["kernel=attention"], ["kernel=mlp"]]),
     ids=lambda o: "-".join(v.split("=")[1] for v in o),
 )
 def test_the_quack_adapter_with_torch_twins(compose_job, monkeypatch, overrides):

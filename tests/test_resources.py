@@ -151,6 +151,7 @@ def test_conv_fwd_and_the_backward_kernels_compile(tmp_path):
         (["--kernel", "matmul"], "1", "TRITON_INTERPRET=0"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_error_line_and_exit_2(args, interpret, message):
     done = run_tool(*args, interpret=interpret)
     assert done.returncode == 2
@@ -199,6 +200,7 @@ def test_ctas_per_sm_takes_the_tightest_limit():
     assert ctas_per_sm(75, 128, 0, 4) is None and ctas_per_sm(90, None, 0, 4) is None
 
 
+@pytest.mark.slow
 def test_host_calls_time_the_python_path_per_shape(tmp_path):
     out = tmp_path / "r.json"
     done = run_tool("--kernel", "softmax", "--shapes", "cpu", "--host-calls", "5",

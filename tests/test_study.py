@@ -136,6 +136,7 @@ TOOLS = ("tr", "flock", "sleep", "nproc", "taskset", "grep")  # what the setup l
 
 @pytest.mark.skipif(not all(shutil.which(t) for t in TOOLS),
                     reason="needs flock, taskset (util-linux) and coreutils")  # fmt: skip
+@pytest.mark.slow
 def test_each_gpus_job_takes_a_gpu_and_is_pinned_to_its_cores(tmp_path, monkeypatch):
     """Two fake GPUs, three jobs: nvidia-smi is kept off the PATH (a real one would number the
     host's own GPUs), so the cores split by position in CUDA_VISIBLE_DEVICES."""
@@ -410,6 +411,7 @@ def test_children_cache_bytecode_under_a_prefix_where_the_host_forbids_writing_i
     assert "PYTHONPYCACHEPREFIX" not in processes.child_env()  # nothing to change
 
 
+@pytest.mark.slow
 def test_the_study_and_the_isolated_worker_start_their_children_with_child_env(
     tmp_path, monkeypatch
 ):

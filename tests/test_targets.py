@@ -334,6 +334,7 @@ def test_batched_matmul_target_reads_the_attention_set():
     assert "worst 0.910 at 8x(8192x128x8192)" in check.detail
 
 
+@pytest.mark.slow
 def test_paired_latency_times_ours_and_the_compile_modes_in_one_process():
     """experiments.paired --metric latency: ours and the compile modes built in one process and
     checked as a row is (output and gradients against float64), then their call latencies taken
@@ -345,7 +346,8 @@ def test_paired_latency_times_ours_and_the_compile_modes_in_one_process():
     import torch
 
     from experiments.paired import main, run_latency_shape
-    from experiments.workloads import make_workload, resolve_shapes
+    from experiments.registry import make_workload
+    from experiments.workloads import resolve_shapes
 
     kernel_cfg = OmegaConf.load(CONF_DIR / "kernel" / "softmax.yaml")
     workload = make_workload(kernel_cfg)

@@ -15,6 +15,7 @@ DENSE = {"n": 1, "c": 16, "h": 5, "w": 6, "k": 24, "r": 3, "s": 3, "stride": 2, 
          "dilation": 1, "groups": 1}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_depthwise_forces_each_tile_and_records_a_failing_one():
     lines = []
     # (7, 7, 1): the 7-wide tile of SLIDING_TILES; 3 warps: not a power of 2, Triton refuses it

@@ -22,6 +22,7 @@ from triton.runtime.autotuner import Autotuner, Heuristics
 
 from kernels import ops
 from kernels._common import pretend_gpu
+from tests.conftest import fast_subset
 
 
 class _Recorder:
@@ -95,6 +96,11 @@ def _cases():
     }
 
 
+# the fast suite: an H100's dispatch (what a GPU trace launches) of the cases that are cheap in the
+# interpreter; every case on both dispatches in make test-all
+FAST_CASES = ["matmul", "batched-matmul", "linear", "softmax-scaled", "conv-1x1", "conv-grouped"]
+
+
 def _record(case, gpu, monkeypatch) -> list:
     """The (kernel, args, kwargs) of every launch a case's forward and backward trace, each run
     in the interpreter; with `gpu`, an H100's dispatch (pretend_gpu): the kernel choices and
@@ -109,8 +115,9 @@ def _record(case, gpu, monkeypatch) -> list:
     return _Recorder.launches
 
 
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-dispatch", "h100-dispatch"])
-@pytest.mark.parametrize("case", list(_cases()))
+@pytest.mark.parametrize("gpu", fast_subset([False, True], [True]),
+                         ids=["cpu-dispatch", "h100-dispatch"])
+@pytest.mark.parametrize("case", fast_subset(_cases(), FAST_CASES))
 def test_traced_launches_name_every_parameter(case, gpu, monkeypatch):
     if gpu and case == "softmax-long-rows":
         pytest.skip("a GPU takes the coop design, whose programs wait on each other: the "
@@ -190,6 +197,7 @@ def unanalyzable_launches() -> dict:
     return failures
 
 
+@pytest.mark.slow
 def test_inductor_reads_what_each_traced_launch_writes():
     """torch's own TTIR analysis reads every kernel an H100 would trace, but for one known
     case: the coop softmax's split kernels (long rows) wait between polls with PTX nanosleep,
@@ -214,8 +222,9 @@ def test_inductor_reads_what_each_traced_launch_writes():
     assert set(failures.get("softmax-long-rows", ())) <= known, failures
 
 
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-dispatch", "h100-dispatch"])
-@pytest.mark.parametrize("case", list(_cases()))
+@pytest.mark.parametrize("gpu", fast_subset([False, True], [True]),
+                         ids=["cpu-dispatch", "h100-dispatch"])
+@pytest.mark.parametrize("case", fast_subset(_cases(), FAST_CASES))
 def test_traced_launches_pass_no_memory_twice(case, gpu, monkeypatch):
     """No traced launch passes two tensors over the same memory. Inductor functionalizes each
     tensor a user-defined kernel writes as a clone of its own and copies the clones back in

@@ -2,17 +2,19 @@
 backward (dgrad through the same implicit GEMM, wgrad as a split reduction).
 
 One module per design (gemm, implicit_gemm, flat_reduction, window; grouped for 1 < groups < C,
-depthwise for groups = C), what they share in common, dispatch: the shipped choice between them
-and the public wrapper; backward.py and wgrad.py: the gradients (groups=1) and the autograd
-Function. docs/kernels/conv.md holds the design notes and measurements.
+depthwise for groups = C), what they share in common; dispatch: the shipped choice between them;
+backward.py and wgrad.py: the gradients; autograd.py: the public wrapper and the autograd
+Function over the two (one way: dispatch <- backward <- autograd). docs/kernels/conv.md holds the
+design notes and measurements.
 
 Functions:
-    conv2d            F.conv2d (any groups) then an activation, fused (dispatch.conv2d)
+    conv2d            F.conv2d (any groups) then an activation, fused (autograd.conv2d)
     conv2d_forward    conv2d with the launcher explicit, for kernels/ops.py
     conv2d_reference  F.conv2d, the float64 reference of the tests
 """
 
+from kernels.conv.autograd import conv2d
 from kernels.conv.common import conv2d_reference
-from kernels.conv.dispatch import conv2d, conv2d_forward
+from kernels.conv.dispatch import conv2d_forward
 
 __all__ = ["conv2d", "conv2d_forward", "conv2d_reference"]

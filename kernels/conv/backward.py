@@ -1,6 +1,6 @@
 """conv2d's backward: dX through the forward's own implicit GEMM (dgrad), dW by wgrad.py's
-split reduction, dZ = dY * act'(Z) and db by linear's backward kernels, and the autograd
-Function that makes kernels.conv2d trainable.
+split reduction, dZ = dY * act'(Z) and db by linear's backward kernels; autograd.py's
+Conv2dFunction calls it, so kernels.conv2d trains.
 
 dgrad. dX[h] = sum over (r, p) with p·stride + r·dil - pad = h of dZ[p] W[r]. At stride 1 that is
 a forward conv of dZ with the weight flipped and transposed (C outputs, K inputs), padding
@@ -33,8 +33,7 @@ Functions:
     dgrad_convs      the stride-1 convs (weight taps, padding, dilation, output view) of a dgrad
     conv2d_backward  (dX, dW, db) of a conv2d with a fused activation, each only when asked for
     Backward         a training key's planned backward, run with no key
-    Training         a training call key's entry: checked geometry, arguments, its Backward
-    Conv2dFunction   the autograd Function behind kernels.conv2d when an input needs a gradient
+    save_mode        what a training forward keeps for act'(Z)
 """
 
 import math
@@ -44,7 +43,6 @@ import torch
 
 from kernels._common import (
     ACTIVATIONS,
-    TORCH_ACTIVATIONS,
     direct,
     dot_precision,
     is_interpreter,
@@ -57,7 +55,6 @@ from kernels.conv.dispatch import (
     _channels_last_output,
     _new_output,
     _weight_matrix,
-    conv2d_forward,
     design_step,
 )
 from kernels.conv.wgrad import planned_wgrad
@@ -600,77 +597,3 @@ def save_mode(act_id: int) -> str:
     if act_id == NONE:
         return "none"
     return "output" if act_id == RELU else "preact"
-
-
-class Training:
-    """A training call key's entry (dispatch._TRAINING): the checked geometry as pairs and the
-    output size, the call's own arguments (its forward's plan lives under the same key), and,
-    once a backward has planned all its launches, that Backward. A later step builds the one
-    key, runs no check and computes no other key."""
-
-    __slots__ = ("key", "args", "pairs", "pq", "activation", "act_id", "keep", "groups",
-                 "backward")  # fmt: skip
-
-    def __init__(self, key, args, pairs, pq, activation, groups):
-        # key: the call's _plan_key, None where the forward cannot share it (an unbatched x,
-        # run as a batch of one); args: its (stride, padding, dilation) as given; pq: the
-        # output's (P, Q)
-        self.key, self.args, self.pairs, self.pq, self.groups = key, args, pairs, pq, groups
-        self.activation = activation
-        self.act_id = ACTIVATIONS["none" if activation is None else activation]
-        self.keep = save_mode(self.act_id)
-        self.backward = None
-
-    def forward(self, x, weight, bias, activation, residual):
-        # the call's own activation on the call's own tensors: the forward's plan is the key's
-        key = self.key if activation == self.activation else None
-        return conv2d_forward(x, weight, bias, *self.args, activation, self.groups, key=key,
-                              residual=residual)  # fmt: skip
-
-
-class Conv2dFunction(torch.autograd.Function):
-    """Autograd for a 4-D x, y = act(conv2d(x, weight) + bias + residual); kernels.conv2d only
-    routes here when some input needs a gradient, with the call key's Training entry. The
-    residual's gradient is dZ, which the conv's backward computes anyway: a ResNet block's
-    shortcut and last activation cost no autograd node and no launch of their own."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, residual, entry: Training):
-        if entry.keep == "preact":
-            z = entry.forward(x, weight, bias, None, residual)
-            y = TORCH_ACTIVATIONS[entry.activation](z)
-        else:
-            y = z = entry.forward(x, weight, bias, entry.activation, residual)
-        need_dw = ctx.needs_input_grad[1]
-        # Keep only what the requested gradients read: dX needs W, dW needs X.
-        ctx.save_for_backward(x if need_dw else None, weight, z if entry.keep != "none" else None)
-        if not need_dw:
-            ctx.x_meta = (x.shape, x.stride(), x.dtype, x.device)
-        ctx.entry = entry
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, saved = ctx.saved_tensors
-        entry, needs = ctx.entry, ctx.needs_input_grad[:3]
-        planned = entry.backward
-        if planned is not None and planned.fits(dy, needs):
-            dx, dw, db, dz = planned(dy, x, weight, saved, ctx.needs_input_grad[3])
-            return dx, dw, db, dz if ctx.needs_input_grad[3] else None, None
-        if x is None:  # dX alone: only the shape and layout of x matter
-            shape, strides, dtype, device = ctx.x_meta
-            x = torch.empty_strided(shape, strides, dtype=dtype, device=device)
-        if is_interpreter() and dy.dtype == torch.bfloat16:
-            dx, dw, db, dz = _upcast(_grads, dy, x, weight, saved, entry, needs)
-        else:
-            (dx, dw, db, dz), plan = _backward(dy, x, weight, saved, entry.act_id, *entry.pairs,
-                                               needs, direct, entry.groups)  # fmt: skip
-            if plan is not None and entry.key is not None:
-                entry.backward = plan
-        return dx, dw, db, dz if ctx.needs_input_grad[3] else None, None
-
-
-def _grads(dy, x, weight, saved, entry: Training, needs) -> tuple:
-    """(dX, dW, db, dZ) of a training entry's call, unplanned."""
-    return _backward(dy, x, weight, saved, entry.act_id, *entry.pairs, needs, direct,
-                     entry.groups)[0]  # fmt: skip

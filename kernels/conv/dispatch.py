@@ -1,5 +1,5 @@
-"""conv2d's public wrapper and its dispatch: which design runs a call, with which operands by TMA
-and how many reduction splits.
+"""conv2d's forward dispatch: which design runs a call, with which operands by TMA and how many
+reduction splits, the argument checks and the planned launch of a call key.
 
 The designs (one module each) and when the dispatch takes them (docs/kernels/conv.md, "Shipped
 design"):
@@ -23,15 +23,18 @@ design"):
 Window and implicit-GEMM direct launches split their reduction in the same launch where the
 output tiles are too few to fill the GPU (split_k_rule). On Hopper every direct design writes an
 NHWC output by TMA stores. An NCHW input is read in place by strided loads (measured faster than
-converting it to NHWC first); the output follows the input's layout. The backward is
-backward.py's.
+converting it to NHWC first); the output follows the input's layout.
+
+The base of the package's one-way chain: backward.py imports this module (its dgrad runs these
+designs), and autograd.py imports both (the public conv2d and its autograd Function); this module
+imports neither.
 
 Functions:
     split_k_rule    reduction splits for an implicit / window conv with few output tiles
     Plan, plan      the design, TMA use and split a call takes
     prepare         validate a call and allocate its output: the Conv record the designs launch
-    conv2d_forward  conv2d with the launcher explicit (kernels/ops.py passes wrap_triton)
-    conv2d          the public function: F.conv2d (any groups) then an activation
+    conv2d_forward  conv2d's forward with the launcher explicit (kernels/ops.py passes
+                    wrap_triton; autograd.conv2d calls it)
 """
 
 from typing import NamedTuple
@@ -159,10 +162,6 @@ class _Launch(NamedTuple):
 # sum torch adds after the conv (the conv's own plan is kept under its key without residual)
 _PLANS = PlanCache()
 _UNFUSED = object()
-# Training calls' entries (backward.Training) by _plan_key: a key seen before passed every
-# check, so a training step runs none (as a planned forward runs none), and its entry holds the
-# backward's plan
-_TRAINING = PlanCache()
 
 
 def _plan_key(x, weight, bias, stride, padding, dilation, activation, groups,
@@ -458,51 +457,6 @@ def _depthwise(x, weight, bias, stride_hw, padding_hw, dilation_hw, pq, act, lau
     return y
 
 
-def conv2d(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    stride=1,
-    padding=0,
-    dilation=1,
-    groups: int = 1,
-    *,
-    activation: str | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """F.conv2d(x, weight, bias, stride, padding, dilation, groups), + `residual`, then
-    `activation`: the positional arguments are F.conv2d's, in its order; `activation` and
-    `residual` are keyword-only.
-
-    residual: a tensor of the output's shape, dtype and device, added before the activation
-    (a ResNet block's act(conv(x) + b + shortcut)). Fused into the epilogue of the 1x1 GEMM
-    (a 1x1, stride-1, unpadded conv between NHWC tensors, direct call, the residual in the
-    output's layout, no upcast) whether or not a gradient is needed; every other call adds it
-    after the conv, in the same values. Where an input needs a gradient the sum and
-    the activation stay inside the conv's autograd Function, whose backward hands the residual
-    dZ = dY·act'(Z), the tensor the conv's own backward starts from.
-
-    groups: any int dividing C and K, with weight (K, C / groups, R, S): 1; grouped (grouped.py:
-    an implicit GEMM with the groups on the grid); depthwise (groups = C, K a multiple of C: a
-    memory-bound stencil, depthwise.py).
-    padding is an int, a pair, 'valid' or 'same' (stride 1), as in F.conv2d; x may be unbatched
-    (C, H, W). The output is channels_last when x is, else NCHW. Differentiable for groups=1
-    (backward.py: dgrad by the forward's implicit GEMM, wgrad by a split reduction) and for
-    depthwise (depthwise.py's stencils); other grouped convs are forward only. The kernels read
-    the weight as channels_last (a (K, R·S·C) matrix): a weight in any other layout is copied to
-    it in every call, so keep weights channels_last.
-    """
-    if isinstance(x, torch.Tensor) and x.dim() >= 3 and x.shape[-3] == 0:  # nothing to reduce
-        return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups,
-                              residual=residual)  # fmt: skip
-    if torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for t in (x, weight, bias, residual)  # bad types:
-    ):  # the checks say
-        return _trainable(x, weight, bias, stride, padding, dilation, activation, groups, residual)
-    return conv2d_forward(x, weight, bias, stride, padding, dilation, activation, groups,
-                          residual=residual)  # fmt: skip
-
-
 def check_residual(residual, x, K: int, pq) -> None:
     """One clear error for a residual conv2d cannot add: not a tensor, or not the output's
     shape, dtype and device."""
@@ -543,7 +497,7 @@ def add_residual(y: torch.Tensor, residual: torch.Tensor, activation: str | None
 
 
 def check_trainable(groups: int, channels: int | None) -> None:
-    """NotImplementedError for a grouping with no backward (both training entries, this module's
+    """NotImplementedError for a grouping with no backward (both training entries, autograd.py's
     and kernels/ops.py's, call it before any work, after checking groups' type)."""
     if groups not in (1, channels):
         raise NotImplementedError(
@@ -551,32 +505,3 @@ def check_trainable(groups: int, channels: int | None) -> None:
             "train, other grouped convs are forward only; call it under torch.no_grad() or with "
             "inputs that need no gradient"
         )
-
-
-def _trainable(x, weight, bias, stride, padding, dilation, activation, groups, residual=None):
-    """conv2d through backward.Conv2dFunction, after the forward's own checks (once per call
-    key: the key's backward.Training entry, kept in _TRAINING). A residual is checked against
-    the entry's output size before any work; the Function adds it (in the 1x1 GEMM's epilogue
-    where conv2d_forward fuses it) and takes its gradient."""
-    from kernels.conv.backward import Conv2dFunction, Training
-
-    try:
-        key = _plan_key(x, weight, bias, stride, padding, dilation, activation, groups, residual)
-    except (AttributeError, TypeError):
-        key = None  # the checks below say what is wrong, or the call goes unplanned
-    entry = None if key is None else _TRAINING.get(key)
-    if entry is None:
-        stride_hw, padding_hw, dilation_hw, pq, _ = _check(
-            x, weight, bias, stride, padding, dilation, activation, groups
-        )
-        check_trainable(groups, x.shape[-3])
-        if residual is not None:
-            check_residual(residual, x, weight.shape[0], pq)
-        entry = Training(None if x.dim() == 3 else key, (stride, padding, dilation),
-                         (stride_hw, padding_hw, dilation_hw), pq, activation, groups)  # fmt: skip
-        if key is not None:
-            _TRAINING.put(key, entry)
-    if x.dim() == 3:
-        r = None if residual is None else residual.unsqueeze(0)
-        return Conv2dFunction.apply(x.unsqueeze(0), weight, bias, r, entry).squeeze(0)
-    return Conv2dFunction.apply(x, weight, bias, residual, entry)
