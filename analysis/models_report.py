@@ -83,14 +83,29 @@ def summary_rows(frame: pd.DataFrame) -> list[dict]:
     return sorted(rows, key=lambda r: (r["gpu"], order.get(r["model"], 99), r["pass"]))
 
 
+def _pair(row: dict | None) -> str:
+    if row is None:
+        return "not run"
+    return f"{_cell(row['ours'])}; {_cell(row['compile'])}"
+
+
 def table(frame: pd.DataFrame) -> str:
-    lines = ["| model | pass | GPU | ours | best compile mode | best peer | ok / run |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    """One line per GPU and model, the passes side by side: at most 6 columns on the first
+    screen; every row is in the folder's README."""
+    lines = ["| model | GPU | inference: ours; best compile mode | training: ours; best compile "
+             "mode | best peer, inference; training | ok / run |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    by_model: dict[tuple, dict] = {}
     for r in summary_rows(frame):
-        skipped = f" ({r['skipped']} skipped)" if r["skipped"] else ""
-        lines.append(f"| {_title(r['model'])} | {PASS_NAMES.get(r['pass'], r['pass'])} | "
-                     f"{r['gpu'].upper()} | {_cell(r['ours'])} | {_cell(r['compile'])} | "
-                     f"{_cell(r['peer'])} | {r['ok']} / {r['ran']}{skipped} |")  # fmt: skip
+        by_model.setdefault((r["gpu"], r["model"]), {})[r["pass"]] = r
+    for (gpu, model), passes in by_model.items():
+        fwd, train = passes.get("fwd"), passes.get("fwd_bwd")
+        peers = "; ".join(_cell(p["peer"]) if p else "-" for p in (fwd, train))
+        ok, ran = sum(p["ok"] for p in passes.values()), sum(p["ran"] for p in passes.values())
+        skipped = sum(p["skipped"] for p in passes.values())
+        note = f" ({skipped} skipped)" if skipped else ""
+        lines.append(f"| {_title(model)} | {gpu.upper()} | {_pair(fwd)} | {_pair(train)} | "
+                     f"{peers} | {ok} / {ran}{note} |")
     return "\n".join(lines) + "\n"
 
 

@@ -148,8 +148,30 @@ def conv_case(draw, high, budget):
                      "activation": draw(st.sampled_from(ACTIVATIONS))}
 
 
+@st.composite
+def sdpa_case(draw, high, budget):
+    """q (batch, heads, seq_q, head_dim), k and v of kv_heads dividing heads (grouped-query
+    where fewer); head_dim a multiple of 8 in 16-128, the fused attention's range."""
+    kv_heads = draw(st.integers(1, 3))
+    heads = kv_heads * draw(st.integers(1, 3))
+    head_dim = draw(st.sampled_from((16, 24, 32, 64, 72, 128)))
+    batch, seq_q, seq_k = _bounded(draw, 3, high, max(1, budget // (heads * head_dim)))
+    causal = draw(st.booleans())
+    # Where every query sees one key (one key; or causal with one query, which sees key 0
+    # alone) every softmax is exactly 1 and dQ exactly 0 in float64, while any rounded backward
+    # (torch's math path in fp32 too) leaves ~1e-7 of dO·V - rowsum(dO·O): the zero-reference
+    # rule of _compare would fail it. So two keys, and two queries when causal.
+    seq_k = max(2, seq_k)
+    seq_q = max(2, seq_q) if causal else seq_q
+    views = ("contiguous", "transposed", "sliced", "offset")
+    tensors = [("query", [batch, heads, seq_q, head_dim], draw(st.sampled_from(views))),
+               ("key", [batch, kv_heads, seq_k, head_dim], draw(st.sampled_from(views))),
+               ("value", [batch, kv_heads, seq_k, head_dim], draw(st.sampled_from(views)))]
+    return tensors, {"is_causal": causal, "enable_gqa": heads != kv_heads}
+
+
 CASES = {"matmul": matmul_case, "linear": linear_case, "softmax": softmax_case,
-         "conv": conv_case}
+         "conv": conv_case, "sdpa": sdpa_case}
 
 
 def fuzzed_ops() -> list[str]:

@@ -166,6 +166,13 @@ def failure_reason(exc: BaseException, limit: int = 500) -> str:
     message, then, where a wrapper differs, ' (via <wrapper type>)'; at most `limit` chars."""
     root = root_exception(exc)
     lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    # Inductor's compile workers send back their traceback as text (SubprocException.details):
+    # its last line is the worker's own exception, where the first says only that one occurred
+    details = getattr(root, "details", None)
+    remote = [line.strip() for line in details.splitlines() if line.strip()] if isinstance(
+        details, str) else []  # fmt: skip
+    if remote:
+        lines = [f"{lines[0].rstrip(':')}: {remote[-1]}" if lines else remote[-1]]
     reason = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
     via = f" (via {type(exc).__name__})" if root is not exc else ""
     if len(reason) + len(via) > limit:

@@ -12,9 +12,11 @@ cross-entropy loss on random labels (inside the module, so compile modes compile
 backward and an SGD step. The first calls and the accuracy check leave the SGD step out, so
 every module checked holds the weights the float64 reference is copied from.
 
-Accuracy follows the dashboard: each tensor's error (the output, and in training every weight
-gradient) against the float64 reference, relative (||t - ref|| / ||ref||); a row passes where
-each is at most twice eager's own error plus a tenth of the dtype's tolerance. The ratio to
+Accuracy follows the dashboard (torch._dynamo.utils.same): each tensor (the output, and in
+training every weight gradient) passes where it is allclose to eager's at the dtype's tolerance,
+or else where its error against the float64 reference, relative (||t - ref|| / ||ref||, the
+dashboard's RMSE made scale-free), is at most 3x eager's own (2x in fp32) plus a tenth of the
+dtype's tolerance. The ratio to
 eager is taken on the output and on all gradients together (the worse of the two): a single
 gradient's ratio is noise where both errors are tiny.
 """
@@ -103,20 +105,34 @@ def _ratio(ours: float, eager: float) -> float:
     return ours / eager if eager > 0.0 else math.inf
 
 
+def multiplier(dtype: torch.dtype) -> float:
+    """How many times eager's error a mode may reach: the dashboard's 3 for 16-bit floats (its
+    false alarms under AMP at 2), 2 otherwise (torch._dynamo.utils.same)."""
+    return 3.0 if dtype in (torch.float16, torch.bfloat16) else 2.0
+
+
+def _within(got, base, err: float, eager_err: float, tol: float) -> bool:
+    """The dashboard's two tests of one tensor: close to eager's own result at the dtype's
+    tolerance, or else an error against float64 within `multiplier` x eager's plus tol/10."""
+    if got.shape == base.shape and torch.allclose(got.double(), base.double(), rtol=tol, atol=tol):
+        return True
+    return err <= multiplier(got.dtype) * eager_err + tol / 10
+
+
 def accuracy(got, base, want, dtype_tolerance: float) -> dict:
     """The dashboard's check of the mode's tensors `got` against float64 `want`, eager's `base`
     beside them (output first, then the weight gradients)."""
     ours = [relative_error(g, w) for g, w in zip(got, want, strict=True)]
     eager = [relative_error(b, w) for b, w in zip(base, want, strict=True)]
-    passes = all(o <= 2.0 * e + dtype_tolerance / 10 for o, e in zip(ours, eager, strict=True))
+    failing = [i for i, (g, b, o, e) in enumerate(zip(got, base, ours, eager, strict=True))
+               if not _within(g, b, o, e, dtype_tolerance)]  # fmt: skip
     ratio = _ratio(ours[0], eager[0])
     if len(got) > 1:  # all weight gradients as one vector
         diff, ref = _sq_norms(got[1:], want[1:])
         eager_diff, _ = _sq_norms(base[1:], want[1:])
         ratio = max(ratio, _ratio(math.sqrt(diff / ref), math.sqrt(eager_diff / ref)))
-    return {"worst": max(ours), "eager_worst": max(eager), "ratio": ratio, "pass": passes,
-            "failing": [i for i, (o, e) in enumerate(zip(ours, eager, strict=True))
-                        if o > 2.0 * e + dtype_tolerance / 10]}  # fmt: skip
+    return {"worst": max(ours), "eager_worst": max(eager), "ratio": ratio, "pass": not failing,
+            "failing": failing}
 
 
 def count_flops(step) -> float | None:
@@ -251,7 +267,8 @@ def _measure(job: Job, shape, index: int, record: Record, progress) -> None:
     record.accuracy_ratio, record.accuracy_pass = checked["ratio"], checked["pass"]
     if not checked["pass"]:
         raise_correctness(record, f"accuracy: tensors {checked['failing'][:5]} (0: the output) "
-                          "past twice eager's error + tolerance/10", checked["worst"])  # fmt: skip
+                          "neither close to eager's nor within the dashboard's multiple of its "
+                          "error", checked["worst"])  # fmt: skip
     record.fallbacks = checked["fallbacks"]
     if record.fallbacks is not None:
         from kernels.routing import fallback_share

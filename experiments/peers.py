@@ -188,7 +188,7 @@ def _flaggems_ops() -> dict[str, Callable]:
         "linear": linear,
         "softmax": softmax,
         "conv2d": conv2d,
-        "sdpa": fg.ops.scaled_dot_product_attention,  # its own autograd Function
+        "sdpa": fg.scaled_dot_product_attention,  # flag_gems.ops', with its autograd Function
     }
 
 

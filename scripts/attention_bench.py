@@ -1,11 +1,11 @@
 """kernels.attention against torch's scaled_dot_product_attention backends, on one GPU.
 
     python scripts/attention_bench.py [--budget 280] [--seqs 1024,2048,4096,8192,16384]
-        [--variants plain,tma,ws] [--no-vit] [--csv out.csv]
+        [--variants plain,tma] [--no-vit] [--csv out.csv]
 
 Shapes (bf16): LLM-style causal GQA, batch 4, 32 query heads, 8 kv heads, head_dim 128, each
 sequence length of --seqs; ViT-style, batch 32, 12 heads, head_dim 64, 197 tokens, not causal.
-Rows: ours in each variant (plain, tma, ws: kernels/attention/dispatch.py), then SDPA with the
+Rows: ours in each variant (plain, tma: kernels/attention/dispatch.py), then SDPA with the
 backend torch picks (default) and each backend forced through torch.nn.attention.sdpa_kernel
 (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION; MATH only up to --math-max-seq, as the
 reference). GQA goes to SDPA as enable_gqa=True; a backend that refuses it gets K and V expanded
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=280.0, help="seconds for the whole run")
     parser.add_argument("--seqs", default="1024,2048,4096,8192,16384")
-    parser.add_argument("--variants", default="plain,tma,ws")
+    parser.add_argument("--variants", default="plain,tma")
     parser.add_argument("--math-max-seq", type=int, default=1024)
     parser.add_argument("--no-vit", action="store_true")
     parser.add_argument("--csv", type=Path)

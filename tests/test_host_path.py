@@ -677,6 +677,25 @@ def test_failure_reason_names_the_root_exception():
     assert len(long) == 80
 
 
+def test_failure_reason_of_a_compile_worker_names_the_worker_s_exception():
+    from torch._inductor.compile_worker.subproc_pool import SubprocException
+
+    from experiments.measure import failure_reason
+
+    details = ('Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+               "triton.compiler.errors.CompilationError: at 12:4: out of resource: shared\n")
+    try:
+        try:
+            raise SubprocException(details, name="compile")
+        except SubprocException as inner:
+            raise RuntimeError("InductorError") from inner
+    except RuntimeError as exc:
+        reason = failure_reason(exc)
+    assert reason == ("SubprocException: An exception occurred in a subprocess: triton.compiler."
+                      "errors.CompilationError: at 12:4: out of resource: shared (via "
+                      "RuntimeError)")  # fmt: skip
+
+
 def test_failure_reason_of_an_empty_assert():
     from experiments.measure import failure_reason
 

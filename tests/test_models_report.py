@@ -52,13 +52,13 @@ def test_the_table_takes_the_best_of_each_family_and_counts_the_cells(tmp_path):
     current = _records(tmp_path)
     text = models_report.readme_text(current)
     assert "`results/current/h100/models`" in text
-    lines = {line.split(" | ")[0] + " | " + line.split(" | ")[1]: line
-             for line in text.splitlines() if line.startswith("| ")}  # fmt: skip
-    resnet = lines["| ResNet-50 | inference"]
-    assert "triton-compiled 1.40x" in resnet and "default 1.85x" in resnet
-    assert resnet.endswith("| 4 / 5 (1 skipped) |")  # eager, triton x2, default; MA failed
-    llama = lines["| Llama decoder | training"]
-    assert "triton 0.95x" in llama and "liger 1.20x" in llama and "| - |" in llama
+    lines = {line.split(" | ")[0]: line.split(" | ") for line in text.splitlines()
+             if line.startswith("| ")}  # fmt: skip
+    resnet = lines["| ResNet-50"]  # model, GPU, inference, training, peers, ok / run
+    assert resnet[1:4] == ["H100", "triton-compiled 1.40x; default 1.85x", "not run"]
+    assert resnet[-1] == "4 / 5 (1 skipped) |"  # eager, triton x2, default; MA failed
+    llama = lines["| Llama decoder"]
+    assert llama[2:5] == ["not run", "triton 0.95x; -", "-; liger 1.20x"]
 
 
 def test_the_folder_readme_lists_every_row_with_its_reason(tmp_path):

@@ -70,7 +70,7 @@ def test_every_peer_is_pinned_and_has_a_mode_config():
     from omegaconf import OmegaConf
 
     pins = (REPO_ROOT / "requirements-peers.txt").read_text().splitlines()
-    functions = {"matmul", "linear", "softmax", "conv2d"}
+    functions = {"matmul", "linear", "softmax", "conv2d", "sdpa"}
     for name, peer in peers.PEERS.items():
         assert f"{peer.package}=={peer.version}" in [line.split()[0] for line in pins if line]
         assert set(peer.limits) <= functions and set(peer.direct_ops) <= set(peer.limits)
@@ -242,6 +242,7 @@ def aten_flag_gems() -> types.ModuleType:
         gelu_backward=aten.gelu_backward, silu_backward=aten.silu_backward,
         conv2d=lambda x, w, b, stride, padding, dilation, groups: aten.convolution(
             x, w, b, [stride] * 2, [padding] * 2, [dilation] * 2, False, [0, 0], groups),
+        scaled_dot_product_attention=F.scaled_dot_product_attention,
     )  # fmt: skip
 
 
@@ -294,6 +295,7 @@ def stand_in(monkeypatch, name, functions):
         ["kernel=softmax", "pass=fwd_bwd"],
         ["kernel=softmax", "kernel.dim=0", "pass=fwd_bwd"],
         ["kernel=conv", "kernel.activation=relu"],
+        ["kernel=sdpa", "pass=fwd_bwd"],
         ["kernel=attention", "pass=fwd_bwd"],
         ["kernel=mlp", "pass=fwd_bwd"],
         ["kernel=bottleneck"],

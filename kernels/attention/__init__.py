@@ -13,7 +13,7 @@ Design and measurements: docs/kernels/attention.md.
 """
 
 from kernels.attention.dispatch import (
-    DEFAULT_VARIANT,
+    TMA_MIN_SEQ,
     VARIANTS,
     attention,
     attention_backward,
@@ -31,7 +31,7 @@ attention.sdpa = sdpa
 attention.unsupported_sdpa_call = unsupported_sdpa_call
 
 __all__ = [
-    "DEFAULT_VARIANT",
+    "TMA_MIN_SEQ",
     "VARIANTS",
     "attention",
     "attention_backward",

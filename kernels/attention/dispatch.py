@@ -8,11 +8,12 @@ cuDNN backend allocates its output: (batch, seq, heads, head_dim) in memory for 
 heads dim lies inside its seq dim (the usual projected view, so O.transpose(1, 2).reshape(B, S,
 H·D) stays a view), else contiguous (batch, heads, seq, head_dim).
 
-Variants (the forward; the backward has one design): "plain" (pointer loads, the default
-everywhere), "tma" (device-side TMA descriptors, sm_90+), "ws" (tma with its key loop
-warp-specialized). A variant asked for by name where it cannot run raises; the default never
-does. The interpreter runs all three (its descriptors are emulated, warp specialization is a
-no-op there), so the CPU tests cover their arithmetic.
+Variants (the forward; the backward has one design): "plain" (pointer loads) and "tma"
+(device-side TMA descriptors, sm_90+). A call without variant= takes "tma" from TMA_MIN_SEQ keys
+on, in 16 bits, where TMA can read the tensors, else "plain" (the crossover measured on an H100: docs/kernels/
+attention.md, "Measured"). A variant asked for by name where it cannot run raises; the default
+never does. The interpreter runs both (its descriptors are emulated), so the CPU tests cover
+their arithmetic.
 
 Functions:
     check_attention_args(q, k, v, causal, scale) -> scale
@@ -57,10 +58,11 @@ from kernels.attention.backward import (
 from kernels.attention.forward import LOG2E, attention_fwd_kernel, attention_fwd_tma_kernel
 from kernels.matmul.tma import set_scratch_allocator
 
-VARIANTS = ("plain", "tma", "ws")
-# What a call without variant= takes. "plain" until a measurement on the GPUs says otherwise
-# (docs/kernels/attention.md, "Measured"): the TMA variants fall back to it where they cannot run.
-DEFAULT_VARIANT = "plain"
+VARIANTS = ("plain", "tma")
+# From this many keys on, a call without variant= takes "tma": on an H100 (bf16, causal GQA,
+# head dim 128) it ran 0.87x and 0.95x the pointer kernel at 1024 and 2048 keys, 1.07x and 1.08x
+# at 4096 and 8192 (docs/kernels/attention.md, "Measured").
+TMA_MIN_SEQ = 4096
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_STEP = 16, 128, 8
 TMA_MIN_CAPABILITY = 9  # Hopper: the first with TMA
 # Read once at import: torch.compile traces the checks, and Dynamo warns at a cached function
@@ -154,7 +156,8 @@ def tma_unusable(q, k, v) -> str | None:
 
 def resolve_variant(variant, q, k, v) -> str:
     if variant is None:
-        variant = DEFAULT_VARIANT
+        long = k.shape[2] >= TMA_MIN_SEQ and q.element_size() == 2  # measured in 16 bits only
+        variant = "tma" if long and not _INTERPRETED else "plain"
         named = False
     else:
         named = True
@@ -231,8 +234,7 @@ def forward_step(q, k, v, o_strides, causal: bool, scale: float, variant: str,
                     dict(meta, BLOCK_D=_block_d(q.shape[-1])))  # fmt: skip
     args = (*_sizes(q, k), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides[:3],
             scale * LOG2E)  # fmt: skip
-    return Step(launch(attention_fwd_tma_kernel), grid, args,
-                dict(meta, WARP_SPECIALIZE=variant == "ws"))  # fmt: skip
+    return Step(launch(attention_fwd_tma_kernel), grid, args, meta)
 
 
 def backward_steps(do, q, k, v, o, layouts, causal: bool, scale: float, need_dq: bool,
@@ -404,8 +406,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     h // (heads_q // heads_kv)); any strides; fp16, bf16 or fp32 (fp32 dots follow torch's
     TF32 switch, torch.backends.cuda.matmul.allow_tf32). head_dim a multiple of 8 from 16 to
     128. causal: SDPA's is_causal (top-left aligned: query i sees keys j <= i, whatever seq_q
-    and seq_k). scale: None for 1/sqrt(head_dim). variant: "plain", "tma" or "ws" (module
-    docstring), None for DEFAULT_VARIANT. The output's dim order follows q's (module docstring).
+    and seq_k). scale: None for 1/sqrt(head_dim). variant: "plain" or "tma" (module
+    docstring), None for the measured choice. The output's dim order follows q's (module docstring).
     """
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
         return _Attention.apply(q, k, v, causal, scale, variant)

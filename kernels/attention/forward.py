@@ -13,12 +13,7 @@ target is SDPA's fused backends (FlashAttention-2, cuDNN).
     attention_fwd_tma_kernel  Hopper (sm_90+): Q, K, V and O through device-side TMA
                               descriptors (tl.make_tensor_descriptor), one 2-D [seq, head_dim]
                               descriptor per (batch, head) slice, so TMA clips every block at
-                              that head's own sequence end. With WARP_SPECIALIZE its key loop
-                              is warp-specialized (tl.range(..., warp_specialize=True): a
-                              producer warp issues the TMA loads into a ring of shared-memory
-                              buffers, the consumer warps run the dots and the softmax), as one
-                              loop over every block, masked (what triton 3.6's Hopper pass
-                              takes), on 4 warps.
+                              that head's own sequence end.
 
 Conventions shared with the backward (backward.py):
 - scores are taken in log2 units: qk_scale = scale·log2(e), p = exp2(q·k·qk_scale - m), so the
@@ -77,12 +72,6 @@ def hopper_forward_configs(head_dim: int, tma: bool) -> list[triton.Config]:
     return [make_config(128, 128, 8, 3), make_config(128, 64, 4, 3), make_config(64, 64, 4, 3)]
 
 
-def ws_forward_configs() -> list[triton.Config]:
-    """The warp-specialized kernel's tiles: 4 warps, the only count triton 3.6's Hopper pass
-    specializes (on 8 it leaves the loop as it is)."""
-    return [make_config(128, 64, 4, 2), make_config(128, 64, 4, 3), make_config(64, 64, 4, 3)]
-
-
 # fp32: its ieee dots run on FMA units from registers, and at head dim 128 every larger tile
 # spills (hundreds to thousands of bytes, offline for sm_90); fp32 is for exactness, not speed
 FP32_FORWARD_CONFIG = make_config(16, 16, 4, 2)
@@ -99,15 +88,12 @@ def forward_configs() -> list[triton.Config]:
 
 def prune_forward(tma: bool):
     """The configs a launch of the pointer (or TMA) kernel may take; the autotuner's own list is
-    unused (HEAD_DIM and WARP_SPECIALIZE are constexprs of the launch)."""
+    unused (HEAD_DIM is a constexpr of the launch)."""
 
     def prune(configs, named_args, **kwargs):
         if named_args["q_ptr"].dtype.itemsize == 4:
             return [FP32_FORWARD_CONFIG]
-        if kwargs.get("WARP_SPECIALIZE", False):
-            configs = ws_forward_configs()
-        else:
-            configs = hopper_forward_configs(kwargs["HEAD_DIM"], tma)
+        configs = hopper_forward_configs(kwargs["HEAD_DIM"], tma)
         if named_args["seq_q_pow2"] <= SHORT_SEQ:
             return [c for c in configs if c.kwargs["BLOCK_M"] == 64] or configs
         return configs
@@ -289,15 +275,14 @@ def attention_fwd_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# The TMA kernel (Hopper), optionally warp-specialized
+# The TMA kernel (Hopper)
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, seq_k, qk_scale,
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr):  # fmt: skip
+                UPCAST: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     """Key blocks [lo, hi) through descriptors (TMA zero-fills the rows past seq_k)."""
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(lo, hi, BLOCK_N):
         k = k_desc.load([start_n, 0])
         v = v_desc.load([start_n, 0])
         qk = fp32_dot(q, tl.trans(k), None, UPCAST, PRECISION) * qk_scale
@@ -315,7 +300,7 @@ def _head_desc(base, rows, stride, BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.conste
                                      block_shape=[BLOCK_ROWS, HEAD_DIM])  # fmt: skip
 
 
-@triton.autotune(configs=forward_configs(), key=[*TUNE_KEY, "WARP_SPECIALIZE"],
+@triton.autotune(configs=forward_configs(), key=TUNE_KEY,
                  prune_configs_by={"early_config_prune": prune_forward(tma=True)})  # fmt: skip
 @triton.jit
 def attention_fwd_tma_kernel(
@@ -327,11 +312,9 @@ def attention_fwd_tma_kernel(
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
     qk_scale,
-    # meta-parameters: as attention_fwd_kernel's (HEAD_DIM a power of 2, so no BLOCK_D), and
-    # the whole-block key loop's warp specialization
+    # meta-parameters: as attention_fwd_kernel's (HEAD_DIM a power of 2, so no BLOCK_D)
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
     # ---- program-id mapping ----
     start_m, b, h = query_block(tl.program_id(0), seq_q, heads_q, BLOCK_M, CAUSAL)
@@ -354,20 +337,11 @@ def attention_fwd_tma_kernel(
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     full_end, end = key_ranges(start_m, seq_k, BLOCK_M, BLOCK_N, CAUSAL)
-    if WARP_SPECIALIZE:
-        # one loop, every block masked: triton 3.6's Hopper pass fails on a second loop after
-        # the specialized one, and specializes nothing with a branch on the block inside it
-        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, end, seq_k,
-                                    qk_scale, BLOCK_N, True, CAUSAL, UPCAST, PRECISION,
-                                    True)  # fmt: skip
-    else:
-        # the whole key blocks, then the masked ones
-        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, full_end,
-                                    seq_k, qk_scale, BLOCK_N, False, CAUSAL, UPCAST, PRECISION,
-                                    False)  # fmt: skip
-        acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, full_end, end,
-                                    seq_k, qk_scale, BLOCK_N, True, CAUSAL, UPCAST, PRECISION,
-                                    False)  # fmt: skip
+    # the whole key blocks, then the masked ones
+    acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, full_end, seq_k,
+                                qk_scale, BLOCK_N, False, CAUSAL, UPCAST, PRECISION)  # fmt: skip
+    acc, l_i, m_i = _attend_tma(acc, l_i, m_i, q, k_desc, v_desc, offs_m, full_end, end, seq_k,
+                                qk_scale, BLOCK_N, True, CAUSAL, UPCAST, PRECISION)  # fmt: skip
 
     # ---- write-back: TMA clips the rows past seq_q ----
     o_desc.store([start_m, 0], (acc / l_i[:, None]).to(o_ptr.dtype.element_ty))
