@@ -16,7 +16,7 @@ OVERRIDES = $(if $(kernel),kernel=$(kernel)) $(if $(mode),mode=$(mode)) \
             $(if $(dtype),dtype=$(dtype)) $(if $(pass),pass=$(pass)) $(ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup peers experiment sweep bench study promote fuzz resume probe resources test test-slow test-all test-gpu sync figures report notebooks dashboard \
+.PHONY: help setup peers experiment sweep bench study promote fuzz resume model-shapes probe resources test test-slow test-all test-gpu sync figures report notebooks dashboard \
         wheelhouse install-offline lint clean
 
 help: ## List the targets
@@ -65,6 +65,9 @@ resume: $(SETUP) ## Finish an interrupted sweep: make resume SWEEP=multirun/<dat
 # machines' version): it is pip-installed once, without dependencies, into .triton-<version>/.
 TRITON ?=
 TRITON_DIR = .triton-$(TRITON)
+
+model-shapes: $(SETUP) ## Record every model's op calls into conf/kernel/recorded/ (shapes=resnet50, ...; CPU, seconds): make model-shapes [ARGS=--check]
+	$(PY) -m experiments.model_shapes $(or $(ARGS),--write)
 
 probe: $(SETUP) ## Each conv tuning config forced alone, on a GPU, against cuDNN: make probe design=implicit|gemm|depthwise [ARGS="--shapes resnet50 --splits 1,2"]
 	$(PY) -m experiments.tile_probe $(design) $(ARGS)

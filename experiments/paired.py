@@ -41,7 +41,7 @@ from experiments import modes, registry, timing
 from experiments.correctness import TOLERANCES, allowed_error, relative_error, tolerance
 from experiments.errors import ConfigError
 from experiments.measure import grad_output, make_step, outputs_of, reference_outputs, refill
-from experiments.workloads import resolve_shapes
+from experiments.workloads import kernel_config, resolve_shapes
 
 MODES = ("default", "max-autotune-no-cudagraphs")
 # --metric latency: ours (the first is the default), against any of the compile modes
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     unknown = [d for d in dtypes if d not in DTYPES]
     if unknown:
         parser.error(f"--dtypes: unknown {', '.join(unknown)}; choose from {', '.join(DTYPES)}")
-    kernel_cfg = OmegaConf.load(CONF / f"{args.kernel}.yaml")
+    kernel_cfg = kernel_config(args.kernel)
     workload = registry.make_workload(kernel_cfg)
     try:
         _, shapes = resolve_shapes(workload, kernel_cfg, args.shapes, on_gpu=True)

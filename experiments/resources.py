@@ -258,11 +258,13 @@ def _ptxas_report(ptx: str, arch: int) -> tuple[int | None, int | None, int | No
 def load_kernel_cfg(kernel: str, overrides: list[str]):
     from omegaconf import OmegaConf
 
+    from experiments.workloads import kernel_config
+
     path = CONF / f"{kernel}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in CONF.glob("*.yaml"))
         raise ValueError(f"unknown kernel {kernel!r}; choose one of {known}")
-    cfg = OmegaConf.load(path)
+    cfg = kernel_config(kernel)
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected key=value")

@@ -37,6 +37,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from experiments.processes import child_env
+from experiments.workloads import kernel_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -113,7 +114,8 @@ def compose(overrides: list[str]):
 
 @functools.cache
 def _conf(group: str, name: str):
-    return OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
+    return kernel_config(name) if group == "kernel" else OmegaConf.load(
+        CONF_DIR / group / f"{name}.yaml")  # fmt: skip
 
 
 def cudagraph_modes(modes) -> list[str]:

@@ -10,6 +10,7 @@ same module code over the same parameters: only the ops differ. Weights are nn.P
 
 import copy
 import math
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
@@ -81,6 +82,22 @@ class Workload:
         None; the mode-wide reasons are experiments.registry.unsupported's, the passes its
         check_pass's."""
         return None
+
+
+KERNEL_CONF = Path(__file__).resolve().parent.parent / "conf" / "kernel"
+
+
+def kernel_config(name: str):
+    """conf/kernel/<name>.yaml as Hydra composes it, for scripts that load one op's config
+    without Hydra: its shape sets with the sets recorded from the models
+    (conf/kernel/recorded/<name>.yaml, which its defaults list merges first) beneath them."""
+    cfg = OmegaConf.load(KERNEL_CONF / f"{name}.yaml")
+    recorded = KERNEL_CONF / "recorded" / f"{name}.yaml"
+    if "defaults" in cfg:
+        cfg.pop("defaults")
+        if recorded.is_file():
+            cfg.shape_sets = OmegaConf.merge(OmegaConf.load(recorded), cfg.shape_sets)
+    return cfg
 
 
 def resolve_shapes(

@@ -328,21 +328,35 @@ def _namespace(custom_ops: bool):
     return SimpleNamespace(conv2d=conv2d, linear=linear, matmul=matmul, softmax=softmax, sdpa=sdpa)
 
 
+# Set while a routed call runs in this thread: a patched function called from inside it is
+# torch's own doing (a Python decomposition, as the meta device runs F.linear through torch.mm),
+# not the model's, so it goes to torch uncounted and unrecorded.
+_INSIDE = threading.local()
+
+
 def _routed(route: Route, original: Callable, ns) -> Callable:
     refuse, call, counts = route.refuse, route.call, _COUNTS[route.op]
 
     def routed(*args, **kwargs):
+        if torch.compiler.is_compiling():  # a trace is not a call: count calls only
+            reason = refuse(*args, **kwargs)
+            return call(ns, *args, **kwargs) if reason is None else original(*args, **kwargs)
+        if getattr(_INSIDE, "active", False):
+            return original(*args, **kwargs)
         reason = refuse(*args, **kwargs)
-        if not torch.compiler.is_compiling():  # a trace is not a call: count calls only
-            counts[reason or OURS] += 1
-            record = _STATE["record"]
-            if record is not None:
-                record.append({"op": route.op, "dtype": _dtype_of(*args),
-                               **route.describe(*args, **kwargs), "routed": reason is None,
-                               "reason": reason, "grad": torch.is_grad_enabled()})  # fmt: skip
-        if reason is None:
-            return call(ns, *args, **kwargs)
-        return original(*args, **kwargs)
+        counts[reason or OURS] += 1
+        record = _STATE["record"]
+        if record is not None:
+            record.append({"op": route.op, "dtype": _dtype_of(*args),
+                           **route.describe(*args, **kwargs), "routed": reason is None,
+                           "reason": reason, "grad": torch.is_grad_enabled()})  # fmt: skip
+        _INSIDE.active = True
+        try:
+            if reason is None:
+                return call(ns, *args, **kwargs)
+            return original(*args, **kwargs)
+        finally:
+            _INSIDE.active = False
 
     routed.__name__ = routed.__qualname__ = f"routed_{route.attribute}"
     routed.__wrapped__ = original

@@ -21,14 +21,13 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 from experiments import registry  # noqa: E402
 from experiments.host_path import wall_us  # noqa: E402
-from experiments.paired import CONF, implementations  # noqa: E402
-from experiments.workloads import resolve_shapes  # noqa: E402
+from experiments.paired import implementations  # noqa: E402
+from experiments.workloads import kernel_config, resolve_shapes  # noqa: E402
 
 CALLS = 100
 MODES = ("triton", "triton-compiled", "default")
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    cfg = OmegaConf.load(CONF / f"{args.kernel}.yaml")
+    cfg = kernel_config(args.kernel)
     workload = registry.make_workload(cfg)
     _, shapes = resolve_shapes(workload, cfg, "default", on_gpu=True)
     labels = {workload.label(s): s for s in shapes}

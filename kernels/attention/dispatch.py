@@ -9,11 +9,11 @@ heads dim lies inside its seq dim (the usual projected view, so O.transpose(1, 2
 H·D) stays a view), else contiguous (batch, heads, seq, head_dim).
 
 Variants (the forward; the backward has one design): "plain" (pointer loads) and "tma"
-(device-side TMA descriptors, sm_90+). A call without variant= takes "tma" from TMA_MIN_SEQ keys
-on, in 16 bits, where TMA can read the tensors, else "plain" (the crossover measured on an H100: docs/kernels/
-attention.md, "Measured"). A variant asked for by name where it cannot run raises; the default
-never does. The interpreter runs both (its descriptors are emulated), so the CPU tests cover
-their arithmetic.
+(device-side TMA descriptors, sm_90+). A call without variant= takes "tma" from TMA_MIN_SEQ
+keys on, in 16 bits, where TMA can read the tensors, else "plain" (the crossover measured on an
+H100: docs/kernels/attention.md, "Measured"). A variant asked for by name where it cannot run
+raises; the default never does. The interpreter runs both (its descriptors are emulated), so
+the CPU tests cover their arithmetic.
 
 Functions:
     check_attention_args(q, k, v, causal, scale) -> scale
@@ -91,9 +91,10 @@ def head_dim_unsupported(head_dim: int) -> str | None:
 
 
 def device_unsupported(device: torch.device) -> str | None:
-    if device.type == "cuda" or _INTERPRETED or gpu_info(device) is not None:
+    if device.type == "cuda" or (_INTERPRETED and device.type == "cpu") or (
+            gpu_info(device) is not None):  # fmt: skip
         return None
-    return (f"tensors on {device}: the Triton kernels run on CUDA tensors (any device under "
+    return (f"tensors on {device}: the Triton kernels run on CUDA tensors (CPU ones under "
             "TRITON_INTERPRET=1)")  # fmt: skip
 
 
