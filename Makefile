@@ -48,7 +48,7 @@ sweep: $(SETUP) ## Hydra multirun over comma lists: make sweep kernel=matmul,sof
 bench: $(SETUP) ## An op's speed-target grids + ratio table (grids: experiments/registry.py): make bench kernel=<op> [ARGS="--grids 6,7"]
 	$(PY) -m experiments.bench $(kernel) $(if $(BENCH_DIR),--dir $(BENCH_DIR)) $(ARGS)
 
-study: $(SETUP) ## The whole grid, one job per GPU (docs/study.md): make study [STUDY=multirun/study/<time> to finish one] [ARGS="--dry-run" | ARGS=--smoke]
+study: $(SETUP) ## The whole grid, one job per GPU (docs/study.md): make study [STUDY=multirun/study/<time> to finish one] [ARGS="--dry-run" | ARGS=--smoke | ARGS="study.budget_s=540": one slice on one GPU]
 	$(PY) -m experiments.study $(if $(STUDY),--dir $(STUDY)) $(ARGS)
 
 promote: $(SETUP) ## Copy a finished run's records into results/current: make promote RUN=multirun/bench-softmax/<stamp> GPU=h100 NAME=softmax [ARGS=--force|--merge]

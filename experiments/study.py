@@ -4,6 +4,7 @@
     python -m experiments.study --dir multirun/study/<time>   # finish an interrupted study
     python -m experiments.study --dry-run               # its parts, jobs and estimated time
     python -m experiments.study --smoke                 # a small study on the CPU (12 jobs)
+    python -m experiments.study --dir <folder> study.budget_s=540   # one GPU: the next slice
     python -m experiments.study kernel=softmax dtype=bf16    # narrow an axis; any other override
                                                              # (bench.*, shapes=) goes to every job
 
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from experiments import study_slices
 from experiments.processes import child_env
 from experiments.workloads import kernel_config
 
@@ -310,6 +312,44 @@ def run_parts(study: Path, state: dict, extra: list[str], concurrent: bool) -> N
                 log.close()
 
 
+def summarize(study: Path) -> None:
+    """The analysis as its entry point, in a process of its own: the harness imports no
+    analysis."""
+    summary = subprocess.run([sys.executable, "-m", "analysis.study_summary", str(study)],
+                             cwd=ROOT, env=child_env())  # fmt: skip
+    if summary.returncode:
+        print(f"warning: no summary (analysis.study_summary exited {summary.returncode})",
+              file=sys.stderr)  # fmt: skip
+
+
+def run_sliced(study: Path, state: dict, extra: list[str], budget: float) -> int:
+    """One slice of the study within `budget` seconds (experiments/study_slices.py): the groups
+    not yet done, in order; 0 when it stopped cleanly, done or not."""
+    cfg = compose(state["overrides"])
+    overhead = job_overhead(cfg.launcher.name)
+    replay = bool(cfg.bench.cudagraph_replay)
+
+    def modelled(group, mode) -> float:  # one job's cold seconds by the study's model
+        grid = {"kernel": [group.kernel], "mode": [mode], "dtype": [group.dtype],
+                "pass": [group.pass_name]}  # fmt: skip
+        return estimate(grid, cfg.shapes, replay, overhead)[1]
+
+    # the plan fixes the axes, and the study's own overrides are in every group's already
+    _, extra = split_overrides([o for o in extra if o not in state["overrides"]])
+    all_groups = study_slices.groups(state["parts"])
+    data = study_slices.run_slice(study, all_groups, budget, extra, modelled)
+    summarize(study)
+    print(study_slices.describe(data), flush=True)
+    left = study_slices.pending_jobs(data)
+    if left:
+        print(f"study: {left} jobs to go: `make study STUDY={study} ARGS=\"study.budget_s="
+              f"{budget:g}\"` runs the next slice", flush=True)  # fmt: skip
+    else:
+        print(f"study finished: {study}; publish it with `make promote RUN={study} "
+              "GPU=<h100|h200> NAME=study` (docs/study.md)")  # fmt: skip
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, help="the study's folder; finish it if it exists")
@@ -318,7 +358,11 @@ def main(argv=None) -> int:
     parser.add_argument("--gpus", type=int, help="GPUs for the estimate (default: those visible)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every job of the study")
     args = parser.parse_intermixed_args(argv)
-    overrides = args.overrides
+    try:
+        budget, overrides = study_slices.budget_of(args.overrides)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.smoke:  # the command line's own values win over the preset's
         given = {o.partition("=")[0] for o in overrides}
         overrides = [o for o in SMOKE if o.partition("=")[0] not in given] + overrides
@@ -336,6 +380,11 @@ def main(argv=None) -> int:
     launcher = compose(state["overrides"]).launcher.name
     gpus = visible_gpus() if launcher in GPU_LAUNCHERS else 1
     print(describe(state["parts"], args.gpus or gpus or 4), flush=True)
+    if budget is not None:
+        cold = sum(p.cold_s for p in state["parts"] if p.status != "done")
+        slices = math.ceil(cold / max(budget - study_slices.MARGIN_S, 1.0))
+        print(f"{len(study_slices.groups(state['parts']))} groups; on one GPU about {slices} "
+              f"slices of study.budget_s={budget:g} with cold caches", flush=True)  # fmt: skip
     if args.dry_run:
         return 0
     if launcher in GPU_LAUNCHERS and gpus == 0:
@@ -346,14 +395,11 @@ def main(argv=None) -> int:
     study.mkdir(parents=True, exist_ok=True)
     save(study, state)
     print(f"study: {study}", flush=True)
+    if budget is not None:
+        return run_sliced(study, state, extra, budget)
     run_parts(study, state, extra, concurrent=launcher != "local")
 
-    # the analysis as its entry point, in a process of its own: the harness imports no analysis
-    summary = subprocess.run([sys.executable, "-m", "analysis.study_summary", str(study)],
-                             cwd=ROOT, env=child_env())  # fmt: skip
-    if summary.returncode:
-        print(f"warning: no summary (analysis.study_summary exited {summary.returncode})",
-              file=sys.stderr)  # fmt: skip
+    summarize(study)
     failed = [p.name for p in state["parts"] if p.status != "done"]
     if failed:
         print(f"error: {', '.join(failed)} did not finish (logs: {study / 'logs'}); finish "
