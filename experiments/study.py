@@ -39,12 +39,12 @@ from omegaconf import OmegaConf
 
 from experiments import study_slices
 from experiments.processes import child_env
+from experiments.study_slices import AXES, split_overrides
 from experiments.workloads import kernel_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 EXPERIMENT = "+experiment=study"
-AXES = ("kernel", "mode", "dtype", "pass")  # the study file's sweeper params, and the passes
 STATE = "study.json"
 # --smoke: each kind of part on the CPU in 12 small jobs: a compute-bound op (its TF32 pass) and a
 # memory-bound one, ours, a CUDA-graph mode (both views) and a peer library (liger: no matmul)
@@ -90,18 +90,6 @@ class Part:
     estimate_s: float  # GPU-seconds with warm caches
     cold_s: float  # GPU-seconds on a host's first study
     status: str = "pending"  # pending | done | failed
-
-
-def split_overrides(overrides: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """The axes among `overrides` ({key: values}), and every other override."""
-    axes, rest = {}, []
-    for override in overrides:
-        key, _, value = override.partition("=")
-        if key in AXES:
-            axes[key] = value.split(",")
-        else:
-            rest.append(override)
-    return axes, rest
 
 
 def compose(overrides: list[str]):

@@ -40,7 +40,7 @@ MANIFEST = "manifest.json"
 # Seconds kept back from the budget for the slice's own start and end (the summary, the
 # manifest) and a group's Hydra start: a slice stops cleanly before its budget
 MARGIN_S = 20.0
-SWEPT = ("kernel", "mode", "dtype", "pass")  # the axes a part's overrides sweep
+AXES = ("kernel", "mode", "dtype", "pass")  # the study file's sweeper params, and the passes
 POLL_S = 1.0  # how often a slice looks at its running group and the clock
 
 
@@ -58,11 +58,12 @@ class Group:
     rank: tuple = field(default=(), repr=False)  # its place in `order`
 
 
-def _swept(overrides: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+def split_overrides(overrides: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """The swept axes among `overrides` ({key: values}), and every other override."""
     axes, rest = {}, []
     for override in overrides:
         key, _, value = override.partition("=")
-        if key in SWEPT:
+        if key in AXES:
             axes[key] = value.split(",")
         else:
             rest.append(override)
@@ -73,7 +74,7 @@ def groups(parts) -> list[Group]:
     """Every (part, op, dtype, pass) of the study's parts, in `order`."""
     out = []
     for part_index, part in enumerate(parts):
-        axes, rest = _swept(part.overrides)
+        axes, rest = split_overrides(part.overrides)
         number, _, label = part.name.partition("_")
         view = label.split("-")[0]
         tf32 = "dtype.tf32=true" in rest
