@@ -121,10 +121,16 @@ wheelhouse: ## Wheels of every dependency but torch/torchvision/triton for PYTHO
 	grep -vE '^(torch|torchvision|triton)\b' requirements.txt > $(WHEELHOUSE)/requirements.txt
 	@# antlr4-python3-runtime (needed by omegaconf) ships no wheel: build one here first.
 	python3 -m pip wheel --no-deps -w $(WHEELHOUSE) antlr4-python3-runtime==4.9.3
+	@# timm requires torch and torchvision, which the wheelhouse leaves out: its wheel alone
+	grep -vE '^timm\b' $(WHEELHOUSE)/requirements.txt > $(WHEELHOUSE)/download.txt
 	python3 -m pip download --only-binary=:all: --python-version $(PYTHON_VERSION) \
 	  --implementation cp --platform $(PLATFORM) --platform manylinux_2_28_x86_64 \
-	  --platform manylinux_2_17_x86_64 -d $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt \
+	  --platform manylinux_2_17_x86_64 -d $(WHEELHOUSE) -r $(WHEELHOUSE)/download.txt \
 	  --find-links $(WHEELHOUSE)
+	python3 -m pip download --no-deps --only-binary=:all: --python-version $(PYTHON_VERSION) \
+	  --implementation cp --platform $(PLATFORM) -d $(WHEELHOUSE) \
+	  "$$(grep -oE '^timm[^ #]*' requirements.txt)"
+	rm $(WHEELHOUSE)/download.txt
 	$(if $(PEERS),cp requirements-peers.txt $(WHEELHOUSE)/ && python3 -m pip download --no-deps \
 	  --only-binary=:all: --python-version $(PYTHON_VERSION) --implementation cp \
 	  --platform $(PLATFORM) --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \

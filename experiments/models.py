@@ -274,6 +274,15 @@ def make_workload_class(spec: ModelSpec, shape_keys: tuple[str, ...]) -> type[Mo
 # ---------------------------------------------------------------------------------------------
 # Which modes apply (experiments/model_modes.py builds them)
 # ---------------------------------------------------------------------------------------------
+# Liger's model patch swaps in its RMSNorm, SwiGLU and fused linear-cross-entropy kernels, and
+# (liger-kernel 0.8.5) they call .to() on scalar arguments such as eps, which Triton's CPU
+# interpreter passes as Python floats: its softmax runs there (kernel=softmax mode=liger), its
+# model patch does not
+LIGER_ON_CPU = ("unavailable on cpu: liger-kernel's model patch launches kernels that call .to() "
+                "on scalar arguments, which Triton's interpreter passes as Python floats "
+                "(AttributeError: 'float' object has no attribute 'to'); it runs on a GPU")
+
+
 def unsupported(mode_cfg, name: str) -> str | None:
     """Why mode_cfg does not apply to model `name` (a skipped row's reason), or None."""
     spec = MODELS[name]
@@ -294,7 +303,10 @@ def unsupported(mode_cfg, name: str) -> str | None:
         if peer.name == "liger" and spec.liger is None:
             return (f"unsupported: liger-kernel patches transformers model families; "
                     f"{spec.title} is a {spec.package} model")
-        return peers.availability(peer, peers.job_of(mode_cfg).device, peers.job_of(mode_cfg))
+        job = peers.job_of(mode_cfg)
+        if peer.name == "liger" and job.device != "cuda":
+            return LIGER_ON_CPU
+        return peers.availability(peer, job.device, job)
     return None
 
 

@@ -92,6 +92,8 @@ def test_the_peer_modes_say_where_they_apply(monkeypatch):
     assert "launches one op's kernel directly" in reason("liger-direct", "llama")
     for mode in MODES:
         assert reason(mode, "llama") is None
+    if DEVICE != "cuda":
+        assert reason("liger", "llama") == models.LIGER_ON_CPU
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "timm" else real(name, *a))  # fmt: skip
@@ -186,12 +188,17 @@ def test_liger_patches_a_copy_and_leaves_transformers_as_it_was(train):
     from transformers.models.llama import modeling_llama
 
     before = dict(vars(modeling_llama))
-    row, checked = _checked("llama", "liger", train)
+    row = _row("llama", "liger", train)  # the patch, on a copy of the model
     assert dict(vars(modeling_llama)) == before  # eager, beside it, runs transformers' own code
-    assert row.mode.module is not row.eager and checked["finite"] and checked["pass"], checked
+    assert row.mode.module is not row.eager
     with row.mode.context():
         assert modeling_llama.apply_rotary_pos_emb is not before["apply_rotary_pos_emb"]
     assert dict(vars(modeling_llama)) == before
+    if DEVICE == "cuda":  # its kernels do not run in the interpreter (models.LIGER_ON_CPU)
+        row.first_step()
+        checked = model_measure.check(row, tolerance("fp32", tf32=False), seed=1)
+        assert checked["finite"] and checked["pass"], checked
+        assert dict(vars(modeling_llama)) == before
 
 
 @pytest.mark.slow
