@@ -18,6 +18,7 @@
 
 # %% tags=["parameters"]
 results_dir = "results/current/h100/study"
+models_dir = "results/current"  # every <gpu>/models folder below it (the whole-model section)
 
 # %%
 from matplotlib_inline.backend_inline import set_matplotlib_formats
@@ -79,3 +80,22 @@ figures.draw("compile_break_even", frame)
 
 # %%
 figures.draw("roofline", frame)
+
+# %% [markdown]
+# ## Whole models
+# Each model's best mode of ours, of the compile modes and of the peers, against eager in the same
+# job, from every `results/current/<gpu>/models` folder (`models_dir`); then GPU time per step by
+# model and mode. Every row, with compile time, memory and accuracy, is in the folder's README.
+
+# %%
+from pathlib import Path
+
+from IPython.display import Markdown
+
+from analysis import models_report
+
+models = models_report.model_frame(Path(models_dir))
+Markdown(models_report.table(models) if not models.empty else "No whole-model records here.")
+
+# %%
+models_report.model_speedups(models) if not models.empty else print("no model rows to plot")
