@@ -328,7 +328,7 @@ def run_sliced(study: Path, state: dict, extra: list[str], budget: float) -> int
     data = study_slices.run_slice(study, all_groups, budget, extra, modelled)
     summarize(study)
     print(study_slices.describe(data), flush=True)
-    left = study_slices.pending_jobs(data)
+    left = data["jobs"] - data["jobs_done"]
     if left:
         print(f"study: {left} jobs to go: `make study STUDY={study} ARGS=\"study.budget_s="
               f"{budget:g}\"` runs the next slice", flush=True)  # fmt: skip

@@ -5,7 +5,7 @@ one go. With a budget, experiments.study runs it in slices instead of its parts'
 
 - The grid becomes groups: one (part, op, dtype, pass) with the part's modes, a multirun over
   those modes into <study>/<group>/, so a group's modes end up side by side and a finished group
-  is one whole cell of the answer. Groups run in `order`: the first dtype (bf16, the headline's)
+  is one whole cell of the answer. Groups run in this order: the first dtype (bf16, the headline's)
   first, op by op, then the other dtypes, then the TF32 pass, then the CUDA-graph modes' static
   view.
 - A slice runs the groups in turn while the next one's estimate fits what is left of the budget
@@ -47,7 +47,6 @@ POLL_S = 1.0  # how often a slice looks at its running group and the clock
 @dataclass
 class Group:
     name: str  # its folder: <part number>_<view>[-tf32]-<op>-<dtype>-<pass>
-    part: str
     kernel: str
     dtype: str
     pass_name: str
@@ -55,7 +54,7 @@ class Group:
     overrides: list[str]  # the part's, with one op, dtype and pass and no mode axis
     view: str = "inputs"
     tf32: bool = False
-    rank: tuple = field(default=(), repr=False)  # its place in `order`
+    rank: tuple = field(default=(), repr=False)  # its place in the run order (groups())
 
 
 def split_overrides(overrides: list[str]) -> tuple[dict[str, list[str]], list[str]]:
@@ -71,7 +70,9 @@ def split_overrides(overrides: list[str]) -> tuple[dict[str, list[str]], list[st
 
 
 def groups(parts) -> list[Group]:
-    """Every (part, op, dtype, pass) of the study's parts, in `order`."""
+    """Every (part, op, dtype, pass) of the study's parts, in run order: the inputs view before
+    the static one, TF32 off before on, then by dtype, op, pass and part as the study lists
+    them."""
     out = []
     for part_index, part in enumerate(parts):
         axes, rest = split_overrides(part.overrides)
@@ -84,7 +85,7 @@ def groups(parts) -> list[Group]:
                     name = "-".join([f"{number}_{view}", *(["tf32"] * tf32), kernel, dtype,
                                      pass_name])  # fmt: skip
                     out.append(Group(
-                        name, part.name, kernel, dtype, pass_name, list(axes["mode"]),
+                        name, kernel, dtype, pass_name, list(axes["mode"]),
                         [*rest, f"kernel={kernel}", f"dtype={dtype}", f"pass={pass_name}"],
                         view, tf32, (view != "inputs", tf32, axes["dtype"].index(dtype),
                                      op_index, pass_index, part_index)))  # fmt: skip
@@ -272,10 +273,6 @@ def describe(data: dict) -> str:
     return (f"study slice: {len(per_job)} jobs in {last.get('seconds', 0):.0f} s{mean}; "
             f"{data['jobs_done']} of {data['jobs']} jobs, {data['groups_done']} of "
             f"{data['groups']} groups done{stopped}")
-
-
-def pending_jobs(data: dict) -> int:
-    return data["jobs"] - data["jobs_done"]
 
 
 def budget_of(overrides: list[str]) -> tuple[float | None, list[str]]:
