@@ -21,7 +21,7 @@ from experiments.correctness import tolerance
 from experiments.errors import ConfigError
 from experiments.registry import make_workload
 from kernels import routing
-from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT, fast_subset
+from tests.conftest import CONF_DIR, DEVICE, REPO_ROOT
 
 MODELS = list(models.MODELS)
 # the modes that apply to every model (the peers: test_the_peer_modes_say_where_they_apply)
@@ -134,7 +134,8 @@ def test_accuracy_allows_16_bit_floats_three_times_eager_s_error_or_eager_s_own_
 # ---------------------------------------------------------------------------------------------
 # Our kernels under each model's own calls
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model", fast_subset(MODELS, keep=["convnext_tiny"]))
+@pytest.mark.slow  # 2-8 s a model in the interpreter; the fast suite's routing: test_routing
+@pytest.mark.parametrize("model", MODELS)
 def test_our_kernels_take_every_call_of_each_model(model):
     """mode=triton, inference: every conv2d, linear, matmul and softmax call of the library's
     module goes to our kernels, and the logits pass the float64 check."""
