@@ -236,6 +236,29 @@ def test_split_k(dtype_name, device):
     check_fused(a, b, None, dtype_name, ["relu"])
 
 
+@pytest.mark.parametrize("K, a_layout, b_layout", [(1000, "transposed", "contiguous"),
+                                                    (904, "contiguous", "transposed")])
+def test_split_k_tma(K, a_layout, b_layout, device):
+    """Under-filled grids on a pretended 8-SM Hopper: 200 x 64 is 2 to 4 tiles, so split_plan
+    cuts the K steps (16 with the last one short at K = 1000; 15 at 904, its last slice shorter
+    than the others) into slices, each a work item of the persistent loop; the last
+    slice of a tile to finish sums the fp32 partials and runs the fused epilogue. A column-major
+    A (wgrad's dY^T) and B (the weight's .t()); a second call reuses the counters the first
+    left at zero."""
+    if device == "cuda":
+        pytest.skip("on a GPU this shape takes the device's own plan")
+    M, N = 200, 64
+    gen = torch.Generator().manual_seed(21)
+    a = random_matrix(M, K, a_layout, torch.bfloat16, device, gen)
+    b = random_matrix(K, N, b_layout, torch.bfloat16, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=torch.bfloat16)
+    with pretend_gpu(HOPPER, 8):
+        kernel, split_k, _ = plan(a, b)
+        assert kernel == "tma_host_desc" and split_k > 1
+        check_fused(a, b, bias, "bf16", ["none", "gelu"])
+        check(a, b, "bf16")
+
+
 # ---- the dispatch ----
 def meta(M, K, N, dtype=torch.bfloat16, b_layout="contiguous"):
     """Shape-only operands (the plan reads shapes, strides and dtype, never data)."""
@@ -454,6 +477,35 @@ def test_paths_on_gpu(shape, b_layout, dtype_name, tf32, few_configs, monkeypatc
         assert relative_error(c, ref_c) < tol(dtype_name)
         assert relative_error(z, ref_z) < tol(dtype_name)
     assert relative_error(matmul(a, b), a.double() @ b.double()) < tol(dtype_name)
+
+
+# Under-filled grids the GPU's own split_plan cuts over K (one is enough; the first that splits
+# on the GPU at hand), in the layouts of a linear's forward, dgrad and wgrad
+SPLIT_CASES = [(1568, 768, 3072), (1568, 512, 4608), (6272, 256, 2304), (1000, 520, 4104)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_layout, b_layout", [("contiguous", "transposed"),
+                                                ("contiguous", "contiguous"),
+                                                ("transposed", "contiguous")])  # fmt: skip
+def test_split_k_tma_on_gpu(a_layout, b_layout):
+    """A split host-descriptor launch on the GPU (every tile's slices summed by the last one to
+    finish), with the fused bias + gelu epilogue and without, three calls in a row (the tile
+    counters must be back at zero after each), against float64."""
+    gen = torch.Generator().manual_seed(22)
+    for M, N, K in SPLIT_CASES:
+        a = random_matrix(M, K, a_layout, torch.bfloat16, "cuda", gen)
+        b = random_matrix(K, N, b_layout, torch.bfloat16, "cuda", gen)
+        if plan(a, b).split_k > 1:
+            break
+    else:
+        pytest.fail(f"no shape of {SPLIT_CASES} splits on this GPU")
+    bias = torch.randn(N, generator=gen).to(device="cuda", dtype=torch.bfloat16)
+    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
+    for _ in range(3):
+        c, z = fused_matmul(a, b, bias, ACTIVATIONS["gelu"], True)
+        assert relative_error(c, ref_c) < tol("bf16") and relative_error(z, ref_z) < tol("bf16")
+        assert relative_error(matmul(a, b), a.double() @ b.double()) < tol("bf16")
 
 
 # (a shape, b shape): torch.matmul's cases, broadcast batch dims included

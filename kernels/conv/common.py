@@ -16,7 +16,6 @@ Functions:
     weight_tile          @triton.jit: the (BLOCK_K, BLOCK_N) weight tile of one tap step
     bias_activation      @triton.jit: bias + activation on the fp32 accumulator
     epilogue             @triton.jit: bias + activation, one rounding, masked store by pointers
-    split_k_gather       @triton.jit: the last-arriving program of a tile sums the split partials
     tma_ok               a 2-D operand TMA can describe
     as_matrix            an (N, C, H, W) tensor is an (N·H·W, C) matrix
     output_desc          the (M, K) TMA descriptor of an NHWC output where TMA applies
@@ -150,28 +149,6 @@ def weight_tile(w, r, s, c0, pid_n, offs_c, offs_n, n_ok, C, stride_wk, w_col0, 
             b_ptrs = w + offs_n[None, :] * stride_wk + (col + c)[:, None]
             b = tl.load(b_ptrs, mask=(c < C)[:, None] & n_ok[None, :], other=0.0)
     return b
-
-
-@triton.jit
-def split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Split-K in one launch, last-arriving program reduces: every program stores its fp32 partial
-    tile in the workspace (tile-local (SPLIT_K, BLOCK_M, BLOCK_N) slots, no masks), then bumps the
-    tile's counter. The program that finds SPLIT_K - 1 there sums all the slots (L2 loads) and
-    returns (sum, True); it also resets the counter to 0, so the cached counters stay zero between
-    calls. No program ever waits on another, so no scheduling order can deadlock."""
-    offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-    tl.store(base + split * (BLOCK_M * BLOCK_N) + offs, acc, cache_modifier=".cg")
-    tl.debug_barrier()  # every thread's partial is written before the counter moves
-    count = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    last = count == SPLIT_K - 1
-    if last:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
-            acc += tl.load(base + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-        tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
-    return acc, last
 
 
 # ---------------------------------------------------------------------------------------------

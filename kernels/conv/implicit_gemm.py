@@ -9,7 +9,7 @@ before the loop and the step's (r, s, c0) decoded as scalars. On Hopper the weig
 by TMA and an NHWC output goes out by TMA stores.
 
 Split-K (SPLIT_K > 1): grid axis 1 splits the steps; the partial tiles are summed in the same
-launch by the last program to arrive (common.split_k_gather). The dispatch splits only layers with
+launch by the last program to arrive (kernels.matmul.splitk.split_k_gather). The dispatch splits only layers with
 too few output tiles to fill the GPU (dispatch.split_k_rule).
 
 Functions:
@@ -34,7 +34,6 @@ from kernels.conv.common import (
     no_scratch,
     output_desc,
     row_tiles,
-    split_k_gather,
     split_scratch,
     traceable,
     weight_columns,
@@ -42,6 +41,7 @@ from kernels.conv.common import (
     weight_tile,
 )
 from kernels.matmul import grouped_tile
+from kernels.matmul.splitk import split_k_gather
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps). fp16/bf16 on H100: 64 channels per step
 # (128-byte rows, the widest TMA/wgmma swizzle). The configs that won or came within ~10 % on

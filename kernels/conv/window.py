@@ -7,7 +7,7 @@ are the same-sized patch shifted by (r·dil - pad, s·dil - pad): one 4-D TMA bo
 negative coordinates) the TMA unit fills with zeros. No address arithmetic or masks per element;
 the price is ragged edge tiles when BLOCK_H, BLOCK_W do not divide P, Q, which is why the dispatch
 takes it on images of 14x14 and up only. docs/kernels/conv.md, "Paths" and "Measurements".
-Split-K as in the implicit GEMM (common.split_k_gather).
+Split-K as in the implicit GEMM (kernels.matmul.splitk.split_k_gather).
 
 Functions:
     conv_window_kernel  @triton.jit, autotuned
@@ -32,7 +32,6 @@ from kernels.conv.common import (
     epilogue,
     no_scratch,
     output_desc,
-    split_k_gather,
     split_scratch,
     weight_columns,
     weight_desc,
@@ -40,6 +39,7 @@ from kernels.conv.common import (
     window_config,
 )
 from kernels.matmul import grouped_tile
+from kernels.matmul.splitk import split_k_gather
 
 # (BLOCK_H, BLOCK_W, BLOCK_N, BLOCK_K, num_stages, num_warps): output tiles of BLOCK_H x BLOCK_W
 # pixels of one image (8 | 56 and 7 | 28 leave no ragged edge for the big layers)

@@ -1,7 +1,9 @@
 """The GEMM's dispatch and public wrappers: which kernel a call takes, and the launch.
 
     Hopper (capability 9.x and up), operands TMA can read (tma.tma_layout):
-        16-bit, direct -> matmul_tma_host_desc_kernel on heuristic_tile's tile
+        16-bit, direct -> matmul_tma_host_desc_kernel on heuristic_tile's tile; past SKINNY_M
+                  rows split_plan's tile and K split, which cuts each tile's K steps into
+                  slices where the tiles fill less than one wave (summed in the same launch)
         16-bit, traced by torch.compile (kernels/ops.py passes launch=torch.library.wrap_triton,
                   whose tracing cannot carry a host descriptor)
                -> matmul_tma_device_desc_kernel on the same tile, not autotuned; a host-bound
@@ -73,6 +75,7 @@ from kernels._common import (
     dot_precision,
     gpu_info,
     is_interpreter,
+    tile_counters,
 )
 from kernels._launch import PlanCache, Step
 from kernels.matmul.batched import batched_views, check_batched_args
@@ -85,6 +88,8 @@ from kernels.matmul.tma import (
     heuristic_tile,
     host_desc_step,
     set_scratch_allocator,
+    split_k_scratch,
+    split_plan,
     tma_batch_layout,
     tma_layout,
 )
@@ -122,7 +127,7 @@ def device_info(device: torch.device) -> tuple[bool, int]:
 
 class Plan(NamedTuple):
     kernel: str  # "tma_host_desc", "tma_device_desc" or "pointer"
-    split_k: int  # K slices of the pointer kernel (1: no split)
+    split_k: int  # K slices of the pointer or host-descriptor kernel (1: no split)
     tile: Tile | None  # the host-descriptor kernel's tile
 
 
@@ -136,9 +141,12 @@ def plan(a: torch.Tensor, b: torch.Tensor, launch=direct) -> Plan:
     tf32 = dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32) == "tf32"
     if has_tma and tma_layout(a) and tma_layout(b) and not (tf32 and M <= SKINNY_M):
         if a.dtype in (torch.float16, torch.bfloat16):
-            tile = heuristic_tile(M, N, K, num_sms)
             if launch is direct:
-                return Plan("tma_host_desc", 1, tile)
+                if M > SKINNY_M:  # split-K where the tiles leave SMs idle (tma.split_plan)
+                    tile, split_k = split_plan(M, N, K, num_sms)
+                    return Plan("tma_host_desc", split_k, tile)
+                return Plan("tma_host_desc", 1, heuristic_tile(M, N, K, num_sms))
+            tile = heuristic_tile(M, N, K, num_sms)
             if M > SKINNY_M and 2 * M * N * K < TRACED_TMA_FLOPS:
                 split_k = auto_split_k(M, N, K, num_sms)
                 if split_k == 1:  # host-bound: one launch through Inductor's static launcher
@@ -171,6 +179,7 @@ class _Launches(NamedTuple):
     copy_b: bool  # tf32 device-descriptor: B copied K-major first
     copy_a: bool  # ... and A made row-major
     act_pass: bool = False  # the GEMM stores z alone; the last step is act(z) (activation_pass)
+    scratch: tuple = (0, 0)  # a split host-descriptor launch's (workspace numel, counters)
 
 
 # Direct calls' plans by _plan_key; see kernels/_launch.py
@@ -251,8 +260,9 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
     )
     sms = device_info(a.device)[1]
     if kernel == "tma_host_desc":
-        step = host_desc_step(a, b, c, bias, preact, tile, common, sms)
-        return _Launches(kernel, 1, (step,), (M, N), (N, 1), False, False)
+        step = host_desc_step(a, b, c, bias, preact, tile, common, sms, split_k)
+        return _Launches(kernel, split_k, (step,), (M, N), (N, 1), False, False,
+                         scratch=split_k_scratch(M, N, tile, split_k))  # fmt: skip
     if kernel == "tma_device_desc":
         copy_b = copy_a = False
         if common["INPUT_PRECISION"] == "tf32":
@@ -298,7 +308,11 @@ def _run(p: _Launches, a, b, c, bias, preact) -> None:
 
 def _run_gemm(p: _Launches, a, b, c, bias, preact) -> None:
     if p.kernel == "tma_host_desc":
-        p.steps[0](a, b, c, bias, preact)
+        if p.split_k > 1:
+            workspace = torch.empty(p.scratch[0], device=a.device, dtype=torch.float32)
+            p.steps[0](a, b, c, bias, preact, workspace, tile_counters(a.device, p.scratch[1]))
+        else:
+            p.steps[0](a, b, c, bias, preact)
         return
     if p.kernel == "tma_device_desc":
         a, b = _k_major(a, b, p.copy_a, p.copy_b)

@@ -37,6 +37,9 @@ Functions:
         The same for a (batch, rows, cols) t, whose batch stride must be 0 or 16-byte aligned.
     heuristic_tile(M, N, K, num_sms, batch=1) -> Tile
         The host-descriptor kernel's tile for a 16-bit shape (batch of them in one launch).
+    split_plan(M, N, K, num_sms) -> (Tile, K slices)
+        Its tile and split-K for a direct 2-D launch of more than SKINNY_M rows (SPLITS).
+    split_k_scratch(M, N, tile, split_k) -> (workspace numel, counters)
     tma_configs() -> [triton.Config]
         The device-descriptor kernel's autotuning tiles (fp32).
     matmul_tma_host_desc_kernel, matmul_tma_device_desc_kernel
@@ -58,6 +61,7 @@ from kernels._common import ACTIVATIONS, cdiv, direct, is_interpreter, next_powe
 from kernels._launch import Step
 from kernels.matmul.epilogue import apply_activation, bias_activation, grouped_tile, store_masked
 from kernels.matmul.pointer import SKINNY_M, interpreter_configs, make_config, prune_by_m
+from kernels.matmul.splitk import split_k_gather
 
 
 def tma_layout(t: torch.Tensor) -> tuple[bool, int] | None:
@@ -153,6 +157,42 @@ def heuristic_tile(M: int, N: int, K: int, num_sms: int, batch: int = 1) -> Tile
     return min((t for t in WAVE_TILES if t.block_n <= widest), key=wave_time)
 
 
+# Split-K on under-filled grids (M > SKINNY_M, one matrix, direct launches): where the tiles of
+# a shape fill less than one wave, each tile's K steps may be cut into SPLITS slices, each slice
+# a work item of the persistent loop, the last slice of a tile to finish summing the fp32
+# partials and running the epilogue (splitk.split_k_gather). split_plan prices every (tile,
+# split) as waves x tile area / WAVE_SPEED x the K steps of one work item, plus per item the
+# fixed ITEM_STEPS (pipeline fill, epilogue) and, split, PARTIAL_STEPS per fp32 partial tile it
+# stores or (the last slice) loads; a slice keeps at least SPLIT_MIN_STEPS K steps.
+SPLITS = (2, 3, 4)
+SPLIT_MIN_STEPS = 4
+ITEM_STEPS = 3.0
+PARTIAL_STEPS = 1.5
+
+
+def split_plan(M: int, N: int, K: int, num_sms: int) -> tuple[Tile, int]:
+    """(tile, K slices) of the host-descriptor kernel for a 16-bit (M, K) @ (K, N) of more than
+    SKINNY_M rows on num_sms SMs, direct launches (see SPLITS); unsplit, heuristic_tile's tile."""
+    widest = max(64, next_power_of_2(N))
+    candidates = []
+    for tile in WAVE_TILES:
+        if tile.block_n > widest:
+            continue
+        tiles = cdiv(M, tile.block_m) * cdiv(N, tile.block_n)
+        steps = cdiv(K, tile.block_k)
+        rate = tile.block_m * tile.block_n / WAVE_SPEED[tile.block_m, tile.block_n]
+        candidates.append((cdiv(tiles, num_sms) * rate * (steps + ITEM_STEPS), tile, 1))
+        if tiles >= num_sms:
+            continue
+        for split in SPLITS:
+            if steps < split * SPLIT_MIN_STEPS:
+                break
+            item = cdiv(steps, split) + ITEM_STEPS + (1 + split) * PARTIAL_STEPS
+            candidates.append((cdiv(tiles * split, num_sms) * rate * item, tile, split))
+    _, tile, split = min(candidates, key=lambda c: c[0])  # the first of equal costs
+    return tile, split
+
+
 def epilogue_splits(tile: Tile, act_id: int) -> int:
     """Column blocks of the host-descriptor kernel's epilogue: 1 unless the tile is subtiled,
     else 2, or 4 with an activation (whose temporaries then cover a quarter of the tile).
@@ -228,17 +268,17 @@ def _epilogue_store(x, off_m, col, N, bias_ptr, stride_bias, c_desc, z_desc, c_p
 
 
 @triton.jit
-def _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles,
+def _tma_mainloop(a_desc, b_desc, off_m, off_n, k_lo, k_hi,
                   A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr,
                   UPCAST_TO_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   matrix=0, A_BATCHED: tl.constexpr = False,
                   B_BATCHED: tl.constexpr = False):  # fmt: skip
-    """The fp32 (BLOCK_M, BLOCK_N) accumulator over all K steps, tiles loaded by TMA (which
-    zero-fills reads past the edges). A column-major operand is loaded as stored and `.T`-ed;
-    a 3-D (A_BATCHED, B_BATCHED) descriptor is read in matrix `matrix`."""
+    """The fp32 (BLOCK_M, BLOCK_N) accumulator over K steps k_lo to k_hi (BLOCK_K each), tiles
+    loaded by TMA (which zero-fills reads past the edges). A column-major operand is loaded as
+    stored and `.T`-ed; a 3-D (A_BATCHED, B_BATCHED) descriptor is read in matrix `matrix`."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for ki in range(0, k_tiles):
+    for ki in range(k_lo, k_hi):
         off_k = ki * BLOCK_K
         if A_COL_MAJOR:
             a = _load_block(a_desc, matrix, off_k, off_m, BLOCK_K, BLOCK_M, A_BATCHED).T
@@ -264,6 +304,9 @@ def matmul_tma_host_desc_kernel(
     # pointers: operands (a_ptr and b_ptr are read through a_desc and b_desc only), output, the
     # epilogue's bias and pre-activation (None when unused)
     a_ptr, b_ptr, c_ptr, bias_ptr, preact_ptr,
+    # split-K (SPLIT_K > 1): the fp32 workspace of every tile's SPLIT_K partial tiles and the
+    # tiles' arrival counters (kernels._common.tile_counters); None unsplit
+    ws_ptr, lock_ptr,
     # host-side TensorDescriptors of A and B as stored, and of C and Z (None without TMA_STORE,
     # or Z without STORE_PREACT), their blocks (BLOCK_M, BLOCK_N // EPILOGUE_SPLITS)
     a_desc, b_desc, c_desc, z_desc,
@@ -279,7 +322,7 @@ def matmul_tma_host_desc_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
     TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EPILOGUE_SPLITS: tl.constexpr,
+    EPILOGUE_SPLITS: tl.constexpr, SPLIT_K: tl.constexpr,
     # batched launches only: the matrix count and C's batch stride (elements; Z's too), then
     # which of A and B have 3-D descriptors (the other is broadcast) and the switch (C's and Z's
     # descriptors are 3-D). 2-D launches leave them out.
@@ -298,7 +341,19 @@ def matmul_tma_host_desc_kernel(
     tiles_per_matrix = num_tiles
     if BATCHED:
         num_tiles = num_tiles * batch
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+    # a tile's SPLIT_K slices of the K steps are adjacent work items, so they run side by side
+    # and the last to finish sums them (split_k_gather) without waiting on anyone
+    for work in tl.range(tl.program_id(0), num_tiles * SPLIT_K, tl.num_programs(0),
+                         flatten=True):  # fmt: skip
+        tile = work
+        k_lo = 0
+        k_hi = k_tiles
+        if SPLIT_K > 1:
+            tile = work // SPLIT_K
+            split = work - tile * SPLIT_K
+            per_split = tl.cdiv(k_tiles, SPLIT_K)
+            k_lo = split * per_split
+            k_hi = tl.minimum(k_lo + per_split, k_tiles)
         matrix = 0
         tile_in_matrix = tile
         if BATCHED:
@@ -307,60 +362,65 @@ def matmul_tma_host_desc_kernel(
         pid_m, pid_n = grouped_tile(tile_in_matrix, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles, A_COL_MAJOR, B_COL_MAJOR,
+        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, A_COL_MAJOR, B_COL_MAJOR,
                             UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, matrix,
                             A_BATCHED, B_BATCHED)  # fmt: skip
+        write = True
+        if SPLIT_K > 1:
+            acc, write = split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K, BLOCK_M,
+                                        BLOCK_N)  # fmt: skip
 
-        # ---- write-back ----
-        if TMA_STORE and EPILOGUE_SPLITS > 1:
-            # Subtiled epilogue: split the accumulator into column blocks first, then per block
-            # load its slice of the bias, add, activate, store. The activation's temporaries and
-            # the broadcast bias cover 1/EPILOGUE_SPLITS of the tile, and a block's registers die
-            # once it is stored (a full-tile epilogue at 128x256 / 8 warps spills with exact
-            # gelu: docs/kernels/matmul.md, "Shipped design").
-            h0, h1 = _halves(acc, BLOCK_M, BLOCK_N)
-            if EPILOGUE_SPLITS == 4:
-                q0, q1 = _halves(h0, BLOCK_M, BLOCK_N // 2)
-                _epilogue_store(q0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
-                                c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
-                                STORE_N, matrix, BATCHED)  # fmt: skip
-                _epilogue_store(q1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
-                                c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
-                q2, q3 = _halves(h1, BLOCK_M, BLOCK_N // 2)
-                _epilogue_store(q2, off_m, off_n + 2 * STORE_N, N, bias_ptr, stride_bias,
-                                c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
-                _epilogue_store(q3, off_m, off_n + 3 * STORE_N, N, bias_ptr, stride_bias,
-                                c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
+        # ---- write-back (a split tile: by its last slice only) ----
+        if write:
+            if TMA_STORE and EPILOGUE_SPLITS > 1:
+                # Subtiled epilogue: split the accumulator into column blocks first, then per
+                # block load its slice of the bias, add, activate, store. The activation's
+                # temporaries and the broadcast bias cover 1/EPILOGUE_SPLITS of the tile, and a
+                # block's registers die once it is stored (a full-tile epilogue at 128x256 / 8
+                # warps spills with exact gelu: docs/kernels/matmul.md, "Shipped design").
+                h0, h1 = _halves(acc, BLOCK_M, BLOCK_N)
+                if EPILOGUE_SPLITS == 4:
+                    q0, q1 = _halves(h0, BLOCK_M, BLOCK_N // 2)
+                    _epilogue_store(q0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
+                                    c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                                    STORE_N, matrix, BATCHED)  # fmt: skip
+                    _epilogue_store(q1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
+                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                    STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
+                    q2, q3 = _halves(h1, BLOCK_M, BLOCK_N // 2)
+                    _epilogue_store(q2, off_m, off_n + 2 * STORE_N, N, bias_ptr, stride_bias,
+                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                    STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
+                    _epilogue_store(q3, off_m, off_n + 3 * STORE_N, N, bias_ptr, stride_bias,
+                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                    STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
+                else:
+                    _epilogue_store(h0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
+                                    c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                                    STORE_N, matrix, BATCHED)  # fmt: skip
+                    _epilogue_store(h1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
+                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                                    STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
             else:
-                _epilogue_store(h0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
-                                c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
-                                STORE_N, matrix, BATCHED)  # fmt: skip
-                _epilogue_store(h1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
-                                c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
-        else:
-            offs_m = off_m + tl.arange(0, BLOCK_M)
-            offs_n = off_n + tl.arange(0, BLOCK_N)
-            z, y = bias_activation(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
-                                   ACTIVATION)  # fmt: skip
-            if TMA_STORE:  # one store of the whole tile (EPILOGUE_SPLITS == 1)
-                _store_block(c_desc, y.to(c_ptr.dtype.element_ty), matrix, off_m, off_n,
-                             BATCHED)  # fmt: skip
-                if STORE_PREACT:
-                    _store_block(z_desc, z.to(preact_ptr.dtype.element_ty), matrix, off_m,
-                                 off_n, BATCHED)  # fmt: skip
-            else:
-                c_out = c_ptr
-                z_out = preact_ptr
-                if BATCHED:  # int64: a batch may pass 2**31 elements
-                    c_out += matrix.to(tl.int64) * stride_cb
+                offs_m = off_m + tl.arange(0, BLOCK_M)
+                offs_n = off_n + tl.arange(0, BLOCK_N)
+                z, y = bias_activation(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
+                                       ACTIVATION)  # fmt: skip
+                if TMA_STORE:  # one store of the whole tile (EPILOGUE_SPLITS == 1)
+                    _store_block(c_desc, y.to(c_ptr.dtype.element_ty), matrix, off_m, off_n,
+                                 BATCHED)  # fmt: skip
                     if STORE_PREACT:
-                        z_out += matrix.to(tl.int64) * stride_cb
-                store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_out, z_out,
-                             STORE_PREACT)  # fmt: skip
+                        _store_block(z_desc, z.to(preact_ptr.dtype.element_ty), matrix, off_m,
+                                     off_n, BATCHED)  # fmt: skip
+                else:
+                    c_out = c_ptr
+                    z_out = preact_ptr
+                    if BATCHED:  # int64: a batch may pass 2**31 elements
+                        c_out += matrix.to(tl.int64) * stride_cb
+                        if STORE_PREACT:
+                            z_out += matrix.to(tl.int64) * stride_cb
+                    store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_out, z_out,
+                                 STORE_PREACT)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,7 +483,7 @@ def matmul_tma_device_desc_kernel(
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_tiles, A_COL_MAJOR, B_COL_MAJOR,
+        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, 0, k_tiles, A_COL_MAJOR, B_COL_MAJOR,
                             UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
 
         # ---- write-back ----
@@ -472,13 +532,15 @@ def _desc_spec(slot, tensor_slot, t, col_major, block):
             (*lead_block, *block))  # fmt: skip
 
 
-def host_desc_step(a, b, c, bias, preact, tile, common, num_sms):
+def host_desc_step(a, b, c, bias, preact, tile, common, num_sms, split_k=1):
     """matmul_tma_host_desc_kernel on `tile` (heuristic_tile's) as a Step: one program per SM at
     most (four in the interpreter, with its one-stage pipeline). Its tensors are (a, b, c, bias,
-    preact); the lead slots 5-8 (a_desc, b_desc, c_desc, z_desc) are descriptors of a, b, c and
-    preact (kernels._launch.DescSpec), None where there is none (no TMA store, no
-    pre-activation). A 3-D c makes the batched launch: a (batch, M, K) and b (batch, K, N), each
-    read by tma_batch_layout, c (and preact) contiguous."""
+    preact) and, where split_k > 1 (each tile's K steps in split_k slices), the workspace and
+    counters split_k_scratch sizes (None unsplit); the lead slots 7-10 (a_desc, b_desc, c_desc,
+    z_desc) are descriptors of a, b, c and preact (kernels._launch.DescSpec), None where there
+    is none (no TMA store, no pre-activation). A 3-D c makes the batched launch
+    (never split): a (batch, M, K) and b (batch, K, N), each read by tma_batch_layout, c (and
+    preact) contiguous."""
     batched = c.dim() == 3
     M, K = a.shape[-2:]
     N = b.shape[-1]
@@ -488,19 +550,19 @@ def host_desc_step(a, b, c, bias, preact, tile, common, num_sms):
     splits = epilogue_splits(tile, common["ACTIVATION"])
     store_n = bn // splits
     tma_store = (N * c.element_size()) % 16 == 0
-    descs = [_desc_spec(5, 0, a, a_col, [bk, bm] if a_col else [bm, bk]),
-             _desc_spec(6, 1, b, b_col, [bn, bk] if b_col else [bk, bn])]  # fmt: skip
+    descs = [_desc_spec(7, 0, a, a_col, [bk, bm] if a_col else [bm, bk]),
+             _desc_spec(8, 1, b, b_col, [bn, bk] if b_col else [bk, bn])]  # fmt: skip
     if tma_store:
-        descs.append(_desc_spec(7, 2, c, False, [bm, store_n]))
+        descs.append(_desc_spec(9, 2, c, False, [bm, store_n]))
         if preact is not None:
-            descs.append(_desc_spec(8, 4, preact, False, [bm, store_n]))
+            descs.append(_desc_spec(10, 4, preact, False, [bm, store_n]))
     batch = c.shape[0] if batched else 1
     tiles = cdiv(M, bm) * cdiv(N, bn) * batch
     stages, warps = (1, 4) if is_interpreter() else (tile.num_stages, tile.num_warps)
-    grid = (min(4 if is_interpreter() else num_sms, tiles),)
+    grid = (min(4 if is_interpreter() else num_sms, tiles * split_k),)
     meta = dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
-                num_stages=stages, num_warps=warps)  # fmt: skip
+                SPLIT_K=split_k, num_stages=stages, num_warps=warps)  # fmt: skip
     if batched:
         meta.update(batch=batch, stride_cb=c.stride(0), A_BATCHED=a.stride(0) != 0,
                     B_BATCHED=b.stride(0) != 0, BATCHED=True)  # fmt: skip
@@ -508,8 +570,15 @@ def host_desc_step(a, b, c, bias, preact, tile, common, num_sms):
         matmul_tma_host_desc_kernel, grid,
         (M, N, K,
          stride_a, stride_b, c.stride(-2), bias.stride(0) if bias is not None else 0),
-        meta, descs=descs, width=9,
+        meta, descs=descs, width=11,
     )  # fmt: skip
+
+
+def split_k_scratch(M: int, N: int, tile: Tile, split_k: int):
+    """(numel of the fp32 workspace, counters) of a split host-descriptor launch: every tile's
+    split_k partial tiles, one arrival counter per tile."""
+    tiles = cdiv(M, tile.block_m) * cdiv(N, tile.block_n)
+    return tiles * split_k * tile.block_m * tile.block_n, tiles
 
 
 def device_desc_step(a, b, c, bias, preact, common, num_sms, tile=None, launch=direct):
