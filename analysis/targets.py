@@ -422,6 +422,31 @@ def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str,
     return checks
 
 
+# The model-shapes issue's bars: on each shape set recorded from a model (conf/kernel/recorded/,
+# `shapes=<model>`), forward and fwd_bwd, ours against eager's GPU time in geomean and on the
+# worst shape (16-bit; fp32 rows are reported, not held to them)
+MODEL_SHAPES_GEOMEAN = 1.00
+MODEL_SHAPES_WORST = 0.95
+
+
+def model_shapes_report(frame: pd.DataFrame, kernel: str) -> Report:
+    """Per recorded model shape set of `kernel`, pass and dtype: triton against eager, its
+    geomean and worst shape (MODEL_SHAPES_*), and the per-shape table."""
+    checks, tables = [], []
+    rows = _ok(frame, kernel=kernel, mode="triton", shape_set=registry.names("model"))
+    for (shape_set, pass_name, dtype), part in rows.groupby(["shape_set", "pass", "dtype"]):
+        part = part.drop_duplicates("shape_label", keep="last")
+        tag = f"{kernel} {dtype} shapes={shape_set} {pass_name}: triton vs eager"
+        held = dtype in ("bf16", "fp16")
+        worst, where = _worst(part, "speedup_vs_eager")
+        checks.append(Check(f"{tag} (geomean)", _gm(part["speedup_vs_eager"]),
+                            MODEL_SHAPES_GEOMEAN if held else 0.0, f" ({len(part)} shapes)"))
+        checks.append(Check(f"{tag}, worst shape", worst, MODEL_SHAPES_WORST if held else 0.0,
+                            where))
+        tables.append((f"{tag}, by shape", _paired_table(part)))
+    return Report(checks, tables)
+
+
 BLOCKS = ("mlp", "attention", "bottleneck")  # analysis/composed_targets.py's block_report
 REPORTS = {
     "matmul": matmul_report,
@@ -451,7 +476,9 @@ def render(frame: pd.DataFrame, kernels: list[str],
             else:
                 report = reports[kernel](frame)
             peers = peer_report(frame, kernel)
-            report = Report(report.checks + peers.checks, report.tables + peers.tables)
+            shapes = model_shapes_report(frame, kernel)
+            report = Report(report.checks + peers.checks + shapes.checks,
+                            report.tables + peers.tables + shapes.tables)
             for title, table in report.tables:
                 if not table.empty:
                     out += [f"\n{title}", table.to_string()]

@@ -66,7 +66,9 @@ register(OpSpec(
     bench=("kernel=matmul mode=triton dtype=bf16,fp16 shapes=square,llm",
            "kernel=matmul mode=triton,triton-compiled,default dtype=bf16 shapes=default",
            "kernel=matmul mode=triton,triton-compiled,default,max-autotune-no-cudagraphs "
-           "dtype=bf16 shapes=attention"),
+           "dtype=bf16 shapes=attention",
+           # the shape set recorded from the Llama decoder (analysis.targets, "model shapes")
+           "kernel=matmul mode=triton pass=fwd,fwd_bwd dtype=bf16 shapes=llama"),
     paired=latency_pairing("matmul"),
     markers={"marker": "o"},
 ))  # fmt: skip
@@ -126,7 +128,10 @@ register(OpSpec(
     passes=("fwd", "fwd_bwd"),
     bench=("kernel=linear mode=triton,triton-compiled,default,max-autotune-no-cudagraphs pass=fwd "
            "dtype=bf16,fp16",
-           "kernel=linear mode=triton pass=fwd_bwd dtype=bf16,fp16"),
+           "kernel=linear mode=triton pass=fwd_bwd dtype=bf16,fp16",
+           # the sets recorded from the models, as they call it: bias, no fused activation
+           "kernel=linear mode=triton kernel.activation=none pass=fwd,fwd_bwd dtype=bf16 "
+           "shapes=resnet50,mobilenet_v2,convnext_tiny,vit_b_16,llama"),
     paired=latency_pairing("linear"),
     markers={"marker": "s"},
 ))  # fmt: skip
@@ -309,7 +314,10 @@ register(OpSpec(
            # core layers against the compile modes (their compile time per layer is minutes)
            "kernel=conv kernel.bias=false pass=fwd_bwd mode=triton shapes=resnet50",
            "kernel=conv kernel.bias=false pass=fwd_bwd "
-           "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core"),
+           "mode=triton,triton-compiled,default,max-autotune-no-cudagraphs shapes=resnet50_core",
+           # the sets recorded from the CNNs (analysis.targets, "model shapes"), bias-free
+           "kernel=conv mode=triton kernel.bias=false pass=fwd,fwd_bwd dtype=bf16 "
+           "shapes=mobilenet_v2,convnext_tiny"),
     paired=latency_pairing("conv"),
     markers={"marker": "D"},
 ))  # fmt: skip

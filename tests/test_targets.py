@@ -13,6 +13,7 @@ from analysis.targets import (
     load_paired,
     main,
     matmul_report,
+    model_shapes_report,
     paired_check,
     render,
     softmax_report,
@@ -424,10 +425,11 @@ def test_bench_grids_runs_only_the_numbered_grids(tmp_path, monkeypatch, capsys)
     assert all(c[-1] == "dtype=bf16" for c in runs)
     assert "pass=fwd_bwd" in " ".join(runs[0]) and grids[5].split()[0] in runs[0]
     assert not [c for c in commands if "experiments.paired" in c]
-    for bad in ("0", "8", "6,x", ""):
+    last = len(grids)
+    for bad in ("0", str(last + 1), "6,x", ""):
         commands.clear()
         assert bench.main(["conv", "--grids", bad]) == 2
-        assert not commands and "--grids takes grid numbers 1-7" in capsys.readouterr().err
+        assert not commands and f"--grids takes grid numbers 1-{last}" in capsys.readouterr().err
 
 
 def test_conv_training_full_set_reads_the_core_sets_compile_rows():
@@ -452,3 +454,28 @@ def test_conv_training_full_set_reads_the_core_sets_compile_rows():
                   "[the resnet50_core layers' compile rows]"]
     assert best.value == pytest.approx((0.9 / 1.0 * 0.6 / 1.2) ** 0.5)
     assert not best.passed and "at b" in best.detail and "(2 layers)" in best.detail
+
+
+def test_model_shape_sets_read_each_models_set_and_pass_apart():
+    """Per recorded model set and pass: the geomean of triton against eager and the worst shape
+    (named), a rerun's row of a shape replacing the first; other sets and modes do not count."""
+    def linear(label, speedup, shape_set="convnext_tiny", pass_name="fwd", mode="triton"):
+        return row("linear", mode, label, shape_set=shape_set, speedup_vs_eager=speedup,
+                   flops=1e9, tflops=100.0, eager_time_ms_p50=0.01, **{"pass": pass_name})
+
+    frame = records_frame([
+        linear("1568x768x3072", 0.80), linear("1568x768x3072", 0.97),  # rerun: the last counts
+        linear("6272x1536x384", 1.10), linear("6272x1536x384", 0.5, mode="default"),
+        linear("6272x1536x384", 0.90, pass_name="fwd_bwd"),
+        linear("4096x2048x2048", 1.02, shape_set="llama"),
+        linear("16x4096x4096", 0.1, shape_set="default"),
+    ])
+    checks = {c.target: c for c in model_shapes_report(frame, "linear").checks}
+    tag = "linear bf16 shapes=convnext_tiny fwd: triton vs eager"
+    assert checks[f"{tag} (geomean)"].value == pytest.approx((0.97 * 1.10) ** 0.5)
+    assert checks[f"{tag} (geomean)"].passed and checks[f"{tag}, worst shape"].passed
+    assert "1568x768x3072" in checks[f"{tag}, worst shape"].detail
+    bwd = checks["linear bf16 shapes=convnext_tiny fwd_bwd: triton vs eager, worst shape"]
+    assert bwd.value == pytest.approx(0.90) and not bwd.passed
+    assert checks["linear bf16 shapes=llama fwd: triton vs eager (geomean)"].passed
+    assert not any("default" in name for name in checks) and len(checks) == 6
