@@ -55,8 +55,12 @@ def gemms(shape_sets: list[str], extra: list[tuple[int, int, int]]) -> list[tupl
 
 
 def operands(M, N, K, a_col, b_col, device, generator):
-    a = torch.randn(K, M, generator=generator).t() if a_col else torch.randn(M, K, generator=generator)
-    b = torch.randn(N, K, generator=generator).t() if b_col else torch.randn(K, N, generator=generator)
+    def randn(rows, cols, col_major):
+        if col_major:
+            return torch.randn(cols, rows, generator=generator).t()
+        return torch.randn(rows, cols, generator=generator)
+
+    a, b = randn(M, K, a_col), randn(K, N, b_col)
     to = dict(device=device, dtype=torch.bfloat16)
     a = (a.t().to(**to).t() if a_col else a.to(**to)) / K**0.25
     b = (b.t().to(**to).t() if b_col else b.to(**to)) / K**0.25
@@ -73,9 +77,9 @@ def forced(a, b, tile, split, sms):
                   INPUT_PRECISION=dot_precision(a.dtype, False),
                   UPCAST_TO_FP32=is_interpreter())  # fmt: skip
     step = tma.host_desc_step(a, b, c, None, None, tile, common, sms, split)
-    numel, counters = tma.split_k_scratch(M, N, tile, split)
+    numel, counters = tma.split_k_scratch(M, N, K, tile, split, sms)
     scratch = ()
-    if split > 1:
+    if split != 1:
         scratch = (torch.empty(numel, device=a.device, dtype=torch.float32),
                    tile_counters(a.device, counters))  # fmt: skip
     return partial(step, a, b, c, None, None, *scratch), c
@@ -92,7 +96,7 @@ def probe(items, splits, device, sms, out=print) -> list[dict]:
         a, b = operands(M, N, K, a_col, b_col, device, generator)
         ref = torch.mm(a, b)
         p = dispatch.plan(a, b)
-        plan = f"{p.tile.block_m}x{p.tile.block_n}/{p.split_k}" if p.tile else p.kernel
+        plan = f"{p.tile.block_m}x{p.tile.block_n}/{p.split_k or 'sk'}" if p.tile else p.kernel
         row = {"gemm": label, "role": role, "M": M, "N": N, "K": K,
                "cublas": gpu_us(partial(torch.mm, a, b)),
                "plan": plan,
@@ -100,10 +104,10 @@ def probe(items, splits, device, sms, out=print) -> list[dict]:
         for tile in tma.WAVE_TILES if p.kernel == "tma_host_desc" else ():
             if tile.block_n > max(64, 2 ** math.ceil(math.log2(N))):
                 continue
-            for split in splits:
+            for split in (*splits, tma.STREAM_K):
                 if split > 1 and math.ceil(K / tile.block_k) < split * tma.SPLIT_MIN_STEPS:
                     continue
-                key = f"{tile.block_m}x{tile.block_n}/{split}"
+                key = f"{tile.block_m}x{tile.block_n}/{split or 'sk'}"
                 try:
                     launch, c = forced(a, b, tile, split, sms)
                     launch()
@@ -119,7 +123,8 @@ def probe(items, splits, device, sms, out=print) -> list[dict]:
 
 def _line(row) -> str:
     timed = sorted((us, key) for key, us in row["forced"].items() if isinstance(us, float))
-    failed = [f"  failed {key}: {err}" for key, err in row["forced"].items() if isinstance(err, str)]
+    failed = [f"  failed {key}: {err}" for key, err in row["forced"].items()
+              if isinstance(err, str)]  # fmt: skip
     base = row["cublas"]
     ratio = (lambda us: f"{base / us:.2f}") if not math.isnan(base) else (lambda us: "-")
     best = f"{_fmt(timed[0][0])} {timed[0][1]} ({ratio(timed[0][0])})" if timed else "-"

@@ -11,7 +11,13 @@ import triton.language as tl
 
 import kernels.ops
 from experiments.correctness import relative_error, tolerance
-from kernels._common import ACTIVATIONS, TORCH_ACTIVATIONS, dot_precision, pretend_gpu
+from kernels._common import (
+    ACTIVATIONS,
+    TORCH_ACTIVATIONS,
+    dot_precision,
+    pretend_gpu,
+    tile_counters,
+)
 from kernels.matmul import apply_activation, fused_matmul, matmul, matmul_reference, plan, planned
 from kernels.matmul import dispatch as matmul_dispatch
 from kernels.matmul.pointer import matmul_kernel, pointer_configs
@@ -22,8 +28,11 @@ from kernels.matmul.tma import (
     SKINNY_TALL_TILE,
     SKINNY_TILE,
     SKINNY_WIDE_TILE,
+    STREAM_K,
     WAVE_TILES,
+    host_desc_step,
     matmul_tma_device_desc_kernel,
+    split_k_scratch,
     tma_configs,
     tma_layout,
 )
@@ -257,6 +266,33 @@ def test_split_k_tma(K, a_layout, b_layout, device):
         assert kernel == "tma_host_desc" and split_k > 1
         check_fused(a, b, bias, "bf16", ["none", "gelu"])
         check(a, b, "bf16")
+
+
+@pytest.mark.parametrize("split_k", [2, 3, STREAM_K], ids=["split2", "split3", "stream-k"])
+def test_k_decompositions_of_the_tma_kernel(split_k, device):
+    """Each decomposition split_plan may pick, forced on the host-descriptor kernel in the
+    interpreter's 4 programs: 136 x 136 in 128x64 tiles is 6 tiles, K = 1000 is 16 steps (the
+    last one short), so split 3 slices them 6/6/4 and stream-K runs 24 steps a program, every
+    other tile shared by two; bias + gelu with the pre-activation, twice (the counters back at zero)."""
+    if device == "cuda":
+        pytest.skip("the interpreter's four programs; test_split_k_tma_on_gpu runs the GPU's")
+    M, N, K = 136, 136, 1000
+    gen = torch.Generator().manual_seed(23)
+    a = random_matrix(M, K, "transposed", torch.bfloat16, device, gen)
+    b = random_matrix(K, N, "transposed", torch.bfloat16, device, gen)
+    bias = torch.randn(N, generator=gen).to(device=device, dtype=torch.bfloat16)
+    ref_c, ref_z = fused_reference(a, b, bias, "gelu")
+    tile = WAVE_TILES[2]
+    common = dict(HAS_BIAS=True, ACTIVATION=ACTIVATIONS["gelu"], STORE_PREACT=True,
+                  INPUT_PRECISION="ieee", UPCAST_TO_FP32=True)  # fmt: skip
+    with pretend_gpu(HOPPER, 4):
+        for _ in range(2):
+            c, z = torch.full((2, M, N), float("nan"), dtype=torch.bfloat16).unbind()
+            step = host_desc_step(a, b, c, bias, z, tile, common, 4, split_k)
+            numel, counters = split_k_scratch(M, N, K, tile, split_k, 4)
+            workspace = torch.empty(numel, dtype=torch.float32)
+            step(a, b, c, bias, z, workspace, tile_counters(a.device, counters))
+            assert relative_error(c, ref_c) < tol("bf16") and relative_error(z, ref_z) < tol("bf16")
 
 
 # ---- the dispatch ----

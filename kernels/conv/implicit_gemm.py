@@ -140,7 +140,7 @@ def conv_implicit_kernel(
     write = True
     if SPLIT_K > 1:  # only the last program of this tile to arrive sums the partials and writes
         acc, write = split_k_gather(acc, ws_ptr, lock_ptr, tl.program_id(0), tl.program_id(1),
-                                    SPLIT_K, BLOCK_M, BLOCK_N)  # fmt: skip
+                                    SPLIT_K, SPLIT_K, BLOCK_M, BLOCK_N)  # fmt: skip
     if write:
         if Y_TMA:  # y is an (M, K) matrix: one TMA store, clipped at its edges
             acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)

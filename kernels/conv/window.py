@@ -117,7 +117,7 @@ def conv_window_kernel(
     write = True
     if SPLIT_K > 1:
         acc, write = split_k_gather(acc, ws_ptr, lock_ptr, tl.program_id(0), tl.program_id(1),
-                                    SPLIT_K, BLOCK_M, BLOCK_N)  # fmt: skip
+                                    SPLIT_K, SPLIT_K, BLOCK_M, BLOCK_N)  # fmt: skip
     if write:
         if Y_TMA:  # y as 4-D (N, P, Q, K): the same pixel patch, clipped at the image's edges
             acc = bias_activation(acc, bias_ptr, offs_n, n_ok, HAS_BIAS, ACTIVATION)

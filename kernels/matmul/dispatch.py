@@ -2,8 +2,8 @@
 
     Hopper (capability 9.x and up), operands TMA can read (tma.tma_layout):
         16-bit, direct -> matmul_tma_host_desc_kernel on heuristic_tile's tile; past SKINNY_M
-                  rows split_plan's tile and K split, which cuts each tile's K steps into
-                  slices where the tiles fill less than one wave (summed in the same launch)
+                  rows split_plan's tile and K decomposition (split-K or stream-K where the
+                  tiles leave SMs idle; the shared tiles summed in the same launch)
         16-bit, traced by torch.compile (kernels/ops.py passes launch=torch.library.wrap_triton,
                   whose tracing cannot carry a host descriptor)
                -> matmul_tma_device_desc_kernel on the same tile, not autotuned; a host-bound
@@ -127,7 +127,7 @@ def device_info(device: torch.device) -> tuple[bool, int]:
 
 class Plan(NamedTuple):
     kernel: str  # "tma_host_desc", "tma_device_desc" or "pointer"
-    split_k: int  # K slices of the pointer or host-descriptor kernel (1: no split)
+    split_k: int  # K slices of the pointer or host-descriptor kernel (1: none; tma.STREAM_K)
     tile: Tile | None  # the host-descriptor kernel's tile
 
 
@@ -262,7 +262,7 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
     if kernel == "tma_host_desc":
         step = host_desc_step(a, b, c, bias, preact, tile, common, sms, split_k)
         return _Launches(kernel, split_k, (step,), (M, N), (N, 1), False, False,
-                         scratch=split_k_scratch(M, N, tile, split_k))  # fmt: skip
+                         scratch=split_k_scratch(M, N, K, tile, split_k, sms))  # fmt: skip
     if kernel == "tma_device_desc":
         copy_b = copy_a = False
         if common["INPUT_PRECISION"] == "tf32":
@@ -308,7 +308,7 @@ def _run(p: _Launches, a, b, c, bias, preact) -> None:
 
 def _run_gemm(p: _Launches, a, b, c, bias, preact) -> None:
     if p.kernel == "tma_host_desc":
-        if p.split_k > 1:
+        if p.split_k != 1:  # split-K or stream-K
             workspace = torch.empty(p.scratch[0], device=a.device, dtype=torch.float32)
             p.steps[0](a, b, c, bias, preact, workspace, tile_counters(a.device, p.scratch[1]))
         else:

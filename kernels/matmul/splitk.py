@@ -14,9 +14,10 @@ Functions:
         C = act(sum of the SPLIT_K partials + bias), and Z when STORE_PREACT; in slice order.
     splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch) -> Step
         Its launch (kernels._launch.Step) for a (split_k, M, N) fp32 partial buffer.
-    split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K, BLOCK_M, BLOCK_N) -> (acc, last)
-        @triton.jit: split-K in one launch, the last-arriving program of a tile sums the
-        partials (the TMA GEMM's split, kernels/matmul/tma.py, and the conv designs').
+    split_k_gather(acc, ws_ptr, lock_ptr, tile, slot, count, slots, BLOCK_M, BLOCK_N)
+        @triton.jit -> (acc, last): a tile's K steps shared by `count` programs of one launch,
+        the last to arrive summing the partials (the TMA GEMM's split-K and stream-K,
+        kernels/matmul/tma.py, and the conv designs' split-K).
 """
 
 import triton
@@ -74,22 +75,24 @@ def splitk_reduce_step(split_k, M, N, bias, preact, act_id, launch):
 
 
 @triton.jit
-def split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K: tl.constexpr,
+def split_k_gather(acc, ws_ptr, lock_ptr, tile, slot, count, slots,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Split-K in one launch, last-arriving program reduces: every program stores its fp32 partial
-    tile in the workspace (tile-local (SPLIT_K, BLOCK_M, BLOCK_N) slots, no masks), then bumps the
-    tile's counter. The program that finds SPLIT_K - 1 there sums all the slots (L2 loads) and
-    returns (sum, True); it also resets the counter to 0, so the cached counters stay zero between
-    calls. No program ever waits on another, so no scheduling order can deadlock."""
+    """One launch, last-arriving program reduces: each of the `count` programs that hold a part
+    of `tile`'s K steps stores its fp32 partial tile in its slot of the workspace (tile-local
+    (slots, BLOCK_M, BLOCK_N) slots, no masks), then bumps the tile's counter. The program that
+    finds count - 1 there sums the count slots (L2 loads) and returns (sum, True); it also resets
+    the counter to 0, so the cached counters stay zero between calls. No program ever waits on
+    another, so no scheduling order can deadlock. Split-K passes its SPLIT_K as count and
+    slots; stream-K the contributors of this tile, which differ from tile to tile."""
     offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    base = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-    tl.store(base + split * (BLOCK_M * BLOCK_N) + offs, acc, cache_modifier=".cg")
+    base = ws_ptr + tile.to(tl.int64) * (slots * BLOCK_M * BLOCK_N)
+    tl.store(base + slot * (BLOCK_M * BLOCK_N) + offs, acc, cache_modifier=".cg")
     tl.debug_barrier()  # every thread's partial is written before the counter moves
-    count = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    last = count == SPLIT_K - 1
+    arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == count - 1
     if last:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for s in tl.static_range(SPLIT_K):
+        for s in range(0, count):
             acc += tl.load(base + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
         tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
     return acc, last

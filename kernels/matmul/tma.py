@@ -37,9 +37,10 @@ Functions:
         The same for a (batch, rows, cols) t, whose batch stride must be 0 or 16-byte aligned.
     heuristic_tile(M, N, K, num_sms, batch=1) -> Tile
         The host-descriptor kernel's tile for a 16-bit shape (batch of them in one launch).
-    split_plan(M, N, K, num_sms) -> (Tile, K slices)
-        Its tile and split-K for a direct 2-D launch of more than SKINNY_M rows (SPLITS).
-    split_k_scratch(M, N, tile, split_k) -> (workspace numel, counters)
+    split_plan(M, N, K, num_sms) -> (Tile, decomposition)
+        Its tile and split-K or stream-K for a direct 2-D launch of more than SKINNY_M rows
+        (SPLITS).
+    split_k_scratch(M, N, K, tile, split_k, num_sms) -> (workspace numel, counters)
     tma_configs() -> [triton.Config]
         The device-descriptor kernel's autotuning tiles (fp32).
     matmul_tma_host_desc_kernel, matmul_tma_device_desc_kernel
@@ -157,22 +158,29 @@ def heuristic_tile(M: int, N: int, K: int, num_sms: int, batch: int = 1) -> Tile
     return min((t for t in WAVE_TILES if t.block_n <= widest), key=wave_time)
 
 
-# Split-K on under-filled grids (M > SKINNY_M, one matrix, direct launches): where the tiles of
-# a shape fill less than one wave, each tile's K steps may be cut into SPLITS slices, each slice
-# a work item of the persistent loop, the last slice of a tile to finish summing the fp32
-# partials and running the epilogue (splitk.split_k_gather). split_plan prices every (tile,
-# split) as waves x tile area / WAVE_SPEED x the K steps of one work item, plus per item the
-# fixed ITEM_STEPS (pipeline fill, epilogue) and, split, PARTIAL_STEPS per fp32 partial tile it
-# stores or (the last slice) loads; a slice keeps at least SPLIT_MIN_STEPS K steps.
+# Under-filled grids (M > SKINNY_M, one matrix, direct launches): where the tiles of a shape
+# leave SMs idle, split_plan may decompose the K steps instead of the tiles alone:
+#   split-K (SPLITS): each tile's K steps in `split` slices, each slice a work item of the
+#       persistent loop (tiles < num_sms only);
+#   stream-K (STREAM_K): all tiles' K steps laid end to end and cut into one equal run per SM
+#       (tiles < 2 x num_sms only), so no SM idles in a last, partial wave;
+# the last program to finish a shared tile sums the fp32 partials and runs the epilogue
+# (splitk.split_k_gather). split_plan prices each (tile, decomposition) in K steps of that tile
+# on the busiest SM, times the tile's area / WAVE_SPEED: its steps, plus per work item (or
+# stream-K segment) the fixed ITEM_STEPS (pipeline fill, epilogue) and, shared, PARTIAL_STEPS
+# per fp32 partial tile it stores or (the last program) loads. A split slice keeps at least
+# SPLIT_MIN_STEPS K steps.
 SPLITS = (2, 3, 4)
+STREAM_K = 0  # Plan.split_k's value for stream-K
 SPLIT_MIN_STEPS = 4
 ITEM_STEPS = 3.0
 PARTIAL_STEPS = 1.5
 
 
 def split_plan(M: int, N: int, K: int, num_sms: int) -> tuple[Tile, int]:
-    """(tile, K slices) of the host-descriptor kernel for a 16-bit (M, K) @ (K, N) of more than
-    SKINNY_M rows on num_sms SMs, direct launches (see SPLITS); unsplit, heuristic_tile's tile."""
+    """(tile, K decomposition: 1, a split of SPLITS, or STREAM_K) of the host-descriptor kernel
+    for a 16-bit (M, K) @ (K, N) of more than SKINNY_M rows on num_sms SMs, direct launches (see
+    SPLITS); unsplit, heuristic_tile's tile."""
     widest = max(64, next_power_of_2(N))
     candidates = []
     for tile in WAVE_TILES:
@@ -182,6 +190,11 @@ def split_plan(M: int, N: int, K: int, num_sms: int) -> tuple[Tile, int]:
         steps = cdiv(K, tile.block_k)
         rate = tile.block_m * tile.block_n / WAVE_SPEED[tile.block_m, tile.block_n]
         candidates.append((cdiv(tiles, num_sms) * rate * (steps + ITEM_STEPS), tile, 1))
+        if tiles < 2 * num_sms and tiles % num_sms:
+            run = cdiv(tiles * steps, num_sms)
+            shared = stream_k_slots(tiles, steps, num_sms)
+            item = run + (cdiv(run, steps) + 1) * ITEM_STEPS + (1 + shared) * PARTIAL_STEPS
+            candidates.append((rate * item, tile, STREAM_K))
         if tiles >= num_sms:
             continue
         for split in SPLITS:
@@ -300,6 +313,107 @@ def _tma_mainloop(a_desc, b_desc, off_m, off_n, k_lo, k_hi,
 # 16-bit: host-side descriptors, the heuristic tile
 # ---------------------------------------------------------------------------------------------
 @triton.jit
+def _write_back(acc, off_m, off_n, matrix, M, N, bias_ptr, stride_bias, stride_c, stride_cb,
+                c_desc, z_desc, c_ptr, preact_ptr,
+                HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
+                TMA_STORE: tl.constexpr, EPILOGUE_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BATCHED: tl.constexpr):  # fmt: skip
+    """The host-descriptor kernel's epilogue of one output tile: act(acc + bias), and Z when
+    STORE_PREACT, by TMA (subtiled in EPILOGUE_SPLITS column blocks) or by masked pointer
+    stores where C's rows are not 16-byte aligned; into matrix `matrix` when BATCHED."""
+    STORE_N: tl.constexpr = BLOCK_N // EPILOGUE_SPLITS
+    if TMA_STORE and EPILOGUE_SPLITS > 1:
+        # Subtiled epilogue: split the accumulator into column blocks first, then per
+        # block load its slice of the bias, add, activate, store. The activation's
+        # temporaries and the broadcast bias cover 1/EPILOGUE_SPLITS of the tile, and a
+        # block's registers die once it is stored (a full-tile epilogue at 128x256 / 8
+        # warps spills with exact gelu: docs/kernels/matmul.md, "Shipped design").
+        h0, h1 = _halves(acc, BLOCK_M, BLOCK_N)
+        if EPILOGUE_SPLITS == 4:
+            q0, q1 = _halves(h0, BLOCK_M, BLOCK_N // 2)
+            _epilogue_store(q0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
+                            c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                            STORE_N, matrix, BATCHED)  # fmt: skip
+            _epilogue_store(q1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
+                            c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                            STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
+            q2, q3 = _halves(h1, BLOCK_M, BLOCK_N // 2)
+            _epilogue_store(q2, off_m, off_n + 2 * STORE_N, N, bias_ptr, stride_bias,
+                            c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                            STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
+            _epilogue_store(q3, off_m, off_n + 3 * STORE_N, N, bias_ptr, stride_bias,
+                            c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                            STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
+        else:
+            _epilogue_store(h0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
+                            c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                            STORE_N, matrix, BATCHED)  # fmt: skip
+            _epilogue_store(h1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
+                            c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                            STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
+    else:
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        z, y = bias_activation(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
+                               ACTIVATION)  # fmt: skip
+        if TMA_STORE:  # one store of the whole tile (EPILOGUE_SPLITS == 1)
+            _store_block(c_desc, y.to(c_ptr.dtype.element_ty), matrix, off_m, off_n,
+                         BATCHED)  # fmt: skip
+            if STORE_PREACT:
+                _store_block(z_desc, z.to(preact_ptr.dtype.element_ty), matrix, off_m,
+                             off_n, BATCHED)  # fmt: skip
+        else:
+            c_out = c_ptr
+            z_out = preact_ptr
+            if BATCHED:  # int64: a batch may pass 2**31 elements
+                c_out += matrix.to(tl.int64) * stride_cb
+                if STORE_PREACT:
+                    z_out += matrix.to(tl.int64) * stride_cb
+            store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_out, z_out,
+                         STORE_PREACT)  # fmt: skip
+
+
+@triton.jit
+def _stream_k(a_desc, b_desc, c_desc, z_desc, ws_ptr, lock_ptr, c_ptr, bias_ptr, preact_ptr,
+              M, N, k_tiles, num_pid_m, num_pid_n, num_tiles, stride_bias, stride_c,
+              A_COL_MAJOR: tl.constexpr, B_COL_MAJOR: tl.constexpr, HAS_BIAS: tl.constexpr,
+              ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr, TMA_STORE: tl.constexpr,
+              INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              GROUP_M: tl.constexpr, EPILOGUE_SPLITS: tl.constexpr):  # fmt: skip
+    """Stream-K: the tiles' K steps, laid end to end in grouped tile order, cut into one equal
+    run per program, so every program does the same work whatever the tile count. A run covers
+    the end of one tile, whole tiles and the start of another; a tile whose steps fall to
+    several programs is summed by the last of them to finish (split_k_gather: a slot per
+    contributor, stream_k_slots of them per tile)."""
+    total = num_tiles * k_tiles
+    per_prog = tl.cdiv(total, tl.num_programs(0))
+    slots = tl.cdiv(k_tiles, per_prog) + 1
+    it = tl.program_id(0) * per_prog
+    end = tl.minimum(it + per_prog, total)
+    while it < end:
+        tile = it // k_tiles
+        k_lo = it - tile * k_tiles
+        k_hi = tl.minimum(k_tiles, k_lo + (end - it))
+        pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = _tma_mainloop(a_desc, b_desc, off_m, off_n, k_lo, k_hi, A_COL_MAJOR, B_COL_MAJOR,
+                            UPCAST_TO_FP32, INPUT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K)  # fmt: skip
+        first = (tile * k_tiles) // per_prog  # the programs whose runs hold this tile's steps
+        last = ((tile + 1) * k_tiles - 1) // per_prog
+        write = first == last
+        if first != last:
+            acc, write = split_k_gather(acc, ws_ptr, lock_ptr, tile, tl.program_id(0) - first,
+                                        last - first + 1, slots, BLOCK_M, BLOCK_N)  # fmt: skip
+        if write:
+            _write_back(acc, off_m, off_n, 0, M, N, bias_ptr, stride_bias, stride_c, None,
+                        c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
+                        TMA_STORE, EPILOGUE_SPLITS, BLOCK_M, BLOCK_N, False)  # fmt: skip
+        it += k_hi - k_lo
+
+
+@triton.jit
 def matmul_tma_host_desc_kernel(
     # pointers: operands (a_ptr and b_ptr are read through a_desc and b_desc only), output, the
     # epilogue's bias and pre-activation (None when unused)
@@ -322,7 +436,7 @@ def matmul_tma_host_desc_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PREACT: tl.constexpr,
     TMA_STORE: tl.constexpr, INPUT_PRECISION: tl.constexpr, UPCAST_TO_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EPILOGUE_SPLITS: tl.constexpr, SPLIT_K: tl.constexpr,
+    EPILOGUE_SPLITS: tl.constexpr, SPLIT_K: tl.constexpr, STREAM_K: tl.constexpr,
     # batched launches only: the matrix count and C's batch stride (elements; Z's too), then
     # which of A and B have 3-D descriptors (the other is broadcast) and the switch (C's and Z's
     # descriptors are 3-D). 2-D launches leave them out.
@@ -331,7 +445,6 @@ def matmul_tma_host_desc_kernel(
 ):  # fmt: skip
     tl.static_assert(EPILOGUE_SPLITS == 1 or EPILOGUE_SPLITS == 2 or EPILOGUE_SPLITS == 4,
                      "EPILOGUE_SPLITS: 1, 2 or 4")  # fmt: skip
-    STORE_N: tl.constexpr = BLOCK_N // EPILOGUE_SPLITS
 
     # ---- persistent loop over the output tiles in grouped order (batch-major when BATCHED) ----
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -341,6 +454,13 @@ def matmul_tma_host_desc_kernel(
     tiles_per_matrix = num_tiles
     if BATCHED:
         num_tiles = num_tiles * batch
+    if STREAM_K:
+        _stream_k(a_desc, b_desc, c_desc, z_desc, ws_ptr, lock_ptr, c_ptr, bias_ptr, preact_ptr,
+                  M, N, k_tiles, num_pid_m, num_pid_n, num_tiles, stride_bias, stride_c,
+                  A_COL_MAJOR, B_COL_MAJOR, HAS_BIAS, ACTIVATION, STORE_PREACT, TMA_STORE,
+                  INPUT_PRECISION, UPCAST_TO_FP32, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                  EPILOGUE_SPLITS)  # fmt: skip
+        return
     # a tile's SPLIT_K slices of the K steps are adjacent work items, so they run side by side
     # and the last to finish sums them (split_k_gather) without waiting on anyone
     for work in tl.range(tl.program_id(0), num_tiles * SPLIT_K, tl.num_programs(0),
@@ -367,60 +487,15 @@ def matmul_tma_host_desc_kernel(
                             A_BATCHED, B_BATCHED)  # fmt: skip
         write = True
         if SPLIT_K > 1:
-            acc, write = split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K, BLOCK_M,
-                                        BLOCK_N)  # fmt: skip
+            acc, write = split_k_gather(acc, ws_ptr, lock_ptr, tile, split, SPLIT_K, SPLIT_K,
+                                        BLOCK_M, BLOCK_N)  # fmt: skip
 
         # ---- write-back (a split tile: by its last slice only) ----
         if write:
-            if TMA_STORE and EPILOGUE_SPLITS > 1:
-                # Subtiled epilogue: split the accumulator into column blocks first, then per
-                # block load its slice of the bias, add, activate, store. The activation's
-                # temporaries and the broadcast bias cover 1/EPILOGUE_SPLITS of the tile, and a
-                # block's registers die once it is stored (a full-tile epilogue at 128x256 / 8
-                # warps spills with exact gelu: docs/kernels/matmul.md, "Shipped design").
-                h0, h1 = _halves(acc, BLOCK_M, BLOCK_N)
-                if EPILOGUE_SPLITS == 4:
-                    q0, q1 = _halves(h0, BLOCK_M, BLOCK_N // 2)
-                    _epilogue_store(q0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
-                                    c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
-                                    STORE_N, matrix, BATCHED)  # fmt: skip
-                    _epilogue_store(q1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
-                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                    STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
-                    q2, q3 = _halves(h1, BLOCK_M, BLOCK_N // 2)
-                    _epilogue_store(q2, off_m, off_n + 2 * STORE_N, N, bias_ptr, stride_bias,
-                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                    STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
-                    _epilogue_store(q3, off_m, off_n + 3 * STORE_N, N, bias_ptr, stride_bias,
-                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                    STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
-                else:
-                    _epilogue_store(h0, off_m, off_n, N, bias_ptr, stride_bias, c_desc, z_desc,
-                                    c_ptr, preact_ptr, HAS_BIAS, ACTIVATION, STORE_PREACT,
-                                    STORE_N, matrix, BATCHED)  # fmt: skip
-                    _epilogue_store(h1, off_m, off_n + STORE_N, N, bias_ptr, stride_bias,
-                                    c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
-                                    STORE_PREACT, STORE_N, matrix, BATCHED)  # fmt: skip
-            else:
-                offs_m = off_m + tl.arange(0, BLOCK_M)
-                offs_n = off_n + tl.arange(0, BLOCK_N)
-                z, y = bias_activation(acc, offs_m, offs_n, M, N, bias_ptr, stride_bias, HAS_BIAS,
-                                       ACTIVATION)  # fmt: skip
-                if TMA_STORE:  # one store of the whole tile (EPILOGUE_SPLITS == 1)
-                    _store_block(c_desc, y.to(c_ptr.dtype.element_ty), matrix, off_m, off_n,
-                                 BATCHED)  # fmt: skip
-                    if STORE_PREACT:
-                        _store_block(z_desc, z.to(preact_ptr.dtype.element_ty), matrix, off_m,
-                                     off_n, BATCHED)  # fmt: skip
-                else:
-                    c_out = c_ptr
-                    z_out = preact_ptr
-                    if BATCHED:  # int64: a batch may pass 2**31 elements
-                        c_out += matrix.to(tl.int64) * stride_cb
-                        if STORE_PREACT:
-                            z_out += matrix.to(tl.int64) * stride_cb
-                    store_masked(y, z, offs_m, offs_n, M, N, stride_c, c_out, z_out,
-                                 STORE_PREACT)  # fmt: skip
+            _write_back(acc, off_m, off_n, matrix, M, N, bias_ptr, stride_bias, stride_c,
+                        stride_cb, c_desc, z_desc, c_ptr, preact_ptr, HAS_BIAS, ACTIVATION,
+                        STORE_PREACT, TMA_STORE, EPILOGUE_SPLITS, BLOCK_M, BLOCK_N,
+                        BATCHED)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,10 +634,13 @@ def host_desc_step(a, b, c, bias, preact, tile, common, num_sms, split_k=1):
     batch = c.shape[0] if batched else 1
     tiles = cdiv(M, bm) * cdiv(N, bn) * batch
     stages, warps = (1, 4) if is_interpreter() else (tile.num_stages, tile.num_warps)
-    grid = (min(4 if is_interpreter() else num_sms, tiles * split_k),)
+    stream_k = split_k == STREAM_K
+    work = tiles * (cdiv(K, bk) if stream_k else split_k)
+    grid = (min(4 if is_interpreter() else num_sms, work),)
     meta = dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
-                SPLIT_K=split_k, num_stages=stages, num_warps=warps)  # fmt: skip
+                SPLIT_K=1 if stream_k else split_k, STREAM_K=stream_k, num_stages=stages,
+                num_warps=warps)  # fmt: skip
     if batched:
         meta.update(batch=batch, stride_cb=c.stride(0), A_BATCHED=a.stride(0) != 0,
                     B_BATCHED=b.stride(0) != 0, BATCHED=True)  # fmt: skip
@@ -574,11 +652,21 @@ def host_desc_step(a, b, c, bias, preact, tile, common, num_sms, split_k=1):
     )  # fmt: skip
 
 
-def split_k_scratch(M: int, N: int, tile: Tile, split_k: int):
-    """(numel of the fp32 workspace, counters) of a split host-descriptor launch: every tile's
-    split_k partial tiles, one arrival counter per tile."""
+def split_k_scratch(M: int, N: int, K: int, tile: Tile, split_k: int, num_sms: int):
+    """(numel of the fp32 workspace, counters) of a split or stream-K host-descriptor launch on
+    num_sms SMs: every tile's slots of partial tiles (split_k, or stream_k_slots), one arrival
+    counter per tile."""
     tiles = cdiv(M, tile.block_m) * cdiv(N, tile.block_n)
-    return tiles * split_k * tile.block_m * tile.block_n, tiles
+    slots = split_k
+    if split_k == STREAM_K:
+        programs = min(4 if is_interpreter() else num_sms, tiles * cdiv(K, tile.block_k))
+        slots = stream_k_slots(tiles, cdiv(K, tile.block_k), programs)
+    return tiles * slots * tile.block_m * tile.block_n, tiles
+
+
+def stream_k_slots(tiles: int, k_tiles: int, programs: int) -> int:
+    """The most programs whose stream-K runs share one tile's K steps (as _stream_k counts)."""
+    return cdiv(k_tiles, cdiv(tiles * k_tiles, programs)) + 1
 
 
 def device_desc_step(a, b, c, bias, preact, common, num_sms, tile=None, launch=direct):
