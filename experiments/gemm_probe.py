@@ -9,6 +9,8 @@ GEMMs of a training step, each in the layouts the linear's forward and backward 
     fwd    x (m, k) @ W^T            (M, N, K) = (m, n, k), B column-major
     dgrad  dY (m, n) @ W             (m, k, n), both row-major
     wgrad  dY^T (n, m) @ x (m, k)    (n, k, m), A column-major
+--conv adds the 1x1 stride-1 layers of conv shape sets as the same three GEMMs of (m, n, k) =
+(N·H·W, K, C) (the conv's dgrad of such a layer is this dgrad GEMM, kernels/conv/backward.py).
 --gemm adds row-major (M, K) @ (K, N) GEMMs. Per GEMM: cuBLAS (torch.mm on the same operands),
 the public matmul as dispatched (its plan's tile and split), then each of the host-descriptor
 kernel's WAVE_TILES at each split of --splits that keeps SPLIT_MIN_STEPS K steps a slice,
@@ -36,21 +38,30 @@ from kernels.matmul.pointer import SKINNY_M
 TOLERANCE = 3e-2  # bf16 over K up to a few thousand, against torch's own bf16 GEMM
 
 
-def gemms(shape_sets: list[str], extra: list[tuple[int, int, int]]) -> list[tuple]:
+def gemms(shape_sets: list[str], extra: list[tuple[int, int, int]],
+          conv_sets: list[str] = ()) -> list[tuple]:  # fmt: skip
     """(label, role, M, N, K, A column-major?, B column-major?) of each GEMM, each once."""
     out = [(f"{m}x{n}x{k}", "mm", m, n, k, False, False) for m, n, k in extra]
-    sets = kernel_config("linear").shape_sets
+    linear = kernel_config("linear").shape_sets
+    conv = kernel_config("conv").shape_sets
+    named = []
     for name in shape_sets:
-        if name not in sets:
-            raise ValueError(f"unknown linear shape set {name!r}; choose from {sorted(sets)}")
-        for shape in sets[name]:
-            m, n, k = shape["m"], shape["n"], shape["k"]
-            label = f"{name}:{m}x{n}x{k}"
-            for role, size, a_col, b_col in (("fwd", (m, n, k), False, True),
-                                             ("dgrad", (m, k, n), False, False),
-                                             ("wgrad", (n, k, m), True, False)):  # fmt: skip
-                if not any(g[2:] == (*size, a_col, b_col) for g in out):
-                    out.append((label, role, *size, a_col, b_col))
+        if name not in linear:
+            raise ValueError(f"unknown linear shape set {name!r}; choose from {sorted(linear)}")
+        named += [(name, s["m"], s["n"], s["k"]) for s in linear[name]]
+    for name in conv_sets:  # a 1x1 stride-1 conv is x (N·H·W, C) @ w (K, C)^T
+        if name not in conv:
+            raise ValueError(f"unknown conv shape set {name!r}; choose from {sorted(conv)}")
+        named += [(f"conv-{name}", s["n"] * s["h"] * s["w"], s["k"], s["c"]) for s in conv[name]
+                  if s["r"] == s["s"] == 1 and s.get("stride", 1) == 1
+                  and s.get("groups", 1) == 1]  # fmt: skip
+    for name, m, n, k in named:
+        label = f"{name}:{m}x{n}x{k}"
+        for role, size, a_col, b_col in (("fwd", (m, n, k), False, True),
+                                         ("dgrad", (m, k, n), False, False),
+                                         ("wgrad", (n, k, m), True, False)):  # fmt: skip
+            if not any(g[2:] == (*size, a_col, b_col) for g in out):
+                out.append((label, role, *size, a_col, b_col))
     return out
 
 
@@ -85,7 +96,9 @@ def forced(a, b, tile, split, sms):
     return partial(step, a, b, c, None, None, *scratch), c
 
 
-def probe(items, splits, device, sms, out=print) -> list[dict]:
+def probe(items, splits, device, sms, out=print, done=lambda row: None) -> list[dict]:
+    """Each GEMM's row (see the module docstring), printed by `out` and passed to `done` as it
+    is measured."""
     generator = torch.Generator().manual_seed(0)
     rows = []
     out("GEMM | role | M N K | cuBLAS | ours as dispatched (tile/split) | best forced | all "
@@ -118,6 +131,7 @@ def probe(items, splits, device, sms, out=print) -> list[dict]:
                     row["forced"][key] = f"{type(exc).__name__}: {exc}"[:160]
         rows.append(row)
         out(_line(row))
+        done(row)
     return rows
 
 
@@ -135,16 +149,16 @@ def _line(row) -> str:
     return "\n".join([line, *failed])
 
 
-def write_csv(rows, path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["gemm", "role", "M", "N", "K", "variant", "us"])
-        for r in rows:
-            head = [r["gemm"], r["role"], r["M"], r["N"], r["K"]]
-            writer.writerow([*head, "cublas", r["cublas"]])
-            writer.writerow([*head, f"dispatched {r['plan']}", r["dispatched"]])
-            for key, us in r["forced"].items():
-                writer.writerow([*head, key, us if isinstance(us, float) else "failed"])
+CSV_HEADER = ["gemm", "role", "M", "N", "K", "variant", "us"]
+
+
+def csv_rows(r: dict) -> list[list]:
+    """One GEMM's timings as CSV rows (CSV_HEADER)."""
+    head = [r["gemm"], r["role"], r["M"], r["N"], r["K"]]
+    rows = [[*head, "cublas", r["cublas"]], [*head, f"dispatched {r['plan']}", r["dispatched"]]]
+    for key, us in r["forced"].items():
+        rows.append([*head, key, us if isinstance(us, float) else "failed"])
+    return rows
 
 
 def _gemm(text: str) -> tuple[int, int, int]:
@@ -158,28 +172,38 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="convnext_tiny,vit_b_16,llama",
                         help="comma-separated recorded linear shape sets")
+    parser.add_argument("--conv", default="",
+                        help="comma-separated conv shape sets: their 1x1 stride-1 layers' GEMMs")
     parser.add_argument("--splits", default="1,2,3,4,6,8")
     parser.add_argument("--gemm", action="append", default=[], type=_gemm)
-    parser.add_argument("--csv", help="write every timing here")
+    parser.add_argument("--csv", help="write every timing here, each GEMM as it is measured")
     args = parser.parse_args(argv)
     try:
         splits = tuple(int(part) for part in args.splits.split(","))
         on_gpu = torch.cuda.is_available()
-        items = gemms(args.shapes.split(",") if on_gpu else [], args.gemm)
+        items = gemms(args.shapes.split(",") if on_gpu else [], args.gemm,
+                      [name for name in args.conv.split(",") if name and on_gpu])  # fmt: skip
     except ValueError as exc:
         print(f"gemm_probe: {exc}", file=sys.stderr)
         return 2
+    done = lambda row: None  # noqa: E731
+    if args.csv:
+        handle = open(args.csv, "w", newline="")  # noqa: SIM115 - open for the whole probe
+        writer = csv.writer(handle)
+        writer.writerow(CSV_HEADER)
+
+        def done(row):
+            writer.writerows(csv_rows(row))
+            handle.flush()
     if on_gpu:
         device = torch.device("cuda")
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         print(f"{torch.cuda.get_device_name(device)}; torch {torch.__version__}; bf16; µs, "
               "flushed L2")  # fmt: skip
-        rows = probe(items, splits, device, sms)
+        rows = probe(items, splits, device, sms, done=done)
     else:  # the interpreter: correctness of every forced launch, nothing timed
         with pretend_gpu((9, 0), 132):
-            rows = probe(items, splits, torch.device("cpu"), 132)
-    if args.csv:
-        write_csv(rows, args.csv)
+            rows = probe(items, splits, torch.device("cpu"), 132, done=done)
     return int(any(isinstance(us, str) for r in rows for us in r["forced"].values()))
 
 
