@@ -427,6 +427,7 @@ def _compiled_checks(frame: pd.DataFrame, kernel: str, dtype: str,
 # worst shape (16-bit; fp32 rows are reported, not held to them)
 MODEL_SHAPES_GEOMEAN = 1.00
 MODEL_SHAPES_WORST = 0.95
+MODEL_SHAPES_DO_BENCH = 0.95
 
 
 def model_shapes_report(frame: pd.DataFrame, kernel: str) -> Report:
@@ -443,7 +444,17 @@ def model_shapes_report(frame: pd.DataFrame, kernel: str) -> Report:
                             MODEL_SHAPES_GEOMEAN if held else 0.0, f" ({len(part)} shapes)"))
         checks.append(Check(f"{tag}, worst shape", worst, MODEL_SHAPES_WORST if held else 0.0,
                             where))
-        tables.append((f"{tag}, by shape", _paired_table(part)))
+        # as a caller sees it: plain do_bench on the public function against the harness's GPU
+        # time of the same calls, within 5% (the value is 1 - the largest relative gap)
+        timed = part.dropna(subset=["do_bench_ms_p50", "time_ms_p50"])
+        gap = (timed["do_bench_ms_p50"] / timed["time_ms_p50"] - 1).abs()
+        worst_gap, where = _worst(timed.assign(agree=1 - gap), "agree")
+        checks.append(Check(f"{kernel} {dtype} shapes={shape_set} {pass_name}: do_bench agrees "
+                            "with the harness (1 - largest gap)", worst_gap,
+                            MODEL_SHAPES_DO_BENCH if held else 0.0, where))  # fmt: skip
+        table = _paired_table(part)
+        table["do_bench / GPU time"] = (part["do_bench_ms_p50"] / part["time_ms_p50"]).values
+        tables.append((f"{tag}, by shape", table))
     return Report(checks, tables)
 
 
