@@ -245,12 +245,12 @@ def test_split_k(dtype_name, device):
     check_fused(a, b, None, dtype_name, ["relu"])
 
 
-@pytest.mark.parametrize("K, a_layout, b_layout", [(1000, "transposed", "contiguous"),
-                                                    (904, "contiguous", "transposed")])
+@pytest.mark.parametrize("K, a_layout, b_layout", [(4000, "transposed", "contiguous"),
+                                                    (4040, "contiguous", "transposed")])
 def test_split_k_tma(K, a_layout, b_layout, device):
-    """Under-filled grids on a pretended 8-SM Hopper: 200 x 64 is 2 to 4 tiles, so split_plan
-    cuts the K steps (16 with the last one short at K = 1000; 15 at 904, its last slice shorter
-    than the others) into slices, each a work item of the persistent loop; the last
+    """A wgrad-like GEMM (few tiles, deep K) on a pretended 8-SM Hopper: 200 x 64 is 4 tiles of
+    64x64, so split_plan cuts the K steps (63 at K = 4000, the last one short; 64 at 4040) into
+    slices, each a work item of the persistent loop; the last
     slice of a tile to finish sums the fp32 partials and runs the fused epilogue. A column-major
     A (wgrad's dY^T) and B (the weight's .t()); a second call reuses the counters the first
     left at zero."""
@@ -515,9 +515,10 @@ def test_paths_on_gpu(shape, b_layout, dtype_name, tf32, few_configs, monkeypatc
     assert relative_error(matmul(a, b), a.double() @ b.double()) < tol(dtype_name)
 
 
-# Under-filled grids the GPU's own split_plan cuts over K (one is enough; the first that splits
-# on the GPU at hand), in the layouts of a linear's forward, dgrad and wgrad
-SPLIT_CASES = [(1568, 768, 3072), (1568, 512, 4608), (6272, 256, 2304), (1000, 520, 4104)]
+# Wgrad-like GEMMs (few tiles, deep K) the GPU's own split_plan decomposes over K (one is
+# enough; the first that does on the GPU at hand), in the layouts of a linear's forward, dgrad
+# and wgrad
+SPLIT_CASES = [(768, 192, 25088), (256, 512, 25088), (384, 96, 100352)]
 
 
 @pytest.mark.gpu
@@ -532,7 +533,7 @@ def test_split_k_tma_on_gpu(a_layout, b_layout):
     for M, N, K in SPLIT_CASES:
         a = random_matrix(M, K, a_layout, torch.bfloat16, "cuda", gen)
         b = random_matrix(K, N, b_layout, torch.bfloat16, "cuda", gen)
-        if plan(a, b).split_k > 1:
+        if plan(a, b).split_k != 1:  # split-K or stream-K
             break
     else:
         pytest.fail(f"no shape of {SPLIT_CASES} splits on this GPU")

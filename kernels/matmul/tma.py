@@ -173,8 +173,8 @@ def heuristic_tile(M: int, N: int, K: int, num_sms: int, batch: int = 1) -> Tile
 SPLITS = (2, 3, 4)
 STREAM_K = 0  # Plan.split_k's value for stream-K
 SPLIT_MIN_STEPS = 4
-ITEM_STEPS = 3.0
-PARTIAL_STEPS = 1.5
+ITEM_STEPS = 16.0
+PARTIAL_STEPS = 8.0
 
 
 def split_plan(M: int, N: int, K: int, num_sms: int) -> tuple[Tile, int]:
