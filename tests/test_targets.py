@@ -461,12 +461,14 @@ def test_model_shape_sets_read_each_models_set_and_pass_apart():
     (named), a rerun's row of a shape replacing the first; other sets and modes do not count."""
     def linear(label, speedup, shape_set="convnext_tiny", pass_name="fwd", mode="triton"):
         return row("linear", mode, label, shape_set=shape_set, speedup_vs_eager=speedup,
-                   flops=1e9, tflops=100.0, eager_time_ms_p50=0.01, time_ms_p50=0.010,
-                   do_bench_ms_p50=0.0104 if label == "6272x1536x384" else 0.0101,
+                   flops=1e9, tflops=100.0, eager_time_ms_p50=0.01,
+                   time_ms_p50=0.010 if label == "32x1000x768" else 0.10,
+                   do_bench_ms_p50=0.104 if label == "6272x1536x384" else 0.101,
                    **{"pass": pass_name})
 
     frame = records_frame([
         linear("1568x768x3072", 0.80), linear("1568x768x3072", 0.97),  # rerun: the last counts
+        linear("32x1000x768", 1.0, shape_set="llama"),  # under 20 us: not in the do_bench check
         linear("6272x1536x384", 1.10), linear("6272x1536x384", 0.5, mode="default"),
         linear("6272x1536x384", 0.90, pass_name="fwd_bwd"),
         linear("4096x2048x2048", 1.02, shape_set="llama"),
@@ -480,6 +482,9 @@ def test_model_shape_sets_read_each_models_set_and_pass_apart():
     bwd = checks["linear bf16 shapes=convnext_tiny fwd_bwd: triton vs eager, worst shape"]
     assert bwd.value == pytest.approx(0.90) and not bwd.passed
     assert checks["linear bf16 shapes=llama fwd: triton vs eager (geomean)"].passed
+    llama = checks["linear bf16 shapes=llama fwd: do_bench agrees with the harness (1 - largest "
+                   "gap)"]
+    assert llama.value == pytest.approx(0.99) and "4096x2048x2048" in llama.detail
     agree = checks["linear bf16 shapes=convnext_tiny fwd: do_bench agrees with the harness "
                    "(1 - largest gap)"]
     assert agree.value == pytest.approx(0.96) and agree.passed and "6272x1536x384" in agree.detail
