@@ -273,7 +273,8 @@ def test_k_decompositions_of_the_tma_kernel(split_k, device):
     """Each decomposition split_plan may pick, forced on the host-descriptor kernel in the
     interpreter's 4 programs: 136 x 136 in 128x64 tiles is 6 tiles, K = 1000 is 16 steps (the
     last one short), so split 3 slices them 6/6/4 and stream-K runs 24 steps a program, every
-    other tile shared by two; bias + gelu with the pre-activation, twice (the counters back at zero)."""
+    other tile shared by two; bias + gelu with the pre-activation, twice (the counters back at
+    zero)."""
     if device == "cuda":
         pytest.skip("the interpreter's four programs; test_split_k_tma_on_gpu runs the GPU's")
     M, N, K = 136, 136, 1000

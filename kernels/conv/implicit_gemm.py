@@ -9,8 +9,8 @@ before the loop and the step's (r, s, c0) decoded as scalars. On Hopper the weig
 by TMA and an NHWC output goes out by TMA stores.
 
 Split-K (SPLIT_K > 1): grid axis 1 splits the steps; the partial tiles are summed in the same
-launch by the last program to arrive (kernels.matmul.splitk.split_k_gather). The dispatch splits only layers with
-too few output tiles to fill the GPU (dispatch.split_k_rule).
+launch by the last program to arrive (kernels.matmul.splitk.split_k_gather). The dispatch
+splits only layers with too few output tiles to fill the GPU (dispatch.split_k_rule).
 
 Functions:
     conv_implicit_kernel  @triton.jit, autotuned (and a hook-free copy for traced launches)

@@ -24,9 +24,9 @@ split against a one-tap tile at its own), on a traced one by split_rule's nomina
 program reads the split count off the grid. Each split writes its fp32
 partial dW into its own slab of a workspace and a second kernel sums the slabs in a fixed order:
 deterministic, with the sum spread over the whole GPU. The forward's last-arriving-program gather
-(kernels.matmul.splitk.split_k_gather) would leave one program per tile to read all of its up to 66 partial
-tiles serially, and fp32 atomics would make dW depend on the programs' timing. Unsplit, the
-kernel rounds the accumulator once into dW.
+(kernels.matmul.splitk.split_k_gather) would leave one program per tile to read all of its up
+to 66 partial tiles serially, and fp32 atomics would make dW depend on the programs' timing.
+Unsplit, the kernel rounds the accumulator once into dW.
 
 dW comes back channels_last: its memory is the (K, R·S·C) row-major matrix the forward kernels
 read, and each tap's tile is a (BLOCK_M, BLOCK_N) block of it.
