@@ -75,3 +75,21 @@ def test_a_config_that_writes_nothing_fails_even_where_its_output_already_held_t
                                       tile_probe.conv_config(32, 32, 16, 1, 4),
                                       lambda: (Idle(), (), stale), ref, torch.float32)  # fmt: skip
     assert isinstance(outcome, str) and "AssertionError" in outcome
+
+
+@pytest.mark.slow
+def test_gemm_probe_checks_every_forced_decomposition(tmp_path):
+    """experiments.gemm_probe off a GPU: each (tile, split or stream-K) of the TMA GEMM forced on
+    a --gemm shape in the interpreter (under pretend_gpu) and checked against torch, untimed;
+    every launch passes (exit 0) and the CSV holds cuBLAS, the dispatched plan and each one."""
+    import csv
+
+    from experiments import gemm_probe
+
+    out = tmp_path / "probe.csv"
+    assert gemm_probe.main(["--gemm", "200,96,512", "--splits", "1,2", "--csv", str(out)]) == 0
+    variants = [row["variant"] for row in csv.DictReader(out.open())]
+    assert variants[:2] == ["cublas", "dispatched 64x64/1"]
+    assert {"128x128/2", "128x128/sk", "64x64/1"} <= set(variants)
+    with pytest.raises(SystemExit):  # a bad --gemm is argparse's one-line error
+        gemm_probe.main(["--gemm", "0,1,2"])
