@@ -31,7 +31,7 @@ import torch
 import kernels
 from experiments.tile_probe import _fmt, gpu_us
 from experiments.workloads import kernel_config
-from kernels._common import ACTIVATIONS, dot_precision, is_interpreter, pretend_gpu, tile_counters
+from kernels._common import ACTIVATIONS, next_power_of_2, pretend_gpu, tile_counters
 from kernels.matmul import dispatch, tma
 from kernels.matmul.pointer import SKINNY_M
 
@@ -84,9 +84,7 @@ def forced(a, b, tile, split, sms):
     M, K = a.shape
     N = b.shape[1]
     c = torch.full((M, N), math.nan, device=a.device, dtype=a.dtype)
-    common = dict(HAS_BIAS=False, ACTIVATION=ACTIVATIONS["none"], STORE_PREACT=False,
-                  INPUT_PRECISION=dot_precision(a.dtype, False),
-                  UPCAST_TO_FP32=is_interpreter())  # fmt: skip
+    common = dispatch.launch_constexprs(a.dtype, False, ACTIVATIONS["none"], False)
     step = tma.host_desc_step(a, b, c, None, None, tile, common, sms, split)
     numel, counters = tma.split_k_scratch(M, N, K, tile, split, sms)
     scratch = ()
@@ -115,7 +113,7 @@ def probe(items, splits, device, sms, out=print, done=lambda row: None) -> list[
                "plan": plan,
                "dispatched": gpu_us(partial(kernels.matmul, a, b)), "forced": {}}  # fmt: skip
         for tile in tma.WAVE_TILES if p.kernel == "tma_host_desc" else ():
-            if tile.block_n > max(64, 2 ** math.ceil(math.log2(N))):
+            if tile.block_n > max(64, next_power_of_2(N)):  # as split_plan prunes
                 continue
             for split in (*splits, tma.STREAM_K):
                 if split > 1 and math.ceil(K / tile.block_k) < split * tma.SPLIT_MIN_STEPS:

@@ -284,8 +284,7 @@ def test_k_decompositions_of_the_tma_kernel(split_k, device):
     bias = torch.randn(N, generator=gen).to(device=device, dtype=torch.bfloat16)
     ref_c, ref_z = fused_reference(a, b, bias, "gelu")
     tile = WAVE_TILES[2]
-    common = dict(HAS_BIAS=True, ACTIVATION=ACTIVATIONS["gelu"], STORE_PREACT=True,
-                  INPUT_PRECISION="ieee", UPCAST_TO_FP32=True)  # fmt: skip
+    common = matmul_dispatch.launch_constexprs(torch.bfloat16, True, ACTIVATIONS["gelu"], True)
     with pretend_gpu(HOPPER, 4):
         for _ in range(2):
             c, z = torch.full((2, M, N), float("nan"), dtype=torch.bfloat16).unbind()

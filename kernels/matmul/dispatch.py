@@ -39,6 +39,8 @@ Functions:
     plan(a, b, launch=direct) -> Plan(kernel, split_k, tile)
         The choice above, by capability, layout, dtype and shape (never the GPU's name).
     planned(a, b, bias, act_id, save_preact) -> the plan fused_matmul made for that key, or None
+    launch_constexprs(dtype, has_bias, act_id, save_preact) -> dict
+        The epilogue and precision constexprs of a GEMM launch.
     run_plan(p, a, b, bias, save_preact, layout) -> (c, z | None): a plan on tensors at its
         pointers (copies_operands(p) false)
     fused_matmul(a, b, bias=None, act_id=0, save_preact=False, *, launch=direct) -> (c, z | None)
@@ -142,7 +144,7 @@ def plan(a: torch.Tensor, b: torch.Tensor, launch=direct) -> Plan:
     if has_tma and tma_layout(a) and tma_layout(b) and not (tf32 and M <= SKINNY_M):
         if a.dtype in (torch.float16, torch.bfloat16):
             if launch is direct:
-                if M > SKINNY_M:  # split-K where the tiles leave SMs idle (tma.split_plan)
+                if M > SKINNY_M:  # split-K or stream-K where it pays (tma.split_plan)
                     tile, split_k = split_plan(M, N, K, num_sms)
                     return Plan("tma_host_desc", split_k, tile)
                 return Plan("tma_host_desc", 1, heuristic_tile(M, N, K, num_sms))
@@ -242,6 +244,18 @@ def _activation_step(M: int, N: int, act_id: int, launch) -> Step:
                 dict(ACTIVATION=act_id, BLOCK=ACTIVATION_PASS_BLOCK, num_warps=4))  # fmt: skip
 
 
+def launch_constexprs(dtype, has_bias: bool, act_id: int, save_preact: bool) -> dict:
+    """The epilogue and precision constexprs every GEMM kernel takes, for operands of `dtype`
+    under torch's TF32 switch (the interpreter's bf16 dots upcast to fp32 first)."""
+    return dict(
+        HAS_BIAS=has_bias,
+        ACTIVATION=act_id,
+        STORE_PREACT=save_preact,
+        INPUT_PRECISION=dot_precision(dtype, torch.backends.cuda.matmul.allow_tf32),
+        UPCAST_TO_FP32=is_interpreter() and dtype == torch.bfloat16,
+    )
+
+
 def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
     """The launches of c = act(a @ b + bias) (see the module docstring), as Steps."""
     M, K = a.shape
@@ -251,13 +265,7 @@ def _build(a, b, c, bias, preact, act_id, save_preact, launch) -> _Launches:
         gemm = _build(a, b, preact, bias, None, ACTIVATIONS["none"], False, launch)
         steps = (*gemm.steps, _activation_step(M, N, act_id, launch))
         return gemm._replace(steps=steps, act_pass=True)
-    common = dict(
-        HAS_BIAS=bias is not None,
-        ACTIVATION=act_id,
-        STORE_PREACT=save_preact,
-        INPUT_PRECISION=dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32),
-        UPCAST_TO_FP32=is_interpreter() and a.dtype == torch.bfloat16,
-    )
+    common = launch_constexprs(a.dtype, bias is not None, act_id, save_preact)
     sms = device_info(a.device)[1]
     if kernel == "tma_host_desc":
         step = host_desc_step(a, b, c, bias, preact, tile, common, sms, split_k)
@@ -526,13 +534,7 @@ def _build_batched(a, b, c, launch=direct) -> _Launches:
     batch, M, K = a.shape
     N = b.shape[2]
     kernel, _, tile = batched_plan(a, b, launch)
-    common = dict(
-        HAS_BIAS=False,
-        ACTIVATION=ACTIVATIONS["none"],
-        STORE_PREACT=False,
-        INPUT_PRECISION=dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32),
-        UPCAST_TO_FP32=is_interpreter() and a.dtype == torch.bfloat16,
-    )
+    common = launch_constexprs(a.dtype, False, ACTIVATIONS["none"], False)
     if kernel == "tma_host_desc":
         step = host_desc_step(a, b, c, None, None, tile, common, device_info(a.device)[1])
     else:

@@ -2,9 +2,11 @@
 sums the slices' fp32 partial tiles and runs the epilogue.
 
 Decode shapes (M of a few dozen rows, large K) have too few output tiles to stream the weight
-through every SM; cutting K into slices multiplies the work items. On the Hopper TMA path it
-never paid (its skinny tiles already stream the weight at cuBLAS speed: docs/kernels/matmul.md,
-"Which ideas paid off"), so only the pointer kernel splits.
+through every SM; cutting K into slices multiplies the work items. On the Hopper TMA path this
+two-launch split never paid (its skinny tiles already stream the weight at cuBLAS speed:
+docs/kernels/matmul.md, "Which ideas paid off"), so only the pointer kernel takes it; the TMA
+kernel splits or streams K in one launch instead, on wgrad-like GEMMs past SKINNY_M rows
+(tma.split_plan), its shared tiles summed by split_k_gather below.
 
 Functions:
     auto_split_k(M, N, K, num_sms) -> int

@@ -41,6 +41,7 @@ Functions:
         Its tile and split-K or stream-K for a direct 2-D launch of more than SKINNY_M rows
         (SPLITS).
     split_k_scratch(M, N, K, tile, split_k, num_sms) -> (workspace numel, counters)
+    host_programs(M, N, K, tile, split_k, num_sms, batch=1) -> its launch's program count
     tma_configs() -> [triton.Config]
         The device-descriptor kernel's autotuning tiles (fp32).
     matmul_tma_host_desc_kernel, matmul_tma_device_desc_kernel
@@ -632,11 +633,9 @@ def host_desc_step(a, b, c, bias, preact, tile, common, num_sms, split_k=1):
         if preact is not None:
             descs.append(_desc_spec(10, 4, preact, False, [bm, store_n]))
     batch = c.shape[0] if batched else 1
-    tiles = cdiv(M, bm) * cdiv(N, bn) * batch
     stages, warps = (1, 4) if is_interpreter() else (tile.num_stages, tile.num_warps)
     stream_k = split_k == STREAM_K
-    work = tiles * (cdiv(K, bk) if stream_k else split_k)
-    grid = (min(4 if is_interpreter() else num_sms, work),)
+    grid = (host_programs(M, N, K, tile, split_k, num_sms, batch),)
     meta = dict(A_COL_MAJOR=a_col, B_COL_MAJOR=b_col, TMA_STORE=tma_store, **common,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=GROUP_M, EPILOGUE_SPLITS=splits,
                 SPLIT_K=1 if stream_k else split_k, STREAM_K=stream_k, num_stages=stages,
@@ -659,9 +658,17 @@ def split_k_scratch(M: int, N: int, K: int, tile: Tile, split_k: int, num_sms: i
     tiles = cdiv(M, tile.block_m) * cdiv(N, tile.block_n)
     slots = split_k
     if split_k == STREAM_K:
-        programs = min(4 if is_interpreter() else num_sms, tiles * cdiv(K, tile.block_k))
+        programs = host_programs(M, N, K, tile, split_k, num_sms)
         slots = stream_k_slots(tiles, cdiv(K, tile.block_k), programs)
     return tiles * slots * tile.block_m * tile.block_n, tiles
+
+
+def host_programs(M, N, K, tile: Tile, split_k: int, num_sms: int, batch: int = 1) -> int:
+    """The host-descriptor kernel's program count: one per SM at most (four in the interpreter),
+    no more than its work items (tiles x split slices, or stream-K's tiles x K steps)."""
+    tiles = cdiv(M, tile.block_m) * cdiv(N, tile.block_n) * batch
+    work = tiles * (cdiv(K, tile.block_k) if split_k == STREAM_K else split_k)
+    return min(4 if is_interpreter() else num_sms, work)
 
 
 def stream_k_slots(tiles: int, k_tiles: int, programs: int) -> int:
