@@ -276,6 +276,24 @@ def test_gemm_persistent(tma, bias_on, device):
     assert y.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("tile", [t for t in GEMM_PERSISTENT_TILES if t[2] < 64],
+                         ids=lambda t: "x".join(map(str, t[:3])))  # fmt: skip
+def test_gemm_few_channel_tile(tile, monkeypatch, device):
+    """Each shallow-step tile of the persistent 1x1 GEMM forced on a layer it is tuned for: 24
+    channels in, 16 or 40 out (within one 32-wide column tile or across several), 198 rows."""
+    from kernels.conv.common import config
+
+    cfg = config(*tile[:5])
+    cfg.kwargs["PER_SM"] = tile[5]
+    monkeypatch.setattr(conv_gemm_persistent_kernel, "configs", [cfg])
+    monkeypatch.setattr(conv_gemm_persistent_kernel, "cache", {}, raising=False)
+    (n, c, h, w), (k, r, s), *rest = ONE_BY_ONE
+    for out in (16, 40):
+        x, weight, bias = make_inputs(((n, c, h, w), (out, r, s), *rest), torch.float16, device,
+                                      True, channels_last=True)  # fmt: skip
+        run_design(gemm_persistent_step, x, weight, bias, 1, 0, 1, tma=True)
+
+
 def test_gemm_pointer_kernel(device):
     """The one-tile GEMM kernel the traced launches run."""
     x, weight, bias = make_inputs(ONE_BY_ONE, torch.float16, device, channels_last=True)
@@ -469,6 +487,31 @@ def test_split_tiles():
     # a 3-channel dgrad (the stem's): the 64-wide tiles and the 16-wide ones
     few = tiles(prune(configs, dict(M=32 * 112 * 112, K=3, C=64, R=4), B_TMA=True, SPLIT_K=1))
     assert (128, 16, 64, 4) in few and (256, 16, 64, 8) in few and (128, 64, 64, 4) in few
+
+
+def test_gemm_few_channel_tiles():
+    """The persistent 1x1 GEMM tunes its shallow channel steps (BLOCK_K < 64) and narrow output
+    tiles only on layers whose C and K fit them (MobileNetV2's 16-32-channel 1x1s)."""
+    from kernels.conv.common import config, prune
+
+    configs = []
+    for *tile, per_sm in GEMM_PERSISTENT_TILES:
+        cfg = config(*tile)
+        cfg.kwargs["PER_SM"] = per_sm
+        configs.append(cfg)
+
+    def tiles(**args):
+        kept = prune(configs, args, A_TMA=True, B_TMA=True)
+        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) for c in kept}
+
+    squeeze = tiles(M=32 * 112 * 112, C=32, K=16)  # 32 -> 16 channels at 112x112
+    assert {(256, 16, 32), (256, 32, 32), (128, 32, 32)} <= squeeze
+    expand = tiles(M=32 * 56 * 56, C=24, K=144)  # 24 -> 144: the wide shallow tiles, not 16-wide
+    assert {(128, 128, 32), (128, 256, 32)} <= expand
+    assert not any(n < 64 for _, n, _ in expand)
+    for c, k in ((96, 24), (1024, 256)):  # deeper than 32 channels: 64- and 128-channel steps
+        kept = tiles(M=32 * 56 * 56, C=c, K=k)
+        assert kept and all(step >= 64 for *_, step in kept)
 
 
 @pytest.mark.parametrize(

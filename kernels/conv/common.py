@@ -241,8 +241,9 @@ def configs_of(tiles):
 
 def prune(configs, named_args, **kwargs):
     """Drop tiles far wider than the problem (K output channels, M rows), tiles narrower than 64
-    channels where K is wider than them and, under TMA, tiles whose channel step does not divide
-    C (the weight tile would run into the next tap)."""
+    channels where K is wider than them, the persistent 1x1 GEMM's channel steps under 64 where C
+    is deeper than them and, under TMA, tiles whose channel step does not divide C (the weight
+    tile would run into the next tap)."""
     K, M = named_args["K"], named_args["M"]
     c_gemm = named_args.get("C")
     # the implicit kernel's weight tile spans C only within one tap; past C it would read the
@@ -261,6 +262,9 @@ def prune(configs, named_args, **kwargs):
         if meta["BLOCK_N"] > max(64, next_power_of_2(K)):
             continue
         if meta["BLOCK_N"] < 64 and K > meta["BLOCK_N"]:  # the narrow tiles: few channels only
+            continue
+        # the persistent 1x1 GEMM's shallow channel steps: few input channels only
+        if "PER_SM" in meta and meta["BLOCK_K"] < 64 and c_gemm > meta["BLOCK_K"]:
             continue
         if meta["BLOCK_M"] > max(64, next_power_of_2(M)):
             continue

@@ -58,6 +58,15 @@ GEMM_PERSISTENT_TILES = [
     (128, 128, 128, 3, 8, 1),
     (128, 128, 64, 5, 8, 1),
     (128, 64, 128, 3, 4, 1),
+    # Few channels (MobileNetV2's 1x1s of 16-32 channels in or out): a channel step no deeper
+    # than C and an output tile no wider than K, so no step or column is mostly TMA's zero fill,
+    # with tall tiles and deep pipelines to keep enough of these memory-bound layers' bytes in
+    # flight. common.prune keeps a step under 64 channels only where C fits in it.
+    (256, 16, 32, 4, 4, 2),
+    (256, 32, 32, 4, 4, 2),
+    (128, 32, 32, 6, 4, 2),
+    (128, 128, 32, 4, 8, 1),
+    (128, 256, 32, 3, 8, 1),
 ]
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) of the one-tile kernel (traced launches)
 GEMM_TILES = [
