@@ -276,11 +276,12 @@ def test_gemm_persistent(tma, bias_on, device):
     assert y.is_contiguous(memory_format=torch.channels_last)
 
 
-@pytest.mark.parametrize("tile", [t for t in GEMM_PERSISTENT_TILES if t[2] < 64],
+@pytest.mark.parametrize("tile", [t for t in GEMM_PERSISTENT_TILES if min(t[1:3]) < 64],
                          ids=lambda t: "x".join(map(str, t[:3])))  # fmt: skip
 def test_gemm_few_channel_tile(tile, monkeypatch, device):
-    """Each shallow-step tile of the persistent 1x1 GEMM forced on a layer it is tuned for: 24
-    channels in, 16 or 40 out (within one 32-wide column tile or across several), 198 rows."""
+    """Each few-channel tile of the persistent 1x1 GEMM (a step or a width under 64) forced on
+    a layer it is tuned for: 24 channels in, 16 or 40 out (within one 32-wide column tile or
+    across several), 198 rows."""
     from kernels.conv.common import config
 
     cfg = config(*tile[:5])
@@ -512,6 +513,8 @@ def test_gemm_few_channel_tiles():
     for c, k in ((96, 24), (1024, 256)):  # deeper than 32 channels: 64- and 128-channel steps
         kept = tiles(M=32 * 56 * 56, C=c, K=k)
         assert kept and all(step >= 64 for *_, step in kept)
+    assert (128, 32, 64) in tiles(M=32 * 56 * 56, C=144, K=24)  # many channels to few
+    assert not any(n < 64 for _, n, _ in tiles(M=32 * 56 * 56, C=144, K=96))
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,9 @@ GEMM_PERSISTENT_TILES = [
     (128, 32, 32, 6, 4, 2),
     (128, 128, 32, 4, 8, 1),
     (128, 256, 32, 3, 8, 1),
+    # ... and few channels out of many (96 or 144 -> 24): 32-wide outputs, 64-channel steps
+    (128, 32, 64, 4, 4, 2),
+    (256, 32, 64, 4, 8, 1),
 ]
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps) of the one-tile kernel (traced launches)
 GEMM_TILES = [
