@@ -236,11 +236,10 @@ def probe_gemm(shapes, dtype, device, extra_tiles=(), out=print) -> list[dict]:
         row = {"layer": label(shape), "cudnn": gpu_us(partial(F.conv2d, x, weight)),
                "autotuned": gpu_us(partial(kernels.conv2d, x, weight)),
                "plan": plan.design, "tiles": {}}  # fmt: skip
-        for *tile, per_sm in tiles:
-            cfg = conv_config(*tile)
-            cfg.kwargs["PER_SM"] = per_sm
+        for tile in tiles:
             build = partial(_gemm_build, x, weight, hopper)
-            row["tiles"][(*tile, per_sm)] = timed_config(kernel, cfg, build, ref, dtype)
+            row["tiles"][tuple(tile)] = timed_config(kernel, gemm.persistent_config(tile), build,
+                                                     ref, dtype)  # fmt: skip
         rows.append(row)
         out(_line(row, top=6))
     return rows

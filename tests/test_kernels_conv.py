@@ -21,6 +21,7 @@ from kernels.conv.gemm import (
     conv_gemm_kernel,
     conv_gemm_persistent_kernel,
     gemm_persistent_step,
+    persistent_config,
 )
 from kernels.conv.implicit_gemm import IMPLICIT_TILES, conv_implicit_kernel, implicit_step
 from kernels.conv.window import conv_window_kernel, window_step
@@ -282,11 +283,7 @@ def test_gemm_few_channel_tile(tile, monkeypatch, device):
     """Each few-channel tile of the persistent 1x1 GEMM (a step or a width under 64) forced on
     a layer it is tuned for: 24 channels in, 16 or 40 out (within one 32-wide column tile or
     across several), 198 rows."""
-    from kernels.conv.common import config
-
-    cfg = config(*tile[:5])
-    cfg.kwargs["PER_SM"] = tile[5]
-    monkeypatch.setattr(conv_gemm_persistent_kernel, "configs", [cfg])
+    monkeypatch.setattr(conv_gemm_persistent_kernel, "configs", [persistent_config(tile)])
     monkeypatch.setattr(conv_gemm_persistent_kernel, "cache", {}, raising=False)
     (n, c, h, w), (k, r, s), *rest = ONE_BY_ONE
     for out in (16, 40):
@@ -493,13 +490,9 @@ def test_split_tiles():
 def test_gemm_few_channel_tiles():
     """The persistent 1x1 GEMM tunes its shallow channel steps (BLOCK_K < 64) and narrow output
     tiles only on layers whose C and K fit them (MobileNetV2's 16-32-channel 1x1s)."""
-    from kernels.conv.common import config, prune
+    from kernels.conv.common import prune
 
-    configs = []
-    for *tile, per_sm in GEMM_PERSISTENT_TILES:
-        cfg = config(*tile)
-        cfg.kwargs["PER_SM"] = per_sm
-        configs.append(cfg)
+    configs = [persistent_config(tile) for tile in GEMM_PERSISTENT_TILES]
 
     def tiles(**args):
         kept = prune(configs, args, A_TMA=True, B_TMA=True)
@@ -642,8 +635,6 @@ def test_every_persistent_tile_on_gpu(dtype_name, monkeypatch):
     """Each persistent 1x1 GEMM tile alone on a long-reduction 1x1 (1024 -> 200 channels at 14x13:
     neither the rows nor the output channels a multiple of any tile), TMA operands, bias and
     relu, against float64."""
-    from kernels.conv.common import config
-
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("TMA needs a Hopper GPU")
     dtype = DTYPES[dtype_name]
@@ -652,10 +643,8 @@ def test_every_persistent_tile_on_gpu(dtype_name, monkeypatch):
     weight = (torch.randn(200, 1024, 1, 1, device="cuda", dtype=dtype) / 32).contiguous(
         memory_format=cl)
     bias = torch.randn(200, device="cuda", dtype=dtype)
-    for *tile, per_sm in GEMM_PERSISTENT_TILES:
-        cfg = config(*tile)
-        cfg.kwargs["PER_SM"] = per_sm
-        monkeypatch.setattr(conv_gemm_persistent_kernel, "configs", [cfg])
+    for tile in GEMM_PERSISTENT_TILES:
+        monkeypatch.setattr(conv_gemm_persistent_kernel, "configs", [persistent_config(tile)])
         monkeypatch.setattr(conv_gemm_persistent_kernel, "cache", {}, raising=False)
         run_design(gemm_persistent_step, x, weight, bias, 1, 0, 1, tma=True)
 

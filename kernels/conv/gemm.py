@@ -11,6 +11,7 @@ Two launches of one tile body (_gemm_tile):
         traced launches (launch=wrap_triton, torch.compile) run.
 
 Functions:
+    persistent_config            the persistent kernel's config of one GEMM_PERSISTENT_TILES row
     _gemm_tile                   @triton.jit: one output tile, + bias, + a residual, activation
     conv_gemm_persistent_kernel  @triton.jit, autotuned: the persistent tile loop
     conv_gemm_kernel             @triton.jit, hook-free autotuner: one tile per program
@@ -83,15 +84,19 @@ GEMM_TILES = [
 ]
 
 
+def persistent_config(tile):
+    """The persistent kernel's config of one GEMM_PERSISTENT_TILES row (its last entry the
+    programs per SM)."""
+    *block, per_sm = tile
+    cfg = config(*block)
+    cfg.kwargs["PER_SM"] = per_sm
+    return cfg
+
+
 def _persistent_configs():
     if is_interpreter():
         return [config(32, 32, 16, 1, 4, group_m=2)]
-    configs = []
-    for *tile, per_sm in GEMM_PERSISTENT_TILES:
-        cfg = config(*tile)
-        cfg.kwargs["PER_SM"] = per_sm
-        configs.append(cfg)
-    return configs
+    return [persistent_config(tile) for tile in GEMM_PERSISTENT_TILES]
 
 
 @triton.jit
