@@ -11,7 +11,7 @@ start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
 left() { echo $(( BUDGET - $(el) )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-timeout 90 python3 -m pytest tests/test_kernels_conv.py -q -p no:cacheprovider -k "every_persistent_tile_on_gpu or few_channel" > $OUT/conv_tests.log 2>&1; echo "conv tests rc=$? $(el)s"; tail -2 $OUT/conv_tests.log
+timeout 120 python3 -m pytest tests/test_kernels_conv.py tests/test_conv_backward.py -q -p no:cacheprovider -k "every_persistent_tile_on_gpu or few_channel or graphed_depthwise or depthwise_training" > $OUT/conv_tests.log 2>&1; echo "conv tests rc=$? $(el)s"; tail -2 $OUT/conv_tests.log
 S="bench.repeats=2 bench.rep_ms=50 wandb.mode=disabled"
 C="kernel=conv mode=triton kernel.bias=false dtype=bf16 $S"
 timeout 130 python3 -m experiments.run --multirun $C pass=fwd shapes=mobilenet_v2 hydra.sweep.dir=/tmp/r/conv_fwd > $OUT/conv_fwd.log 2>&1; echo "conv fwd rc=$? $(el)s"

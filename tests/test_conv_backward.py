@@ -370,6 +370,46 @@ def test_depthwise_dgrad_plan_is_kept_and_reused():
 
 
 @pytest.mark.parametrize(
+    "name, channels_last, activation",
+    fast_subset([("3x3-s2", True, "relu"), ("3x3-d2-m2", False, None),
+                 ("5x5-s3-m3", True, "gelu")], [("3x3-s2", True, "relu")], unpack=True),
+)  # fmt: skip
+def test_a_depthwise_training_step_runs_its_kept_backward(name, channels_last, activation,
+                                                          monkeypatch):  # fmt: skip
+    """The first step of a depthwise call key keeps a DepthwiseBackward in the key's entry; the
+    next steps, on new values, run it: no dgrad or wgrad plan is looked up, its launches are
+    offered to a CUDA graph keyed by the stream and the step's nine tensors (here declined, so
+    they run as they would be captured), and dX, dW and db still match float64."""
+    from kernels import _graphs
+    from kernels.conv import autograd, depthwise
+
+    reset_tuning()
+    _depthwise(name, channels_last, torch.float32, activation, seed=40)
+    (entry,) = autograd._TRAINING.values()
+    assert isinstance(entry.backward, backward.DepthwiseBackward)
+    kept, lookups, offered = entry.backward, [], []
+    for module, attr in ((backward, "_depthwise_dgrad"), (depthwise, "wgrad_plan")):
+        real = getattr(module, attr)
+        monkeypatch.setattr(module, attr, lambda *a, _real=real, **k: lookups.append(a)
+                            or _real(*a, **k))  # fmt: skip
+    monkeypatch.setattr(_graphs, "usable", lambda t: True)
+    monkeypatch.setattr(_graphs, "stream_key", lambda t: (0, 0))
+    def decline(self, key, launches, keep=tuple):
+        offered.append(key)
+        return False
+
+    monkeypatch.setattr(backward.Graphed, "__call__", decline)
+    for seed in (41, 42):
+        _depthwise(name, channels_last, torch.float32, activation, seed=seed)
+    assert lookups == [] and entry.backward is kept and len(offered) == 2
+    assert all(len(k) == 10 and k[0] == (0, 0) for k in offered)
+    # dY, x, W, the saved output (relu) or pre-activation, dX, dW, db, dZ, the wgrad workspace
+    assert (offered[0][4] != 0) == (activation is not None) and 0 not in offered[0][5:8]
+    assert (offered[0][8] != 0) == (activation is not None) and offered[0][9] != 0
+    reset_tuning()
+
+
+@pytest.mark.parametrize(
     "kernel_rs, stride, padding, dilation, sliding",
     fast_subset([((3, 3), (1, 1), (1, 1), (1, 1), True),
                  # rows stride and dilate; 40 channels: two blocks
@@ -643,3 +683,37 @@ def test_each_pointer_set_gets_its_own_graph(monkeypatch):
             assert torch.equal(g, ref), step
         captures.append(_kept_backward().graphed.captures)
     assert 2 <= captures[-1] <= 4 and captures[-4:] == [captures[-1]] * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels, size, stride", [(32, 112, 1), (96, 112, 2), (960, 7, 1)])
+def test_a_graphed_depthwise_backward_gives_the_launches_bits(channels, size, stride,
+                                                             monkeypatch):  # fmt: skip
+    """MobileNetV2's depthwise layers at batch 32 (bf16, channels_last): from the second step on
+    the kept DepthwiseBackward replays one CUDA graph, and every step's dX and dW are the bits
+    of the same launches run one by one."""
+    from kernels import _graphs
+
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(32, channels, size, size, generator=generator).to(DEVICE, torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    w = (torch.randn(channels, 1, 3, 3, generator=generator) / 3).to(DEVICE, torch.bfloat16)
+    w.requires_grad_()
+    conv_args = (stride, 1, 1, channels)
+    dy = torch.randn_like(kernels.conv2d(x, w, None, *conv_args).detach())
+    tensors = [x, w, None, None]
+    monkeypatch.setattr(_graphs, "GRAPHS", False)
+    reset_tuning()
+    want = [_leaf_grads(kernels.conv2d, tensors, conv_args, None, dy) for _ in range(2)][-1]
+    monkeypatch.setattr(_graphs, "GRAPHS", True)
+    torch.cuda.empty_cache()
+    captures = []
+    for _ in range(10):
+        got = _leaf_grads(kernels.conv2d, tensors, conv_args, None, dy)
+        for g, ref in zip(got, want, strict=True):
+            assert (g is None and ref is None) or torch.equal(g, ref)
+        del got
+        captures.append(_kept_backward().graphed.captures)
+    assert isinstance(_kept_backward(), backward.DepthwiseBackward)
+    assert 1 <= captures[-1] <= 4 and captures[-1] == captures[-3]
+    assert not _kept_backward().graphed.broken

@@ -49,8 +49,9 @@ from kernels._common import (
 )
 from kernels._graphs import CAPTURE, Graphed
 from kernels._launch import PlanCache
+from kernels.conv import depthwise
 from kernels.conv.common import Conv, FlippedTaps, as_matrix
-from kernels.conv.depthwise import depthwise_step, depthwise_wgrad
+from kernels.conv.depthwise import depthwise_step
 from kernels.conv.dispatch import (
     _channels_last_output,
     _new_output,
@@ -303,21 +304,29 @@ def _ws(scratch) -> int:
     return getattr(scratch, "numel", 0)
 
 
-# depthwise dgrad launches of direct calls, per geometry: (gaps, tap index, [(TapConv, [Step
-# per j])])
+# depthwise dgrad launches of direct calls, per geometry (DepthwiseDgrad)
 _DEPTHWISE_DGRAD = PlanCache()
 
 
-def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
+class DepthwiseDgrad(NamedTuple):
+    """A depthwise dgrad's launches: whether some pixels of dX no phase reaches (zeroed
+    first), the device index of every phase's taps in one gather, and per phase its TapConv
+    and one step a channel of the multiplier (None until its first launch)."""
+
+    gaps: bool
+    index: torch.Tensor
+    phases: list
+
+
+def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch) -> DepthwiseDgrad | None:
     """Fill dx with the dgrad of a depthwise conv: per stride phase, depthwise convs of dZ with
     the phase's taps flipped (depthwise.py's stencil, writing the phase's view of dx); with a
     channel multiplier m, output channel j of each group's m is its own conv, summed. One gather
     takes every phase's taps at once, each phase's weight a view of it (the stencil reads the
     weight by its strides); direct calls keep the gather index on the device and their steps
-    per geometry, as _dgrad does."""
+    per geometry, as _dgrad does, and get that plan back (None otherwise)."""
     N, C, H, W = dx.shape
     K, _, R, S = weight.shape
-    m = K // C
     planned = launch is direct and not torch.compiler.is_compiling()
     key = plan = None
     if planned:
@@ -329,13 +338,25 @@ def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
         convs, gaps = dgrad_convs((H, W), (R, S), stride, padding, dilation)
         taps = [r * S + s for tc in convs for r in tc.rows for s in tc.cols]
         index = torch.tensor(taps, dtype=torch.int64, device=dz.device)
-        plan = (gaps, index, [(tc, [None] * m) for tc in convs])
-    gaps, index, phases = plan
-    if gaps:
+        plan = DepthwiseDgrad(gaps, index, [(tc, [None] * (K // C)) for tc in convs])
+    _run_depthwise_dgrad(plan, dz, weight, dx, stride, launch, armed=planned)
+    if planned:
+        _DEPTHWISE_DGRAD.put(key, plan)
+        return plan
+    return None
+
+
+def _run_depthwise_dgrad(plan: DepthwiseDgrad, dz, weight, dx, stride, launch=direct,
+                         armed=True) -> None:  # fmt: skip
+    """A depthwise dgrad's launches into dx, building each phase's steps on first use; armed:
+    through their armed launches (a kept plan), else once through the JIT."""
+    K, _, R, S = weight.shape
+    m = K // dx.shape[1]
+    if plan.gaps:
         dx.zero_()
-    gathered = weight.reshape(K, R * S).index_select(1, index)
+    gathered = weight.reshape(K, R * S).index_select(1, plan.index)
     start = 0
-    for tc, steps in phases:
+    for tc, steps in plan.phases:
         rows, cols = len(tc.rows), len(tc.cols)
         taps = gathered[:, start : start + rows * cols].unflatten(1, (1, rows, cols))
         start += rows * cols
@@ -347,15 +368,13 @@ def _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch):
             if step is None:
                 step = depthwise_step(z_j, w_j, None, out, (1, 1), tc.padding, tc.dilation, NONE,
                                       launch=launch)  # fmt: skip
-                steps[j] = step  # cached with the plan on planned calls
-            if planned:
+                steps[j] = step  # kept with the plan on planned calls
+            if armed:
                 step(z_j, w_j, None, out)
             else:  # built for this call alone: not worth arming
                 step.once(z_j, w_j, None, out)
             if j:
                 y.add_(out)
-    if planned:
-        _DEPTHWISE_DGRAD.put(key, plan)
 
 
 def _dz(dy, saved, act_id: int, need_db: bool, launch, plan=None, out=(None, None)):
@@ -433,22 +452,39 @@ def conv2d_backward(dy, x, weight, saved, act_id, stride, padding, dilation, nee
                      (need_dx, need_dw, need_db), launch, groups)[0][:3]  # fmt: skip
 
 
+def _depthwise_backward(dz, db, dz_plan, dy, x, weight, act_id, stride, padding, dilation, needs,
+                        nhwc_dy, launch):  # fmt: skip
+    """_backward of a depthwise conv, from its dZ (and db): ((dX, dW, db, dZ), and for a direct
+    call whose launches all planned, the DepthwiseBackward that repeats it, else None)."""
+    need_dx, need_dw, _ = needs
+    dx = dw = dgrad = wgrad = None
+    if need_dx:
+        dx = _new_output(x, *x.shape[1:])  # in x's layout
+        dgrad = _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch)
+    if need_dw:
+        wgrad, kept = depthwise.wgrad_plan(dz, x, weight.shape[2:], stride, padding, dilation,
+                                           launch)  # fmt: skip
+        dw = torch.empty(weight.shape, device=x.device, dtype=x.dtype)
+        depthwise.run_wgrad(wgrad, dz, x, dw, depthwise.wgrad_workspace(wgrad, dw), kept)
+        wgrad = wgrad if kept else None
+    plans = [dgrad] * need_dx + [wgrad] * need_dw + [dz_plan] * (act_id != NONE)
+    plan = None
+    if (need_dx or need_dw) and None not in plans:
+        plan = DepthwiseBackward(dy.stride(), nhwc_dy, needs, act_id, dz_plan, stride, dgrad, wgrad,
+                                 None if dx is None else _layout(dx), Graphed())  # fmt: skip
+    return (dx, dw, db, dz), plan
+
+
 def _backward(dy, x, weight, saved, act_id, stride, padding, dilation, needs, launch, groups):
     """conv2d_backward's (dX, dW, db) and dZ = dY·act'(Z) (a residual's gradient), and for a
-    groups = 1 direct call whose launches all planned, the Backward plan that repeats it with
-    no key (else None)."""
+    direct call whose launches all planned, the plan that repeats it with no key (Backward, or
+    DepthwiseBackward for groups = C), else None."""
     need_dx, need_dw, need_db = needs
     nhwc_dy = as_matrix(dy)
     dz, db, dz_plan = _dz(dy if nhwc_dy else _nhwc(dy), saved, act_id, need_db, launch)
     if groups != 1:  # depthwise (the only grouping that trains): depthwise.py's stencils
-        dx = dw = None
-        if need_dx:
-            dx = _new_output(x, *x.shape[1:])  # in x's layout
-            _depthwise_dgrad(dz, weight, dx, stride, padding, dilation, launch)
-        if need_dw:
-            dw = depthwise_wgrad(dz, x, weight.shape[2:], stride, padding, dilation,
-                                 launch=launch)  # fmt: skip
-        return (dx, dw, db, dz), None
+        return _depthwise_backward(dz, db, dz_plan, dy, x, weight, act_id, stride, padding,
+                                   dilation, needs, nhwc_dy, launch)  # fmt: skip
     K, C, R, S = weight.shape
     unit = (R, S) == (1, 1) and stride == (1, 1) and padding == (0, 0)
     gemm_dx = unit and _channels_last_output(x)
@@ -574,6 +610,52 @@ class Backward(NamedTuple):
             K, C = weight.shape[:2]
             gemm = planned_matmul(_rows(dy), weight.reshape(K, C), None, NONE, False)
         return (self.dz_plan, self.dgrad, self.wgrad, gemm)
+
+
+class DepthwiseBackward(NamedTuple):
+    """A depthwise training key's backward (Backward's counterpart for groups = C): its
+    dgrad's and wgrad's plans, run with no key into outputs allocated first, so that the
+    launches (a gather, a stencil a phase, the wgrad's partial sums and their sum) replay as
+    one CUDA graph once a step's pointers come back."""
+
+    dy_strides: tuple
+    nhwc_dy: bool
+    needs: tuple  # (need_dx, need_dw, need_db)
+    act_id: int
+    dz_plan: object  # the activation backward's DzPlan, or None
+    stride: tuple
+    dgrad: DepthwiseDgrad | None
+    wgrad: object  # depthwise.WgradPlan, or None
+    dx_layout: tuple | None
+    graphed: Graphed
+
+    fits = Backward.fits
+
+    def __call__(self, dy, x, weight, saved, need_dz=True):
+        need_dx, need_dw, need_db = self.needs
+        if not self.nhwc_dy:
+            dy = dy.contiguous(memory_format=torch.channels_last)
+        N, K, P, Q = dy.shape
+        dx = dy.new_empty_strided(*self.dx_layout) if need_dx else None
+        dw = dy.new_empty(weight.shape) if need_dw else None
+        db = dy.new_empty((K,)) if need_db else None
+        dz2d = dy.new_empty((N * P * Q, K)) if self.act_id != NONE else None
+        ws = depthwise.wgrad_workspace(self.wgrad, dw) if need_dw else None
+
+        def launches():
+            dz = _dz(dy, saved, self.act_id, need_db, direct, self.dz_plan, (dz2d, db))[0]
+            if need_dx:
+                _run_depthwise_dgrad(self.dgrad, dz, weight, dx, self.stride)
+            if need_dw:
+                depthwise.run_wgrad(self.wgrad, dz, x, dw, ws)
+
+        self.graphed.run(dy, (dy, x, weight, saved, dx, dw, db, dz2d, ws), launches,
+                         lambda: (self.dz_plan, self.dgrad, self.wgrad))  # fmt: skip
+        if self.act_id == NONE:
+            return dx, dw, db, dy
+        if not need_dz:
+            return dx, dw, db, None
+        return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
 
 
 def _upcast(backward, dy, x, weight, saved, *args, **kwargs):

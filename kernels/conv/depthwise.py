@@ -44,6 +44,8 @@ Functions:
     depthwise_wgrad          dW of a depthwise conv (dX: backward.py, through depthwise_step)
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -525,7 +527,7 @@ def depthwise_wgrad_sliding_kernel(
         tl.store(slab + rs, sums[rs], mask=k_ok)
 
 
-# depthwise wgrad launches of direct calls, per geometry: (splits, partial-sum step, sum step)
+# depthwise wgrad launches of direct calls, per geometry (WgradPlan)
 _WGRAD_PLANS = PlanCache()
 
 
@@ -538,37 +540,67 @@ def depthwise_wgrad(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, *, 
     that wgrad.wgrad_split_sum_kernel adds in a fixed order (deterministic). `splits` forces the
     split count (tests); by default enough programs to fill the GPU. Direct calls keep both
     launches per geometry (armed steps)."""
-    from kernels.conv.wgrad import split_sum_step
-
+    plan, planned = wgrad_plan(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, launch,
+                               splits)  # fmt: skip
     K = dz.shape[1]
     R, S = kernel_rs
+    dw = torch.empty((K, 1, R, S), device=x.device, dtype=x.dtype)
+    run_wgrad(plan, dz, x, dw, wgrad_workspace(plan, dw), armed=planned)
+    return dw
+
+
+class WgradPlan(NamedTuple):
+    """A depthwise wgrad's two launches: the partial sums over `splits` runs of pixels into an
+    fp32 workspace of (splits, K·R·S), and their sum into dW."""
+
+    splits: int
+    main: Step  # over (dz, x, ws)
+    reduce: Step  # over (ws, dw)
+
+
+def wgrad_plan(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, launch=direct,
+               splits=None) -> tuple[WgradPlan, bool]:  # fmt: skip
+    """depthwise_wgrad's launches for this geometry, and whether they are kept (a direct call's,
+    in _WGRAD_PLANS, so the backward's plan can hold them)."""
+    from kernels.conv.wgrad import split_sum_step
+
     planned = launch is direct and not torch.compiler.is_compiling()
-    key = plan = None
+    key = None
     if planned:
         key = (dz.shape, dz.stride(), x.shape, x.stride(), dz.dtype, dz.device, tuple(kernel_rs),
                tuple(stride_hw), tuple(padding_lo_hw), tuple(dilation_hw), splits)  # fmt: skip
         plan = _WGRAD_PLANS.get(key)
-    if plan is None:
-        info = gpu_info(x.device)
-        sms = info.sms if info is not None else 2
-        if slides(stride_hw, dilation_hw, kernel_rs):
-            main, splits = _sliding_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw,
-                                               dilation_hw, launch, splits, sms)  # fmt: skip
-        else:
-            main, splits = _tap_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw,
+        if plan is not None:
+            return plan, True
+    info = gpu_info(x.device)
+    sms = info.sms if info is not None else 2
+    if slides(stride_hw, dilation_hw, kernel_rs):
+        main, splits = _sliding_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw,
                                            dilation_hw, launch, splits, sms)  # fmt: skip
-        plan = (splits, main, split_sum_step(K * R * S, splits, launch))
-    splits, main, reduce = plan
-    ws = torch.empty((splits * K * R * S,), device=x.device, dtype=torch.float32)
-    dw = torch.empty((K, 1, R, S), device=x.device, dtype=x.dtype)
+    else:
+        main, splits = _tap_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw,
+                                       launch, splits, sms)  # fmt: skip
+    plan = WgradPlan(splits, main, split_sum_step(dz.shape[1] * kernel_rs[0] * kernel_rs[1],
+                                                  splits, launch))  # fmt: skip
     if planned:
-        main(dz, x, ws)
-        reduce(ws, dw)
         _WGRAD_PLANS.put(key, plan)
+    return plan, planned
+
+
+def wgrad_workspace(plan: WgradPlan, dw: torch.Tensor) -> torch.Tensor:
+    """The fp32 partial sums' workspace of a wgrad plan writing dw."""
+    return torch.empty((plan.splits * dw.numel(),), device=dw.device, dtype=torch.float32)
+
+
+def run_wgrad(plan: WgradPlan, dz, x, dw, ws, armed: bool = True) -> None:
+    """A wgrad plan's launches into dw (contiguous (K, 1, R, S)) through workspace ws; armed:
+    through the steps' armed launches (a kept plan), else once through the JIT."""
+    if armed:
+        plan.main(dz, x, ws)
+        plan.reduce(ws, dw)
     else:  # built for this call alone: not worth arming
-        main.once(dz, x, ws)
-        reduce.once(ws, dw)
-    return dw
+        plan.main.once(dz, x, ws)
+        plan.reduce.once(ws, dw)
 
 
 def _tap_wgrad_step(dz, x, kernel_rs, stride_hw, padding_lo_hw, dilation_hw, launch, splits,
