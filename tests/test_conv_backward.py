@@ -369,6 +369,24 @@ def test_depthwise_dgrad_plan_is_kept_and_reused():
     backward._DEPTHWISE_DGRAD.clear()
 
 
+def _declined_graphs(monkeypatch) -> list:
+    """Make every kept backward offer its launches to a CUDA graph (on a stand-in stream key,
+    (0, 0), so on the CPU too) and decline each offer, so they run as they would be captured;
+    the list that collects the offered keys."""
+    from kernels import _graphs
+
+    offered = []
+    monkeypatch.setattr(_graphs, "usable", lambda t: True)
+    monkeypatch.setattr(_graphs, "stream_key", lambda t: (0, 0))
+
+    def decline(self, key, launches, keep=tuple):
+        offered.append(key)
+        return False
+
+    monkeypatch.setattr(backward.Graphed, "__call__", decline)
+    return offered
+
+
 @pytest.mark.parametrize(
     "name, channels_last, activation",
     fast_subset([("3x3-s2", True, "relu"), ("3x3-d2-m2", False, None),
@@ -380,25 +398,18 @@ def test_a_depthwise_training_step_runs_its_kept_backward(name, channels_last, a
     next steps, on new values, run it: no dgrad or wgrad plan is looked up, its launches are
     offered to a CUDA graph keyed by the stream and the step's nine tensors (here declined, so
     they run as they would be captured), and dX, dW and db still match float64."""
-    from kernels import _graphs
     from kernels.conv import autograd, depthwise
 
     reset_tuning()
     _depthwise(name, channels_last, torch.float32, activation, seed=40)
     (entry,) = autograd._TRAINING.values()
     assert isinstance(entry.backward, backward.DepthwiseBackward)
-    kept, lookups, offered = entry.backward, [], []
+    kept, lookups = entry.backward, []
     for module, attr in ((backward, "_depthwise_dgrad"), (depthwise, "wgrad_plan")):
         real = getattr(module, attr)
         monkeypatch.setattr(module, attr, lambda *a, _real=real, **k: lookups.append(a)
                             or _real(*a, **k))  # fmt: skip
-    monkeypatch.setattr(_graphs, "usable", lambda t: True)
-    monkeypatch.setattr(_graphs, "stream_key", lambda t: (0, 0))
-    def decline(self, key, launches, keep=tuple):
-        offered.append(key)
-        return False
-
-    monkeypatch.setattr(backward.Graphed, "__call__", decline)
+    offered = _declined_graphs(monkeypatch)
     for seed in (41, 42):
         _depthwise(name, channels_last, torch.float32, activation, seed=seed)
     assert lookups == [] and entry.backward is kept and len(offered) == 2
@@ -586,17 +597,7 @@ def test_a_kept_backward_launches_into_outputs_it_was_handed(name, activation, b
     through fused_matmul's out=), keyed by the step's pointers. Here every offer to graph it is
     declined, so the launches run as they would be captured, and the gradients still match
     float64."""
-    from kernels import _graphs
-
-    offered = []
-    monkeypatch.setattr(_graphs, "usable", lambda t: True)
-    monkeypatch.setattr(_graphs, "stream_key", lambda t: (0, 0))
-
-    def decline(self, key, launches, keep=tuple):
-        offered.append(key)
-        return False
-
-    monkeypatch.setattr(backward.Graphed, "__call__", decline)
+    offered = _declined_graphs(monkeypatch)
     reset_tuning()
     generator = torch.Generator().manual_seed(30)
     x, w, b, *conv_args = _make(GEOMETRIES[name], True, torch.float32, generator)
@@ -623,23 +624,12 @@ def test_a_kept_backward_launches_into_outputs_it_was_handed(name, activation, b
     reset_tuning()
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["3x3-s2-28", "3x3-7", "1x1-7", "3x3-56"])
-@pytest.mark.parametrize("activation, extras", [(None, False), ("relu", False), ("relu", True)],
-                         ids=["plain", "relu", "relu+bias+residual"])  # fmt: skip
-def test_a_graphed_backward_gives_the_launches_bits(name, activation, extras, monkeypatch):
-    """Training steps on the same tensors: from the second step on the backward's launches
-    (side streams included) are one CUDA graph, captured once and then replayed, and every
-    step's gradients (db and the residual's dZ too) are the bits of the same launches run one
-    by one."""
+def _graphed_steps(monkeypatch, tensors, conv_args, activation, dy, steps: int) -> list[int]:
+    """`steps` training steps of kernels.conv2d on the same tensors with graphs on, each one's
+    gradients asserted to be the bits of the same launches run one by one (two steps with graphs
+    off); the kept backward's capture count after each step."""
     from kernels import _graphs
 
-    x, w, dy, conv_args = _training_inputs(RESNET50[name], seed=6)
-    b = r = None
-    if extras:
-        b = torch.randn(w.shape[0], device=DEVICE, dtype=w.dtype).requires_grad_()
-        r = torch.randn_like(dy).requires_grad_()
-    tensors = [x, w, b, r]
     monkeypatch.setattr(_graphs, "GRAPHS", False)
     reset_tuning()
     want = [_leaf_grads(kernels.conv2d, tensors, conv_args, activation, dy) for _ in range(2)][-1]
@@ -649,12 +639,30 @@ def test_a_graphed_backward_gives_the_launches_bits(name, activation, extras, mo
     # while a loop of the same step in a new process captured once and then replayed
     torch.cuda.empty_cache()
     captures = []
-    for _ in range(16):
+    for _ in range(steps):
         got = _leaf_grads(kernels.conv2d, tensors, conv_args, activation, dy)
         for g, ref in zip(got, want, strict=True):
             assert (g is None and ref is None) or torch.equal(g, ref)
         del got  # as a training loop's zero_grad frees the gradients before the next step
         captures.append(_kept_backward().graphed.captures)
+    return captures
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["3x3-s2-28", "3x3-7", "1x1-7", "3x3-56"])
+@pytest.mark.parametrize("activation, extras", [(None, False), ("relu", False), ("relu", True)],
+                         ids=["plain", "relu", "relu+bias+residual"])  # fmt: skip
+def test_a_graphed_backward_gives_the_launches_bits(name, activation, extras, monkeypatch):
+    """Training steps on the same tensors: from the second step on the backward's launches
+    (side streams included) are one CUDA graph, captured once and then replayed, and every
+    step's gradients (db and the residual's dZ too) are the bits of the same launches run one
+    by one."""
+    x, w, dy, conv_args = _training_inputs(RESNET50[name], seed=6)
+    b = r = None
+    if extras:
+        b = torch.randn(w.shape[0], device=DEVICE, dtype=w.dtype).requires_grad_()
+        r = torch.randn_like(dy).requires_grad_()
+    captures = _graphed_steps(monkeypatch, [x, w, b, r], conv_args, activation, dy, 16)
     # a capture moves the step's intermediates out of the caching allocator (into the graph's
     # pool), so the next steps' outputs may land on other blocks: the allocator cycles through a
     # few pointer sets, each captured the second time it comes (on an H200 the 4 outputs of a
@@ -692,8 +700,6 @@ def test_a_graphed_depthwise_backward_gives_the_launches_bits(channels, size, st
     """MobileNetV2's depthwise layers at batch 32 (bf16, channels_last): from the second step on
     the kept DepthwiseBackward replays one CUDA graph, and every step's dX and dW are the bits
     of the same launches run one by one."""
-    from kernels import _graphs
-
     generator = torch.Generator().manual_seed(8)
     x = torch.randn(32, channels, size, size, generator=generator).to(DEVICE, torch.bfloat16)
     x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
@@ -701,19 +707,7 @@ def test_a_graphed_depthwise_backward_gives_the_launches_bits(channels, size, st
     w.requires_grad_()
     conv_args = (stride, 1, 1, channels)
     dy = torch.randn_like(kernels.conv2d(x, w, None, *conv_args).detach())
-    tensors = [x, w, None, None]
-    monkeypatch.setattr(_graphs, "GRAPHS", False)
-    reset_tuning()
-    want = [_leaf_grads(kernels.conv2d, tensors, conv_args, None, dy) for _ in range(2)][-1]
-    monkeypatch.setattr(_graphs, "GRAPHS", True)
-    torch.cuda.empty_cache()
-    captures = []
-    for _ in range(10):
-        got = _leaf_grads(kernels.conv2d, tensors, conv_args, None, dy)
-        for g, ref in zip(got, want, strict=True):
-            assert (g is None and ref is None) or torch.equal(g, ref)
-        del got
-        captures.append(_kept_backward().graphed.captures)
+    captures = _graphed_steps(monkeypatch, [x, w, None, None], conv_args, None, dy, 10)
     assert isinstance(_kept_backward(), backward.DepthwiseBackward)
     assert 1 <= captures[-1] <= 4 and captures[-1] == captures[-3]
     assert not _kept_backward().graphed.broken

@@ -557,13 +557,7 @@ class Backward(NamedTuple):
 
         self.graphed.run(dy, (dy, x, weight, saved, *out[:4], *out[4]), launches,
                          lambda: self.kept(dy, weight))  # fmt: skip
-        dx, dw, db, dz2d = out[:4]
-        if self.act_id == NONE:
-            return dx, dw, db, dy
-        if not need_dz:
-            return dx, dw, db, None
-        N, K, P, Q = dy.shape
-        return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
+        return _kept_gradients(*out[:4], dy, self.act_id, need_dz)
 
     @property
     def splits_dw(self) -> bool:
@@ -651,11 +645,18 @@ class DepthwiseBackward(NamedTuple):
 
         self.graphed.run(dy, (dy, x, weight, saved, dx, dw, db, dz2d, ws), launches,
                          lambda: (self.dz_plan, self.dgrad, self.wgrad))  # fmt: skip
-        if self.act_id == NONE:
-            return dx, dw, db, dy
-        if not need_dz:
-            return dx, dw, db, None
-        return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
+        return _kept_gradients(dx, dw, db, dz2d, dy, self.act_id, need_dz)
+
+
+def _kept_gradients(dx, dw, db, dz2d, dy, act_id: int, need_dz: bool) -> tuple:
+    """A kept backward's (dX, dW, db, dZ): dZ is dY without an activation, else the (N·P·Q, K)
+    dZ matrix as an NHWC (N, K, P, Q) view, or None where not need_dz."""
+    if act_id == NONE:
+        return dx, dw, db, dy
+    if not need_dz:
+        return dx, dw, db, None
+    N, K, P, Q = dy.shape
+    return dx, dw, db, dz2d.view(N, P, Q, K).permute(0, 3, 1, 2)
 
 
 def _upcast(backward, dy, x, weight, saved, *args, **kwargs):
